@@ -1,0 +1,184 @@
+"""Axis-aligned half-open boxes: the index algebra of tenplex.
+
+A `Box` is the set of integer points x with start[d] <= x[d] < stop[d] in every dimension d.
+A 0-d box (start == stop == ()) is the single point of a scalar tensor and has volume 1.
+
+Invariants:
+- start and stop have the same length (the box's ndim);
+- 0 <= start[d] <= stop[d] in every dimension.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from tenplex.ir.errors import IRError
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise IRError(f"box coordinate {v!r} is not an integer")
+        out.append(int(v))
+    return tuple(out)
+
+
+@attrs.frozen(order=True)
+class Box:
+    """A half-open box `[start, stop)` of integer points."""
+
+    start: tuple[int, ...] = attrs.field(converter=_ints)
+    stop: tuple[int, ...] = attrs.field(converter=_ints)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.start) != len(self.stop):
+            raise IRError(f"box {self.to_list()} has start of {len(self.start)} dims and stop of {len(self.stop)}")
+        for a, b in zip(self.start, self.stop):
+            if not 0 <= a <= b:
+                raise IRError(f"box {self.to_list()} has an interval [{a}, {b}) that is negative or reversed")
+
+    @classmethod
+    def from_shape(cls, shape: Sequence[int]) -> Box:
+        return cls((0,) * len(shape), tuple(shape))
+
+    @classmethod
+    def from_list(cls, pairs: Sequence[Sequence[int]]) -> Box:
+        """From `[[start, stop], ...]`, the JSON form."""
+        for p in pairs:
+            if not isinstance(p, (list, tuple)) or len(p) != 2:
+                raise IRError(f"box interval {p!r} is not a [start, stop] pair")
+        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+
+    def to_list(self) -> list[list[int]]:
+        return [[a, b] for a, b in zip(self.start, self.stop)]
+
+    def __str__(self) -> str:
+        return str(self.to_list())
+
+    @property
+    def ndim(self) -> int:
+        return len(self.start)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+    @property
+    def volume(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def empty(self) -> bool:
+        return self.volume == 0
+
+    def intersect(self, other: Box) -> Box | None:
+        """The common part, or None when it is empty."""
+        start = tuple(max(a, b) for a, b in zip(self.start, other.start))
+        stop = tuple(min(a, b) for a, b in zip(self.stop, other.stop))
+        if any(a >= b for a, b in zip(start, stop)):
+            return None
+        return Box(start, stop)
+
+    def overlaps(self, other: Box) -> bool:
+        return all(a < d and c < b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+
+    def contains(self, other: Box) -> bool:
+        return all(a <= c and d <= b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+
+    def translate(self, offset: Sequence[int]) -> Box:
+        return Box(tuple(a + o for a, o in zip(self.start, offset)), tuple(b + o for b, o in zip(self.stop, offset)))
+
+    def relative_to(self, origin: Sequence[int]) -> Box:
+        """This box in coordinates whose zero is `origin`."""
+        return self.translate(tuple(-o for o in origin))
+
+    def to_slices(self) -> tuple[slice, ...]:
+        return tuple(slice(a, b) for a, b in zip(self.start, self.stop))
+
+    def subtract(self, other: Box) -> list[Box]:
+        """`self` minus `other` as disjoint boxes (at most 2·ndim), in a fixed order."""
+        if not self.overlaps(other):
+            return [] if self.empty else [self]
+        out = []
+        start, stop = list(self.start), list(self.stop)
+        for d in range(self.ndim):
+            if start[d] < other.start[d]:
+                out.append(Box(tuple(start), tuple(stop[:d] + [other.start[d]] + stop[d + 1 :])))
+                start[d] = other.start[d]
+            if other.stop[d] < stop[d]:
+                out.append(Box(tuple(start[:d] + [other.stop[d]] + start[d + 1 :]), tuple(stop)))
+                stop[d] = other.stop[d]
+        return out
+
+    def merge(self, other: Box) -> Box | None:
+        """The union when it is itself a box (equal in all dims but one, adjacent in that one)."""
+        diff = [d for d in range(self.ndim) if (self.start[d], self.stop[d]) != (other.start[d], other.stop[d])]
+        if len(diff) != 1:
+            return None
+        d = diff[0]
+        if self.stop[d] == other.start[d]:
+            return Box(self.start, self.stop[:d] + (other.stop[d],) + self.stop[d + 1 :])
+        if other.stop[d] == self.start[d]:
+            return Box(other.start, other.stop[:d] + (self.stop[d],) + other.stop[d + 1 :])
+        return None
+
+    def split(self, dim: int, at: int) -> tuple[Box, Box]:
+        """Two boxes cut at coordinate `at` of dimension `dim`."""
+        if not self.start[dim] < at < self.stop[dim]:
+            raise IRError(f"cannot split box {self} at {at} in dim {dim}")
+        lo = Box(self.start, self.stop[:dim] + (at,) + self.stop[dim + 1 :])
+        hi = Box(self.start[:dim] + (at,) + self.start[dim + 1 :], self.stop)
+        return lo, hi
+
+
+def subtract_all(boxes: Iterable[Box], cut: Box) -> list[Box]:
+    """Every box minus `cut`, as disjoint boxes."""
+    return [part for box in boxes for part in box.subtract(cut)]
+
+
+def disjoint_union(boxes: Iterable[Box]) -> list[Box]:
+    """Disjoint boxes covering exactly the union of `boxes` (order-deterministic)."""
+    out: list[Box] = []
+    for box in boxes:
+        parts = [box]
+        for done in out:
+            if parts:
+                parts = subtract_all(parts, done)
+        out.extend(parts)
+    return out
+
+
+def row_major_boxes(shape: Sequence[int], start: int, stop: int) -> list[Box]:
+    """Boxes of an array of `shape` covering flat row-major indices [start, stop), in order.
+
+    Each returned box's row-major order equals the order of its flat indices, so consecutive
+    boxes map to consecutive runs. At most 2·ndim - 1 boxes.
+    """
+    if not 0 <= start <= stop <= math.prod(shape):
+        raise IRError(f"flat range [{start}, {stop}) is outside an array of shape {tuple(shape)}")
+    if start == stop:
+        return []
+    if len(shape) <= 1:
+        return [Box((start,), (stop,))] if shape else [Box((), ())]
+    inner = math.prod(shape[1:])
+    row0, off0 = divmod(start, inner)
+    row1, off1 = divmod(stop, inner)
+    out: list[Box] = []
+
+    def rows_of(row: int, a: int, b: int) -> list[Box]:
+        return [Box((row,) + s.start, (row + 1,) + s.stop) for s in row_major_boxes(shape[1:], a, b)]
+
+    if row0 == row1:
+        return rows_of(row0, off0, off1)
+    if off0:
+        out += rows_of(row0, off0, inner)
+        row0 += 1
+    if row1 > row0:
+        out.append(Box((row0,) + (0,) * (len(shape) - 1), (row1,) + tuple(shape[1:])))
+    if off1:
+        out += rows_of(row1, 0, off1)
+    return out

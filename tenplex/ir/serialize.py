@@ -1,0 +1,229 @@
+"""`tenplex.ptc/1` JSON: strict parsing and canonical printing of a PTC.
+
+Parsing builds nothing until the whole document is checked: any unknown key, wrong type,
+out-of-range box or dangling id raises `ParseError` naming the source and the field, e.g.
+`ptc.json: subtensors["w/tp1"].pieces[0].global: ...`. Printing is canonical (fixed key order,
+maps sorted by name), so `print(parse(text)) == text` for canonical text and
+`parse(print(ptc)) == ptc` for every PTC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tenplex.ir.box import Box
+from tenplex.ir.errors import IRError, ParseError
+from tenplex.ir.ptc import PTC, Allocation, Partition, Value
+from tenplex.ir.tensor import Piece, SubTensor, TensorMeta
+from tenplex.ir.topology import Device, Links, Topology
+
+FORMAT = "tenplex.ptc/1"
+T = TypeVar("T")
+
+
+class _Doc:
+    """Typed access to a JSON node that reports the field path on error."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, msg: str) -> ParseError:
+        return ParseError(f"{self.source}: {where}: {msg}")
+
+    def obj(self, node: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+        if not isinstance(node, dict):
+            raise self.fail(where, f"expected an object, got {type(node).__name__}")
+        unknown = sorted(set(node) - set(required) - set(optional))
+        if unknown:
+            raise self.fail(where, f"unknown key {unknown[0]!r} (allowed: {', '.join(required + optional)})")
+        missing = [k for k in required if k not in node]
+        if missing:
+            raise self.fail(where, f"missing key {missing[0]!r}")
+        return node
+
+    def typed(self, node: Any, where: str, kind: type | tuple[type, ...], what: str) -> Any:
+        if isinstance(node, bool) and kind is not bool or not isinstance(node, kind):
+            raise self.fail(where, f"expected {what}, got {node!r}")
+        return node
+
+    def build(self, where: str, make: Callable[[], T]) -> T:
+        try:
+            return make()
+        except IRError as e:
+            raise self.fail(where, str(e)) from None
+
+    def box(self, node: Any, where: str) -> Box:
+        self.typed(node, where, list, "a list of [start, stop] pairs")
+        return self.build(where, lambda: Box.from_list(node))
+
+
+def _links(doc: _Doc, node: Any) -> Links:
+    doc.obj(node, "links", (), ("device", "host", "network"))
+    return doc.build("links", lambda: Links(**node))
+
+
+def _topology(doc: _Doc, root: dict) -> Topology:
+    devices = []
+    for i, d in enumerate(doc.typed(root["devices"], "devices", list, "a list of devices")):
+        w = f"devices[{i}]"
+        doc.obj(d, w, ("id", "host"))
+        devices.append(doc.build(w, lambda d=d: Device(d["id"], d["host"])))
+    links = _links(doc, root["links"]) if "links" in root else Links()
+    return doc.build("devices", lambda: Topology(tuple(devices), links))
+
+
+def _tensor(doc: _Doc, name: str, node: Any) -> TensorMeta:
+    w = f"tensors[{name!r}]"
+    doc.obj(node, w, ("shape", "dtype"))
+    doc.typed(node["shape"], w + ".shape", list, "a list of integers")
+    return doc.build(w, lambda: TensorMeta(name, tuple(node["shape"]), node["dtype"]))
+
+
+def _subtensor(doc: _Doc, sid: str, node: Any) -> SubTensor:
+    w = f"subtensors[{sid!r}]"
+    if isinstance(node, dict) and "box" in node:
+        doc.obj(node, w, ("tensor", "path", "box"), ("fill",))
+        box = doc.box(node["box"], w + ".box")
+        pieces = [Piece(box, Box.from_shape(box.shape))]
+        shape = box.shape
+    else:
+        doc.obj(node, w, ("tensor", "path", "shape", "pieces"), ("fill",))
+        doc.typed(node["shape"], w + ".shape", list, "a list of integers")
+        shape = tuple(node["shape"])
+        pieces = []
+        for i, p in enumerate(doc.typed(node["pieces"], w + ".pieces", list, "a list of pieces")):
+            pw = f"{w}.pieces[{i}]"
+            doc.obj(p, pw, ("global", "local"))
+            g, lo = doc.box(p["global"], pw + ".global"), doc.box(p["local"], pw + ".local")
+            pieces.append(doc.build(pw, lambda g=g, lo=lo: Piece(g, lo)))
+    doc.typed(node["tensor"], w + ".tensor", str, "a tensor name")
+    doc.typed(node["path"], w + ".path", str, "a path string")
+    fill = doc.typed(node.get("fill", 0), w + ".fill", (int, float), "a number")
+    return doc.build(w, lambda: SubTensor(sid, node["tensor"], node["path"], shape, tuple(pieces), fill))
+
+
+def _partition(doc: _Doc, pid: str, node: Any) -> Partition:
+    w = f"partitions[{pid!r}]"
+    doc.obj(node, w, ("subtensors",), ("values",))
+    subs = doc.typed(node["subtensors"], w + ".subtensors", list, "a list of sub-tensor ids")
+    values = {}
+    for name, v in doc.typed(node.get("values", {}), w + ".values", dict, "an object").items():
+        vw = f"{w}.values[{name!r}]"
+        doc.obj(v, vw, (), ("value", "policy"))
+        values[name] = doc.build(vw, lambda v=v: Value(v.get("value"), v.get("policy", "replicated")))
+    return doc.build(w, lambda: Partition(pid, tuple(subs), values))
+
+
+def _allocation(doc: _Doc, node: Any) -> Allocation:
+    doc.typed(node, "allocation", dict, "an object")
+    for pid, devs in node.items():
+        doc.typed(devs, f"allocation[{pid!r}]", list, "a list of device ids")
+        for d in devs:
+            doc.typed(d, f"allocation[{pid!r}]", int, "integer device ids")
+    return doc.build("allocation", lambda: Allocation(node))
+
+
+def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
+    """Parse a `tenplex.ptc/1` document (already JSON-decoded). Raises ParseError."""
+    doc = _Doc(source)
+    doc.obj(root, "document", ("format", "devices", "tensors", "subtensors", "partitions", "allocation"), ("links",))
+    if root["format"] != FORMAT:
+        raise doc.fail("format", f"expected {FORMAT!r}, got {root['format']!r}")
+    topology = _topology(doc, root)
+    sections = {k: doc.typed(root[k], k, dict, "an object") for k in ("tensors", "subtensors", "partitions")}
+    tensors = [_tensor(doc, n, v) for n, v in sections["tensors"].items()]
+    subtensors = [_subtensor(doc, n, v) for n, v in sections["subtensors"].items()]
+    partitions = [_partition(doc, n, v) for n, v in sections["partitions"].items()]
+    allocation = _allocation(doc, root["allocation"])
+    return doc.build("document", lambda: PTC(tuple(tensors), tuple(subtensors), tuple(partitions), allocation, topology))
+
+
+def _subtensor_json(st: SubTensor) -> dict:
+    out: dict[str, Any] = {"tensor": st.tensor, "path": st.path}
+    only = st.pieces[0] if len(st.pieces) == 1 else None
+    if only and not only.flat and only.local_box == st.local_box:
+        out["box"] = only.global_box.to_list()
+    else:
+        out["shape"] = list(st.shape)
+        out["pieces"] = [{"global": p.global_box.to_list(), "local": p.local_box.to_list()} for p in st.pieces]
+    if st.fill != 0:
+        out["fill"] = st.fill
+    return out
+
+
+def ptc_to_json(ptc: PTC) -> dict:
+    """The canonical JSON object of a PTC."""
+    out: dict[str, Any] = {"format": FORMAT, "devices": [{"id": d.id, "host": d.host} for d in ptc.topology.devices]}
+    if ptc.topology.links != Links():
+        links = ptc.topology.links
+        out["links"] = {"device": links.device, "host": links.host, "network": links.network}
+    out["tensors"] = {t.name: {"shape": list(t.shape), "dtype": t.dtype} for t in ptc.tensors}
+    out["subtensors"] = {st.id: _subtensor_json(st) for st in ptc.subtensors}
+    out["partitions"] = {
+        p.id: {"subtensors": list(p.subtensors), "values": {n: {"value": v.value, "policy": v.policy} for n, v in p.values}}
+        for p in ptc.partitions
+    }
+    out["allocation"] = {pid: list(devs) for pid, devs in ptc.allocation.items}
+    return out
+
+
+def canonical_text(root: dict) -> str:
+    """JSON text with one line per top-level scalar and per entry of a top-level map or list,
+    so that diffs of PTCs and plans are readable line by line."""
+
+    def leaf(value: Any) -> str:
+        return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+
+    lines = []
+    for key, value in root.items():
+        if isinstance(value, dict) and value:
+            body = ",\n".join(f"  {leaf(k)}: {leaf(v)}" for k, v in value.items())
+            lines.append(f" {leaf(key)}: {{\n{body}\n }}")
+        elif isinstance(value, list) and value:
+            body = ",\n".join(f"  {leaf(v)}" for v in value)
+            lines.append(f" {leaf(key)}: [\n{body}\n ]")
+        else:
+            lines.append(f" {leaf(key)}: {leaf(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def dumps(ptc: PTC) -> str:
+    return canonical_text(ptc_to_json(ptc))
+
+
+def loads(text: str, source: str = "<ptc>") -> PTC:
+    try:
+        root = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParseError(f"{source}: not valid JSON: {e}") from None
+    return ptc_from_json(root, source)
+
+
+def load_ptc(path: str | os.PathLike) -> PTC:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read: {e.strerror}") from None
+    return loads(text, str(path))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` via a temporary file and rename: complete or absent."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def save_ptc(ptc: PTC, path: str | os.PathLike) -> None:
+    write_atomic(path, dumps(ptc))
