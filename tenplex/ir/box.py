@@ -152,6 +152,21 @@ def disjoint_union(boxes: Iterable[Box]) -> list[Box]:
     return out
 
 
+def split_box(box: Box, max_volume: int) -> list[Box]:
+    """Cut `box` into row-major consecutive boxes of at most `max_volume` elements each."""
+    if max_volume < 1:
+        raise IRError(f"cannot split box {box} into parts of {max_volume} elements")
+    if box.volume <= max_volume or box.ndim == 0:
+        return [box]
+    inner = box.volume // box.shape[0]
+    if inner <= max_volume:
+        step = max_volume // inner
+        cuts = range(box.start[0], box.stop[0], step)
+        return [Box((a,) + box.start[1:], (min(a + step, box.stop[0]),) + box.stop[1:]) for a in cuts]
+    tail = split_box(Box(box.start[1:], box.stop[1:]), max_volume)
+    return [Box((r,) + t.start, (r + 1,) + t.stop) for r in range(box.start[0], box.stop[0]) for t in tail]
+
+
 def row_major_boxes(shape: Sequence[int], start: int, stop: int) -> list[Box]:
     """Boxes of an array of `shape` covering flat row-major indices [start, stop), in order.
 

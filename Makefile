@@ -1,0 +1,29 @@
+# make test | demo | bench | lint — each works on a fresh machine with only python3.
+VENV := .venv
+PY := $(VENV)/bin/python
+SRC := $(wildcard tenplex tests proofs bench)
+
+.PHONY: test lint demo bench deps
+
+# (Re)install only when pyproject.toml changed since the last install.
+$(VENV)/.stamp: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test,lint]'
+	touch $@
+
+deps: $(VENV)/.stamp
+# FUSE tests need libfuse3 (a later issue); hook for it:
+#	command -v fusermount3 >/dev/null || apt-get install -y fuse3
+
+lint: deps
+	$(VENV)/bin/ruff check $(SRC)
+	$(VENV)/bin/lint-imports
+
+test: lint
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider -q
+
+demo: deps
+	$(PY) -m tenplex.demo
+
+bench: deps
+	$(PY) -m bench

@@ -1,0 +1,72 @@
+"""`compile_plan`: src PTC + dst PTC -> verified, frozen `Plan`.
+
+Pipeline: place-ranks (optional) → lower (diff onto an op graph) → select-sources → coalesce
+→ schedule → freeze with stats → `check_plan`. Pure and deterministic: no I/O, no clocks, no
+randomness; the same inputs give byte-identical plan JSON.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds
+from tenplex.compiler.ops import CopyOp, FillOp
+from tenplex.compiler.passes.coalesce import Coalesce
+from tenplex.compiler.passes.lower import Lower
+from tenplex.compiler.passes.place_ranks import PlaceRanks
+from tenplex.compiler.passes.schedule import Schedule
+from tenplex.compiler.passes.select_sources import SelectSources
+from tenplex.compiler.plan import CompileOptions, Message, Plan, Stats
+from tenplex.compiler.program import Pass, Program, run_passes
+from tenplex.compiler.verify import check_plan
+from tenplex.ir.ptc import PTC
+from tenplex.ir.topology import LinkClass
+
+
+def default_passes(options: CompileOptions) -> list[Pass]:
+    first: list[Pass] = [PlaceRanks()] if options.place_ranks and options.baseline is None else []
+    return first + [Lower(), SelectSources(), Coalesce(), Schedule()]
+
+
+def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> Plan:
+    """Raises CompileError when dst cannot be built from src; PlanVerifyError on a compiler bug."""
+    options = options or CompileOptions()
+    program = run_passes(Program.start(src, dst, options), default_passes(options))
+    plan = freeze(program)
+    check_plan(plan, src, dst)
+    return plan
+
+
+def freeze(program: Program) -> Plan:
+    """Number the ops, attach stats, and freeze the plan."""
+    graph = program.graph
+    index = {key: i for i, (key, _) in enumerate(graph.items())}
+    ops = tuple(op for _, op in graph.items())
+    edges = tuple(sorted((index[a], index[b]) for a, b, _ in graph.edges()))
+    messages = tuple(Message(m.id, m.src_host, m.dst_host, tuple(index[k] for k in m.ops), m.bytes, m.round) for m in program.messages)
+    return Plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
+
+
+def _stats(program: Program, ops, messages) -> Stats:
+    topo, size = program.topology, program.itemsize
+    by_class: Counter[LinkClass] = Counter()
+    fill = 0
+    for op in ops:
+        if isinstance(op, CopyOp):
+            by_class[topo.link(op.src_device, op.dst_device)] += op.box.volume * size(op.tensor)
+        elif isinstance(op, FillOp):
+            fill += op.box.volume * size(program.dst.subtensor_map[op.dst_subtensor].tensor)
+    per_host = host_lower_bounds(program.src, program.dst)
+    rounds: dict[int, list] = defaultdict(list)
+    for m in messages:
+        rounds[m.round].extend((ops[i], ops[i].box.volume * size(ops[i].tensor)) for i in m.ops)
+    return Stats(
+        device_bytes=by_class[LinkClass.DEVICE],
+        host_bytes=by_class[LinkClass.HOST],
+        network_bytes=by_class[LinkClass.NETWORK],
+        fill_bytes=fill,
+        network_lower_bound_bytes=sum(per_host.values()),
+        predicted_seconds=predict_seconds((rounds[r] for r in sorted(rounds)), topo),
+        lower_bound_seconds=lower_bound_seconds(per_host, topo),
+        rounds=len(rounds),
+    )

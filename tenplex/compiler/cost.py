@@ -1,0 +1,87 @@
+"""Bounds and the cost model.
+
+`network_lower_bound` is DESIGN §9's figure, computed from the PTCs alone (independently of any
+plan): for every dst host, the bytes its dst devices need that no src device on that host holds,
+each element counted once, fills excluded. `predict` models a plan's time round by round: a
+round lasts as long as its slowest host needs to push its NIC egress, its NIC ingress and its
+local copies through the link bandwidths.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from tenplex.compiler.ops import CopyOp
+from tenplex.ir.box import Box
+from tenplex.ir.ptc import PTC
+from tenplex.ir.sweep import overlapping_pairs
+from tenplex.ir.topology import LinkClass, Topology
+
+
+def _distinct_union(boxes: Iterable[Box]) -> list[Box]:
+    """Disjoint boxes covering the union; identical boxes are collapsed first and only
+    overlapping boxes are subtracted (sweep-line), so replicas cost nothing."""
+    unique = sorted(set(boxes))
+    out: list[Box] = []
+    for box in unique:
+        parts = [box]
+        for i, _ in overlapping_pairs(out, [box]):
+            parts = [q for p in parts for q in p.subtract(out[i])]
+        out.extend(parts)
+    return out
+
+
+def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
+    """Volume of (∪a) ∩ (∪b) for two lists of disjoint boxes."""
+    return sum(a[i].intersect(b[j]).volume for i, j in overlapping_pairs(a, b))  # type: ignore[union-attr]
+
+
+def host_lower_bounds(src: PTC, dst: PTC, allocation=None) -> dict[str, int]:
+    """Per dst host: bytes it must receive over the network (at least)."""
+    allocation = allocation or dst.allocation
+    topology = src.topology.union(dst.topology)
+    need: dict[tuple[str, str], list[Box]] = defaultdict(list)
+    for st in dst.subtensors:
+        for d in allocation.devices_of(dst.partition_of[st.id]):
+            need[(topology.host_of(d), st.tensor)].extend(p.global_box for p in st.pieces)
+    have: dict[tuple[str, str], list[Box]] = defaultdict(list)
+    for st in src.subtensors:
+        for d in src.devices_of_subtensor(st.id):
+            have[(topology.host_of(d), st.tensor)].extend(p.global_box for p in st.pieces)
+    out: dict[str, int] = defaultdict(int)
+    for (host, tensor), boxes in sorted(need.items()):
+        needed = _distinct_union(boxes)
+        held = _distinct_union(have.get((host, tensor), ()))
+        missing = sum(b.volume for b in needed) - _overlap_volume(needed, held)
+        out[host] += missing * dst.itemsize(tensor)
+    return dict(out)
+
+
+def network_lower_bound(src: PTC, dst: PTC, allocation=None) -> int:
+    return sum(host_lower_bounds(src, dst, allocation).values())
+
+
+def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
+    """No host can receive faster than its NIC, and all NICs together cannot send faster."""
+    bw = topology.links.network
+    if not per_host:
+        return 0.0
+    return max(max(per_host.values()) / bw, sum(per_host.values()) / (bw * max(1, len(topology.hosts))))
+
+
+def predict_seconds(rounds: Iterable[Iterable[tuple[CopyOp, int]]], topology: Topology) -> float:
+    """Sum over rounds of the slowest host's time in that round."""
+    total = 0.0
+    for ops in rounds:
+        load: dict[tuple[str, LinkClass, str], float] = defaultdict(float)
+        for op, nbytes in ops:
+            link = topology.link(op.src_device, op.dst_device)
+            src_host, dst_host = topology.host_of(op.src_device), topology.host_of(op.dst_device)
+            if link is LinkClass.NETWORK:
+                load[(src_host, link, "out")] += nbytes
+                load[(dst_host, link, "in")] += nbytes
+            else:
+                load[(dst_host, link, str(op.dst_device))] += nbytes
+        total += max((b / topology.links.bandwidth(link) for (_, link, _), b in load.items()), default=0.0)
+    return total

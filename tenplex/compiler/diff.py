@@ -1,0 +1,144 @@
+"""diff: the paper's Algorithm 1 (split, re-partition, merge) over two PTCs.
+
+For every dst sub-tensor piece, the src pieces whose global boxes intersect it are found by a
+sweep-line (`overlapping_pairs`, never all-pairs). The piece is cut into disjoint fragments such
+that every src piece either holds a whole fragment or none of it; each fragment becomes a
+`Need` listing all holders (every replica on every device). Local regions no dst piece covers
+become `FillOp`s, and dst partition values become `ValueNeed`s.
+
+Raises CompileError when dst needs a tensor src lacks, with another shape or dtype, or a region
+no src sub-tensor holds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import attrs
+
+from tenplex.compiler.ops import FillOp, Holder, Need
+from tenplex.ir.box import Box, subtract_all
+from tenplex.ir.errors import CompileError
+from tenplex.ir.ptc import PTC
+from tenplex.ir.sweep import overlapping_pairs
+
+
+@attrs.frozen
+class ValueNeed:
+    """Value `name` of dst partition `dst_partition`: a literal, or inherited from holders."""
+
+    dst_partition: str
+    name: str
+    dst_devices: tuple[int, ...]
+    holders: tuple[tuple[int, str], ...]  # (src device, src partition); empty for a literal
+    value: object = None
+
+
+@attrs.frozen
+class Diff:
+    needs: tuple[Need, ...]  # one per (fragment, dst device)
+    fills: tuple[FillOp, ...]
+    values: tuple[ValueNeed, ...]
+
+
+def diff(src: PTC, dst: PTC) -> Diff:
+    needs: list[Need] = []
+    for meta in dst.tensors:
+        _check_tensor(src, meta)
+        needs.extend(_tensor_needs(src, dst, meta.name))
+    fills = [
+        FillOp(d, st.id, box, st.fill)
+        for st in dst.subtensors
+        for box in st.fill_boxes()
+        for d in dst.devices_of_subtensor(st.id)
+    ]
+    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)))
+
+
+def _check_tensor(src: PTC, meta) -> None:
+    have = src.tensor_map.get(meta.name)
+    if have is None:
+        raise CompileError(f"dst tensor {meta.name!r} does not exist in src")
+    if (have.shape, have.dtype) != (meta.shape, meta.dtype):
+        raise CompileError(f"tensor {meta.name!r} is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
+
+
+def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
+    src_items = [(st, i, p.global_box) for st in src.by_tensor.get(tensor, ()) for i, p in enumerate(st.pieces)]
+    dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
+    hits: dict[int, list[int]] = defaultdict(list)
+    for di, si in overlapping_pairs([b for *_, b in dst_items], [b for *_, b in src_items]):
+        hits[di].append(si)
+    holders_of: dict[Box, tuple[Holder, ...]] = {}
+    out = []
+    for di, (st, j, box) in enumerate(dst_items):
+        groups = _group_by_box(src, [src_items[si] for si in sorted(hits[di])], holders_of)
+        fragments = _fragments(box, groups)
+        covered = sum(f.volume for f, _ in fragments)
+        if covered != box.volume:
+            gap = _first_gap(box, [f for f, _ in fragments])
+            raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
+        for d in dst.devices_of_subtensor(st.id):
+            out.extend(Need(tensor, f, d, st.id, j, hs) for f, hs in fragments)
+    return out
+
+
+def _group_by_box(src: PTC, items: list, cache: dict[Box, tuple[Holder, ...]]) -> list[tuple[Box, tuple[Holder, ...]]]:
+    """Distinct src global boxes, each with every (device, sub-tensor, piece) holding exactly
+    that box. All src pieces with one box meet the same dst pieces, so `cache` (per tensor)
+    shares the holder tuples between dst pieces."""
+    fresh: dict[Box, list[Holder]] = defaultdict(list)
+    for st, i, box in items:
+        if box not in cache:
+            fresh[box].extend(Holder(d, st.id, i) for d in src.devices_of_subtensor(st.id))
+    for box, hs in fresh.items():
+        cache[box] = tuple(sorted(hs))
+    return [(box, cache[box]) for box in dict.fromkeys(box for *_, box in items)]
+
+
+def _fragments(box: Box, groups: list[tuple[Box, tuple[Holder, ...]]]) -> list[tuple[Box, tuple[Holder, ...]]]:
+    """Disjoint parts of `box`, each held wholly by the listed holders (fast path when the src
+    boxes are disjoint, refinement when they overlap, e.g. tied copies or uneven replicas)."""
+    clipped = [(c, hs) for b, hs in groups if (c := b.intersect(box)) is not None]
+    boxes = [c for c, _ in clipped]
+    if not any(i < j for i, j in overlapping_pairs(boxes, boxes)):
+        return clipped
+    parts: list[tuple[Box, tuple[Holder, ...]]] = []
+    for c, hs in clipped:
+        rest = [c]
+        refined = []
+        for p, phs in parts:
+            inter = p.intersect(c)
+            if inter is None:
+                refined.append((p, phs))
+                continue
+            refined.append((inter, tuple(sorted(set(phs) | set(hs)))))
+            refined.extend((q, phs) for q in p.subtract(inter))
+            rest = subtract_all(rest, inter)
+        parts = refined + [(r, hs) for r in rest]
+    return sorted(parts, key=lambda x: x[0])
+
+
+def _first_gap(box: Box, covered: list[Box]) -> Box:
+    rest = [box]
+    for c in covered:
+        rest = subtract_all(rest, c)
+    return rest[0]
+
+
+def _value_needs(src: PTC, dst: PTC) -> list[ValueNeed]:
+    holders: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for part in src.partitions:
+        for name, _ in part.values:
+            holders[name].extend((d, part.id) for d in src.allocation.devices_of(part.id))
+    out = []
+    for part in dst.partitions:
+        devices = dst.allocation.devices_of(part.id)
+        for name, value in part.values:
+            if value.value is not None or value.policy == "per-rank":
+                out.append(ValueNeed(part.id, name, devices, (), value.value))
+            elif not holders[name]:
+                raise CompileError(f"dst partition {part.id!r} inherits value {name!r}, which no src partition has")
+            else:
+                out.append(ValueNeed(part.id, name, devices, tuple(sorted(holders[name]))))
+    return out

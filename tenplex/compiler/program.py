@@ -1,0 +1,59 @@
+"""`Program`: the compiler's state between passes, and the `Pass` protocol.
+
+A pass is a small frozen object with a `name`, the facts it `requires` and `provides`, and
+`apply(program) -> program`. `run_passes` checks the facts, so passes cannot run out of order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from tenplex.compiler.diff import Diff
+from tenplex.compiler.graph import OpGraph
+from tenplex.compiler.plan import CompileOptions, Message
+from tenplex.ir.errors import CompileError
+from tenplex.ir.ptc import PTC
+from tenplex.ir.topology import Topology
+
+
+@attrs.frozen
+class Program:
+    src: PTC
+    dst: PTC
+    options: CompileOptions
+    topology: Topology  # src and dst devices together
+    diff: Diff | None = None
+    graph: OpGraph | None = None
+    messages: tuple[Message, ...] = ()  # op ids are graph node keys
+    facts: frozenset[str] = frozenset()
+
+    @classmethod
+    def start(cls, src: PTC, dst: PTC, options: CompileOptions) -> Program:
+        return cls(src, dst, options, src.topology.union(dst.topology))
+
+    def host_of(self, device: int) -> str:
+        return self.topology.host_of(device)
+
+    def itemsize(self, tensor: str) -> int:
+        return self.dst.itemsize(tensor)
+
+
+class Pass(Protocol):
+    name: str
+    requires: frozenset[str]
+    provides: frozenset[str]
+
+    def apply(self, program: Program) -> Program: ...
+
+
+def run_passes(program: Program, passes: Sequence[Pass]) -> Program:
+    for p in passes:
+        missing = p.requires - program.facts
+        if missing:
+            raise CompileError(f"pass {p.name!r} requires {sorted(missing)}, which no earlier pass provides")
+        program = p.apply(program)
+        program = attrs.evolve(program, facts=program.facts | p.provides)
+    return program

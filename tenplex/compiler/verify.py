@@ -1,0 +1,202 @@
+"""`check_plan`: prove that a plan turns the src state into the dst state.
+
+Checked, for the dst PTC under the plan's allocation:
+- the allocation keeps dst's partitions and replica counts on dst's devices;
+- every copy reads a region its source holds: a src piece on a device holding it, or (forward,
+  `src_side="dst"`) a dst piece that an order-edge predecessor wrote in an earlier round, and
+  writes inside its dst piece of the same tensor on a device holding that piece;
+- exact cover: each dst piece on each device is written by pairwise-disjoint copies whose
+  volumes add up to the piece's volume; every local region outside the pieces is filled exactly
+  once with the sub-tensor's fill value;
+- each value of each dst partition on each device is set once, from a src partition that has
+  it (inherited values) or to the dst literal;
+- messages: every copy is in exactly one message, between its devices' hosts, with its bytes;
+  network bytes per host and round stay within the memory budget; stats match the ops.
+
+Raises PlanVerifyError naming tensor, sub-tensor, device and boxes. Never skips a check.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import attrs
+
+from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.compiler.plan import Plan
+from tenplex.ir.box import Box
+from tenplex.ir.errors import IRError, PlanVerifyError
+from tenplex.ir.ptc import PTC
+from tenplex.ir.sweep import overlapping_pairs
+from tenplex.ir.topology import LinkClass
+
+
+def check_plan(plan: Plan, src: PTC, dst: PTC) -> None:
+    dst = _with_allocation(dst, plan.allocation)
+    c = _Checker(plan, src, dst)
+    c.ops()
+    c.cover()
+    c.values()
+    c.messages()
+    c.stats()
+
+
+def _with_allocation(dst: PTC, alloc) -> PTC:
+    old = {pid: len(devs) for pid, devs in dst.allocation.items}
+    new = {pid: len(devs) for pid, devs in alloc.items}
+    if old != new:
+        raise PlanVerifyError(f"plan allocation {dict(alloc.items)} does not keep dst's partitions and replica counts {old}")
+    if sorted(alloc.by_device) != sorted(dst.allocation.by_device):
+        raise PlanVerifyError(f"plan allocation uses devices {sorted(alloc.by_device)}, dst uses {sorted(dst.allocation.by_device)}")
+    try:
+        return attrs.evolve(dst, allocation=alloc)
+    except IRError as e:
+        raise PlanVerifyError(f"plan allocation is invalid for dst: {e}") from None
+
+
+class _Checker:
+    def __init__(self, plan: Plan, src: PTC, dst: PTC):
+        self.plan, self.src, self.dst = plan, src, dst
+        self.topology = src.topology.union(dst.topology)
+        self.writes: dict[tuple[str, int, int], list[tuple[int, Box]]] = defaultdict(list)
+        self.fills: dict[tuple[str, int], list[Box]] = defaultdict(list)
+        self.preds: dict[int, list[int]] = defaultdict(list)
+        for a, b in plan.edges:
+            self.preds[b].append(a)
+
+    def fail(self, msg: str) -> PlanVerifyError:
+        return PlanVerifyError(msg)
+
+    def holds(self, ptc: PTC, sid: str, device: int) -> bool:
+        return sid in ptc.partition_of and device in ptc.devices_of_subtensor(sid)
+
+    def ops(self) -> None:
+        for i, op in enumerate(self.plan.ops):
+            if isinstance(op, CopyOp):
+                self.copy(i, op)
+            elif isinstance(op, FillOp):
+                self.fill(i, op)
+        try:
+            self.plan.graph.generations()
+        except IRError as e:
+            raise self.fail(f"plan order edges: {e}") from None
+
+    def copy(self, i: int, op: CopyOp) -> None:
+        dst_st = self.piece_owner(self.dst, op.dst_subtensor, op.dst_device, op.dst_piece, f"op {i} writes")
+        if dst_st.tensor != op.tensor:
+            raise self.fail(f"op {i} writes tensor {op.tensor!r} into dst sub-tensor {dst_st.id!r} of tensor {dst_st.tensor!r}")
+        if not dst_st.pieces[op.dst_piece].global_box.contains(op.box):
+            raise self.fail(f"op {i} writes {op.tensor!r} box {op.box} outside dst piece {dst_st.pieces[op.dst_piece].global_box} of {dst_st.id!r}")
+        side = self.src if op.src_side == "src" else self.dst
+        src_st = self.piece_owner(side, op.src_subtensor, op.src_device, op.src_piece, f"op {i} reads {op.src_side}")
+        if src_st.tensor != op.tensor or not src_st.pieces[op.src_piece].global_box.contains(op.box):
+            raise self.fail(f"op {i} reads {op.tensor!r} box {op.box} from {op.src_side} sub-tensor {src_st.id!r} piece {op.src_piece}, which holds {src_st.tensor!r} box {src_st.pieces[op.src_piece].global_box}")
+        if op.src_side == "dst":
+            self.forward(i, op)
+        self.writes[(op.dst_subtensor, op.dst_device, op.dst_piece)].append((i, op.box))
+
+    def forward(self, i: int, op: CopyOp) -> None:
+        for p in self.preds[i]:
+            prev = self.plan.ops[p]
+            if (isinstance(prev, CopyOp) and (prev.dst_subtensor, prev.dst_device, prev.dst_piece) == (op.src_subtensor, op.src_device, op.src_piece)
+                    and prev.box.contains(op.box) and self.plan.round_of.get(p, 0) < self.plan.round_of.get(i, 0)):  # fmt: skip
+                return
+        raise self.fail(f"op {i} forwards {op.tensor!r} box {op.box} from dst {op.src_subtensor!r} on device {op.src_device}, but no order-edge predecessor in an earlier round wrote it there")
+
+    def piece_owner(self, ptc: PTC, sid: str, device: int, piece: int, what: str):
+        st = ptc.subtensor_map.get(sid)
+        if st is None or not self.holds(ptc, sid, device):
+            raise self.fail(f"{what} sub-tensor {sid!r} on device {device}, which does not hold it")
+        if not 0 <= piece < len(st.pieces):
+            raise self.fail(f"{what} piece {piece} of sub-tensor {sid!r}, which has {len(st.pieces)} pieces")
+        return st
+
+    def fill(self, i: int, op: FillOp) -> None:
+        st = self.dst.subtensor_map.get(op.dst_subtensor)
+        if st is None or not self.holds(self.dst, op.dst_subtensor, op.dst_device):
+            raise self.fail(f"op {i} fills sub-tensor {op.dst_subtensor!r} on device {op.dst_device}, which does not hold it")
+        if op.value != st.fill or not st.local_box.contains(op.box):
+            raise self.fail(f"op {i} fills {op.dst_subtensor!r} local box {op.box} with {op.value}; expected fill {st.fill} inside shape {st.shape}")
+        self.fills[(op.dst_subtensor, op.dst_device)].append(op.box)
+
+    def cover(self) -> None:
+        for st in self.dst.subtensors:
+            for d in self.dst.devices_of_subtensor(st.id):
+                for j, piece in enumerate(st.pieces):
+                    self.exact(st.tensor, st.id, d, f"piece {j} {piece.global_box}", piece.global_box.volume, [b for _, b in self.writes.get((st.id, d, j), [])])
+                fills = self.fills.get((st.id, d), [])
+                pieces = [p.local_box for p in st.pieces]
+                for fi, pi in overlapping_pairs(fills, pieces):
+                    raise self.fail(f"fill of {st.id!r} on device {d} local box {fills[fi]} overlaps piece local box {pieces[pi]}")
+                self.exact(st.tensor, st.id, d, f"fill region of shape {st.shape}", st.volume - sum(b.volume for b in pieces), fills)
+
+    def exact(self, tensor: str, sid: str, device: int, what: str, volume: int, boxes: list[Box]) -> None:
+        for a, b in overlapping_pairs(boxes, boxes):
+            if a < b:
+                raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what} is written twice at {boxes[a].intersect(boxes[b])} (boxes {boxes[a]} and {boxes[b]})")
+        got = sum(b.volume for b in boxes)
+        if got != volume:
+            raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what} has {volume} elements but the plan writes {got}")
+
+    def values(self) -> None:
+        seen: Counter[tuple[str, int, str]] = Counter()
+        for i, op in enumerate(self.plan.ops):
+            if isinstance(op, ValueOp):
+                self.value(i, op)
+                seen[(op.dst_partition, op.dst_device, op.name)] += 1
+        for part in self.dst.partitions:
+            for d in self.dst.allocation.devices_of(part.id):
+                for name, _ in part.values:
+                    if seen[(part.id, d, name)] != 1:
+                        raise self.fail(f"value {name!r} of partition {part.id!r} on device {d} is set {seen[(part.id, d, name)]} times")
+
+    def value(self, i: int, op: ValueOp) -> None:
+        part = self.dst.partition_map.get(op.dst_partition)
+        if part is None or op.dst_device not in self.dst.allocation.devices_of(part.id) or op.name not in part.value_map:
+            raise self.fail(f"op {i} sets value {op.name!r} of partition {op.dst_partition!r} on device {op.dst_device}, which does not hold it")
+        want = part.value_map[op.name]
+        inherit = want.value is None and want.policy == "replicated"
+        if op.src_partition is None:
+            if inherit or op.value != want.value:
+                raise self.fail(f"op {i} sets value {op.name!r} of {op.dst_partition!r} to {op.value!r}; dst wants {'it inherited from src' if inherit else repr(want.value)}")
+            return
+        srcp = self.src.partition_map.get(op.src_partition)
+        if not inherit or srcp is None or op.src_device not in self.src.allocation.devices_of(srcp.id) or op.name not in srcp.value_map:
+            raise self.fail(f"op {i} copies value {op.name!r} from src partition {op.src_partition!r} on device {op.src_device}, which does not hold it (or dst does not inherit it)")
+
+    def messages(self) -> None:
+        in_message: Counter[int] = Counter()
+        budget = self.plan.options.memory_budget_bytes
+        load: dict[tuple[int, str], int] = defaultdict(int)
+        for m in self.plan.messages:
+            total = 0
+            for i in m.ops:
+                op = self.plan.ops[i] if 0 <= i < len(self.plan.ops) else None
+                if not isinstance(op, CopyOp):
+                    raise self.fail(f"message {m.id} lists op {i}, which is not a copy")
+                hosts = (self.topology.host_of(op.src_device), self.topology.host_of(op.dst_device))
+                if hosts != (m.src_host, m.dst_host):
+                    raise self.fail(f"message {m.id} goes {m.src_host} -> {m.dst_host} but op {i} goes {hosts[0]} -> {hosts[1]}")
+                in_message[i] += 1
+                total += op.box.volume * self.dst.itemsize(op.tensor)
+            if total != m.bytes:
+                raise self.fail(f"message {m.id} says {m.bytes} bytes but its ops hold {total}")
+            if m.src_host != m.dst_host:
+                load[(m.round, m.src_host)] += m.bytes
+                load[(m.round, m.dst_host)] += m.bytes
+        for i, op in enumerate(self.plan.ops):
+            if isinstance(op, CopyOp) and in_message[i] != 1:
+                raise self.fail(f"copy op {i} ({op.tensor!r} box {op.box} to device {op.dst_device}) is in {in_message[i]} messages; expected 1")
+        for (r, host), nbytes in sorted(load.items()):
+            if nbytes > budget:
+                raise self.fail(f"host {host} moves {nbytes} network bytes in round {r}, over the memory budget of {budget}")
+
+    def stats(self) -> None:
+        by_class: Counter[LinkClass] = Counter()
+        for op in self.plan.ops:
+            if isinstance(op, CopyOp):
+                by_class[self.topology.link(op.src_device, op.dst_device)] += op.box.volume * self.dst.itemsize(op.tensor)
+        s = self.plan.stats
+        got = (by_class[LinkClass.DEVICE], by_class[LinkClass.HOST], by_class[LinkClass.NETWORK])
+        if got != (s.device_bytes, s.host_bytes, s.network_bytes):
+            raise self.fail(f"plan stats say device/host/network bytes {(s.device_bytes, s.host_bytes, s.network_bytes)} but its ops move {got}")
