@@ -1,0 +1,72 @@
+"""numpy views of sub-tensors: dtypes, piece views, and the arange oracle.
+
+`piece_view(array, piece)` is the one place that maps a piece's global box onto a local array:
+a slice for equal-extent pieces, a reshaped flat run for 1-D-local (ZeRO) pieces. Copy ops read
+and write through it, so both layouts share every other line of the runtime.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from tenplex.ir.box import Box
+from tenplex.ir.ptc import PTC
+from tenplex.ir.tensor import Piece, SubTensor
+
+_EXTRA = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def np_dtype(name: str) -> np.dtype:
+    return np.dtype(_EXTRA.get(name, name))
+
+
+def piece_view(array: np.ndarray, piece: Piece) -> np.ndarray:
+    """A view of `array` with the shape of the piece's global box (never a copy)."""
+    local = array[piece.local_box.to_slices()]
+    if piece.flat:
+        return local.reshape(piece.global_box.shape)
+    return local
+
+
+def region(array: np.ndarray, piece: Piece, box: Box) -> np.ndarray:
+    """The view of global region `box` (inside the piece) in `array`."""
+    return piece_view(array, piece)[box.relative_to(piece.global_box.start).to_slices()]
+
+
+def empty_local(ptc: PTC, st: SubTensor) -> np.ndarray:
+    return np.empty(st.shape, dtype=np_dtype(ptc.tensor_map[st.tensor].dtype))
+
+
+def arange_tensors(ptc: PTC) -> dict[str, np.ndarray]:
+    """Every tensor filled with distinct values (its flat index plus an offset per tensor),
+    cast to its dtype: the oracle's global state."""
+    out, offset = {}, 0
+    for meta in ptc.tensors:
+        n = int(np.prod(meta.shape, dtype=np.int64))
+        values = np.arange(offset, offset + n, dtype=np.int64).reshape(meta.shape)
+        out[meta.name] = _cast(values, np_dtype(meta.dtype))
+        offset += n
+    return out
+
+
+def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == np.bool_:
+        return (values % 2).astype(dtype)
+    if dtype.itemsize == 1 or dtype.kind == "f" and dtype.itemsize == 2:
+        return (values % 251 + 1).astype(dtype)  # exactly representable in 8-bit and 16-bit floats
+    return values.astype(dtype)
+
+
+def materialize(ptc: PTC, tensors: dict[str, np.ndarray], st: SubTensor) -> np.ndarray:
+    """The local array of `st` cut from full tensors: pieces copied, fill elsewhere."""
+    out = empty_local(ptc, st)
+    out[...] = st.fill
+    for p in st.pieces:
+        piece_view(out, p)[...] = tensors[st.tensor][p.global_box.to_slices()]
+    return out
+
+
+def materialize_all(ptc: PTC, tensors: dict[str, np.ndarray]) -> dict[tuple[str, int], np.ndarray]:
+    """(sub-tensor id, device) -> local array, for every instance of the PTC."""
+    return {(st.id, d): materialize(ptc, tensors, st) for st in ptc.subtensors for d in ptc.devices_of_subtensor(st.id)}
