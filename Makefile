@@ -1,9 +1,9 @@
-# make test | demo | bench | lint — each works on a fresh machine with only python3.
+# make test | demo | bench | lint | fix — each works on a fresh machine with only python3.
 VENV := .venv
 PY := $(VENV)/bin/python
 SRC := $(wildcard tenplex tests proofs bench)
 
-.PHONY: test lint demo bench deps
+.PHONY: test lint fix demo bench deps
 
 # (Re)install only when pyproject.toml changed since the last install.
 $(VENV)/.stamp: pyproject.toml
@@ -27,3 +27,6 @@ demo: deps
 
 bench: deps
 	$(PY) -m bench
+
+fix: deps
+	$(VENV)/bin/ruff check --fix $(SRC)

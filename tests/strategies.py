@@ -11,8 +11,8 @@ import math
 from hypothesis import strategies as st
 
 from tenplex.ir import (
-    PTC,
     ITEMSIZE,
+    PTC,
     Allocation,
     Box,
     Device,

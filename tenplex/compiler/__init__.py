@@ -3,7 +3,16 @@
 from tenplex.compiler.compile import compile_plan
 from tenplex.compiler.cost import network_lower_bound
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
-from tenplex.compiler.plan import CompileOptions, Message, Plan, Stats, dumps_plan, load_plan, plan_from_json, plan_to_json
+from tenplex.compiler.plan import (
+    CompileOptions,
+    Message,
+    Plan,
+    Stats,
+    dumps_plan,
+    load_plan,
+    plan_from_json,
+    plan_to_json,
+)
 from tenplex.compiler.verify import check_plan
 
 __all__ = [

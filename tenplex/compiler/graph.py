@@ -52,15 +52,13 @@ class OpGraph:
 
     def items(self) -> Iterator[tuple[int, Op]]:
         """(key, op) in insertion order."""
-        for key, data in self._g.nodes(data="op"):
-            yield key, data
+        yield from self._g.nodes(data="op")
 
     def __len__(self) -> int:
         return self._g.number_of_nodes()
 
     def edges(self) -> Iterator[tuple[int, int, EdgeKind]]:
-        for a, b, kind in self._g.edges(data="kind"):
-            yield a, b, kind
+        yield from self._g.edges(data="kind")
 
     def predecessors(self, key: int) -> list[int]:
         return sorted(self._g.predecessors(key))

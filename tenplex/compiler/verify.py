@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 
 import attrs
 
+from tenplex.compiler.cost import network_lower_bound
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Plan
 from tenplex.ir.box import Box
@@ -169,6 +170,8 @@ class _Checker:
         budget = self.plan.options.memory_budget_bytes
         load: dict[tuple[int, str], int] = defaultdict(int)
         for m in self.plan.messages:
+            if m.round < 0:
+                raise self.fail(f"message {m.id} has negative round {m.round}")
             total = 0
             for i in m.ops:
                 op = self.plan.ops[i] if 0 <= i < len(self.plan.ops) else None
@@ -200,3 +203,9 @@ class _Checker:
         got = (by_class[LinkClass.DEVICE], by_class[LinkClass.HOST], by_class[LinkClass.NETWORK])
         if got != (s.device_bytes, s.host_bytes, s.network_bytes):
             raise self.fail(f"plan stats say device/host/network bytes {(s.device_bytes, s.host_bytes, s.network_bytes)} but its ops move {got}")
+        rounds = len({m.round for m in self.plan.messages})
+        if s.rounds != rounds:
+            raise self.fail(f"plan stats say {s.rounds} rounds but its messages use {rounds}")
+        bound = network_lower_bound(self.src, self.dst)
+        if s.network_lower_bound_bytes != bound or s.network_bytes < bound:
+            raise self.fail(f"plan stats say network lower bound {s.network_lower_bound_bytes} bytes; it is {bound}, and the plan moves {s.network_bytes}")

@@ -123,7 +123,9 @@ def _shard(shape: tuple[int, ...], rule: Rule, tp: int, rank: int, vocab_multipl
 def _check_slab(layout: Layout, piece: Piece) -> None:
     box = piece.local_box
     if box.start[1:] != (0,) * (len(layout.shape) - 1) or box.stop[1:] != layout.shape[1:]:
-        raise IRError(f"piece local box {box} is not a dim-0 slab of local shape {layout.shape}; cannot cut flat fragments")
+        raise IRError(
+            f"piece local box {box} is not a dim-0 slab of local shape {layout.shape}; cannot cut flat fragments"
+        )
 
 
 def flat_fragment(layout: Layout, start: int, stop: int) -> tuple[Piece, ...]:
@@ -145,4 +147,3 @@ def flat_fragment(layout: Layout, start: int, stop: int) -> tuple[Piece, ...]:
             out.append(Piece(piece.to_global(part), Box((at,), (at + part.volume,))))
         offset += run.volume
     return tuple(out)
-

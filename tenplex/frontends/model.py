@@ -63,12 +63,21 @@ class ModelSpec:
         if self.heads % self.query_groups:
             raise SpecError(f"heads={self.heads} is not a multiple of query_groups={self.query_groups}")
         if self.kind in ("gpt", "bert") and self.max_position <= 0:
-            raise SpecError(f"a {self.kind} model needs learned position embeddings: max_position={self.max_position} must be > 0")
+            raise SpecError(
+                f"a {self.kind} model needs learned position embeddings: max_position={self.max_position} must be > 0"
+            )
         if self.kind == "llama" and self.max_position:
-            raise SpecError(f"a llama model uses RoPE and has no position embeddings: max_position={self.max_position} must be 0")
+            raise SpecError(
+                f"a llama model uses RoPE and has no position embeddings: max_position={self.max_position} must be 0"
+            )
 
     def _verify_choices(self) -> None:
-        for field, value, allowed in (("kind", self.kind, KINDS), ("norm", self.norm, NORMS), ("optimizer", self.optimizer, OPTIMIZERS), ("dtype", self.dtype, FLOAT_DTYPES)):
+        for field, value, allowed in (
+            ("kind", self.kind, KINDS),
+            ("norm", self.norm, NORMS),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+            ("dtype", self.dtype, FLOAT_DTYPES),
+        ):
             if value not in allowed:
                 raise SpecError(f"model {field}={value!r} is not one of {list(allowed)}")
         for field in ("glu", "bias_linear", "tied_embeddings"):
@@ -76,7 +85,16 @@ class ModelSpec:
                 raise SpecError(f"model {field}={getattr(self, field)!r} is not a boolean")
 
     def _verify_sizes(self) -> None:
-        positive = ("num_layers", "hidden", "heads", "query_groups", "head_dim", "ffn_hidden", "vocab", "make_vocab_size_divisible_by")
+        positive = (
+            "num_layers",
+            "hidden",
+            "heads",
+            "query_groups",
+            "head_dim",
+            "ffn_hidden",
+            "vocab",
+            "make_vocab_size_divisible_by",
+        )
         for field in positive + ("max_position", "num_experts"):
             value = getattr(self, field)
             low = 1 if field in positive else 0

@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from tenplex.ir.tensor import SubTensor
 from tenplex.frontends.layout import Layout, flat_fragment, shard
 from tenplex.frontends.model import ModelSpec
 from tenplex.frontends.params import Param
 from tenplex.frontends.pipeline import Chunk
 from tenplex.frontends.zero import Bucket, bucket_layout
+from tenplex.ir.tensor import SubTensor
 
 KINDS = ("fp32_param", "exp_avg", "exp_avg_sq")
 _LEGACY_PATH = {
@@ -53,7 +53,13 @@ def optim_tensor(kind: str, name: str) -> str:
 def optim_subtensors(model: ModelSpec, pid: str, param: Param, layout: Layout) -> list[SubTensor]:
     """Adam state of one parameter laid out like the parameter (zero=0)."""
     return [
-        SubTensor(f"{pid}/{optim_tensor(kind, param.label)}", optim_tensor(kind, param.name), _LEGACY_PATH[kind].format(param.label), layout.shape, layout.pieces)
+        SubTensor(
+            f"{pid}/{optim_tensor(kind, param.label)}",
+            optim_tensor(kind, param.name),
+            _LEGACY_PATH[kind].format(param.label),
+            layout.shape,
+            layout.pieces,
+        )
         for kind in optim_kinds(model)
     ]
 
@@ -72,7 +78,9 @@ class Buffer:
         return dp_rank // ep if self.group == "expert" else dp_rank
 
 
-def stage_buffers(model: ModelSpec, stage: Sequence[tuple[Chunk, Sequence[Param]]], tp: int, dp: int, ep: int) -> list[Buffer]:
+def stage_buffers(
+    model: ModelSpec, stage: Sequence[tuple[Chunk, Sequence[Param]]], tp: int, dp: int, ep: int
+) -> list[Buffer]:
     """Buffers of one pipeline stage (for one EP rank), chunk by chunk."""
     out = []
     for chunk, params in stage:
@@ -83,13 +91,18 @@ def stage_buffers(model: ModelSpec, stage: Sequence[tuple[Chunk, Sequence[Param]
         }
         for group, members in groups.items():
             if members:
-                numels = [(p.label, math.prod(shard(p.shape, p.rule, tp, 0, model.make_vocab_size_divisible_by).shape)) for p in members]
+                numels = [
+                    (p.label, math.prod(shard(p.shape, p.rule, tp, 0, model.make_vocab_size_divisible_by).shape))
+                    for p in members
+                ]
                 shards = dp // ep if group == "expert" else dp
                 out.append(Buffer(chunk, group, tuple(members), bucket_layout(numels, shards)))
     return out
 
 
-def fragment_subtensors(model: ModelSpec, pid: str, buffers: Sequence[Buffer], tp: int, tp_rank: int, dp_rank: int, ep: int) -> Iterator[SubTensor]:
+def fragment_subtensors(
+    model: ModelSpec, pid: str, buffers: Sequence[Buffer], tp: int, tp_rank: int, dp_rank: int, ep: int
+) -> Iterator[SubTensor]:
     """The fragments of every parameter that DP rank `dp_rank` owns, for TP rank `tp_rank`."""
     for buf in buffers:
         by_label = {p.label: p for p in buf.params}
@@ -98,4 +111,10 @@ def fragment_subtensors(model: ModelSpec, pid: str, buffers: Sequence[Buffer], t
             layout = shard(param.shape, param.rule, tp, tp_rank, model.make_vocab_size_divisible_by)
             pieces = flat_fragment(layout, start, stop)
             for kind in optim_kinds(model):
-                yield SubTensor(f"{pid}/{optim_tensor(kind, label)}", optim_tensor(kind, param.name), f"distrib_optim/{_DISTRIB_KEY[kind]}/{label}", (stop - start,), pieces)
+                yield SubTensor(
+                    f"{pid}/{optim_tensor(kind, label)}",
+                    optim_tensor(kind, param.name),
+                    f"distrib_optim/{_DISTRIB_KEY[kind]}/{label}",
+                    (stop - start,),
+                    pieces,
+                )

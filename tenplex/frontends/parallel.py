@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import attrs
 
+from tenplex.frontends.model import ModelSpec
 from tenplex.ir.errors import SpecError
 from tenplex.ir.topology import Device, Topology
-from tenplex.frontends.model import ModelSpec
 
 
 def _count(field: str, value: object, low: int = 1) -> None:
@@ -70,7 +70,9 @@ class ParallelConfig:
                 _count(field, getattr(self, field), 0)
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
-                raise SpecError(f"stage_layers={list(self.stage_layers)} has {len(self.stage_layers)} stages but pp={self.pp}")
+                raise SpecError(
+                    f"stage_layers={list(self.stage_layers)} has {len(self.stage_layers)} stages but pp={self.pp}"
+                )
             for n in self.stage_layers:
                 _count("stage_layers entry", n, 0)
         if self.vpp > 1 and self.pp == 1:
@@ -127,7 +129,11 @@ class Cluster:
         return self.first_device + rank
 
     def topology(self) -> Topology:
-        return Topology(tuple(Device(self.first_device + i, f"h{self.first_host + i // self.gpus_per_host}") for i in range(self.size)))
+        return Topology(
+            tuple(
+                Device(self.first_device + i, f"h{self.first_host + i // self.gpus_per_host}") for i in range(self.size)
+            )
+        )
 
     def __str__(self) -> str:
         return f"{self.hosts}x{self.gpus_per_host}" + (f"+{self.first_host}" if self.first_host else "")
@@ -178,7 +184,9 @@ def _check_layers(num_layers: int, parallel: ParallelConfig) -> None:
         what = f"pp*vpp={pp}*{vpp}" if vpp > 1 else f"pp={pp}"
         raise SpecError(f"num_layers={num_layers} is not divisible by {what}")
     if parallel.stage_layers is not None and sum(parallel.stage_layers) != num_layers:
-        raise SpecError(f"stage_layers={list(parallel.stage_layers)} sum to {sum(parallel.stage_layers)}, not num_layers={num_layers}")
+        raise SpecError(
+            f"stage_layers={list(parallel.stage_layers)} sum to {sum(parallel.stage_layers)}, not num_layers={num_layers}"
+        )
     if parallel.first is not None or parallel.last is not None:
         ends = (parallel.first or 0) + (parallel.last or 0)
         middle = pp - (parallel.first is not None) - (parallel.last is not None)

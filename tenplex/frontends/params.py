@@ -54,7 +54,9 @@ class Param:
     shared: bool = False  # the tied head copy (its own bucket, as Megatron's shared_embedding)
 
 
-def _linear(model: ModelSpec, name: str, key: str, shape: tuple[int, ...], rule: Rule, bias_rule: Rule, expert: bool = False) -> list[Param]:
+def _linear(
+    model: ModelSpec, name: str, key: str, shape: tuple[int, ...], rule: Rule, bias_rule: Rule, expert: bool = False
+) -> list[Param]:
     out = [Param(f"{name}.weight", shape, rule, f"{key}.weight", expert=expert)]
     if model.bias_linear:
         out.append(Param(f"{name}.bias", shape[:1], bias_rule, f"{key}.bias", expert=expert))
@@ -81,8 +83,22 @@ def layer_params(model: ModelSpec, layer: int, local: int, experts: range) -> li
     g, k = f"layers.{layer}", f"{ENCODER}/layers.{local}"
     h = model.hidden
     out = _norm(model, f"{g}.input_norm", f"{k}.input_norm")
-    out += _linear(model, f"{g}.self_attention.linear_qkv", f"{k}.self_attention.query_key_value", (model.qkv_rows, h), Rule.QKV, Rule.QKV)
-    out += _linear(model, f"{g}.self_attention.linear_proj", f"{k}.self_attention.dense", (h, model.heads * model.head_dim), Rule.ROW, Rule.REPLICATED)
+    out += _linear(
+        model,
+        f"{g}.self_attention.linear_qkv",
+        f"{k}.self_attention.query_key_value",
+        (model.qkv_rows, h),
+        Rule.QKV,
+        Rule.QKV,
+    )
+    out += _linear(
+        model,
+        f"{g}.self_attention.linear_proj",
+        f"{k}.self_attention.dense",
+        (h, model.heads * model.head_dim),
+        Rule.ROW,
+        Rule.REPLICATED,
+    )
     out += _norm(model, f"{g}.pre_mlp_norm", f"{k}.post_attention_norm")
     if not model.num_experts:
         return out + _mlp(model, f"{g}.mlp", f"{k}.mlp")
@@ -94,11 +110,27 @@ def layer_params(model: ModelSpec, layer: int, local: int, experts: range) -> li
 
 def _first_params(model: ModelSpec) -> list[Param]:
     h = model.hidden
-    out = [Param("embedding.word_embeddings.weight", (model.vocab, h), Rule.VOCAB, f"{EMBEDDING}/word_embeddings/weight")]
+    out = [
+        Param("embedding.word_embeddings.weight", (model.vocab, h), Rule.VOCAB, f"{EMBEDDING}/word_embeddings/weight")
+    ]
     if model.max_position:
-        out.append(Param("embedding.position_embeddings.weight", (model.max_position, h), Rule.REPLICATED, f"{EMBEDDING}/position_embeddings/weight"))
+        out.append(
+            Param(
+                "embedding.position_embeddings.weight",
+                (model.max_position, h),
+                Rule.REPLICATED,
+                f"{EMBEDDING}/position_embeddings/weight",
+            )
+        )
     if model.kind == "bert":
-        out.append(Param("embedding.tokentype_embeddings.weight", (2, h), Rule.REPLICATED, f"{EMBEDDING}/tokentype_embeddings/weight"))
+        out.append(
+            Param(
+                "embedding.tokentype_embeddings.weight",
+                (2, h),
+                Rule.REPLICATED,
+                f"{EMBEDDING}/tokentype_embeddings/weight",
+            )
+        )
     return out
 
 
@@ -132,7 +164,16 @@ def _last_params(model: ModelSpec, pp: int) -> list[Param]:
     if not model.tied_embeddings:
         out.append(Param("output_layer.weight", vocab_shape, Rule.VOCAB, "language_model/output_layer/weight"))
     elif pp > 1:
-        out.append(Param("embedding.word_embeddings.weight", vocab_shape, Rule.VOCAB, "word_embeddings_for_head/weight", label=HEAD_COPY, shared=True))
+        out.append(
+            Param(
+                "embedding.word_embeddings.weight",
+                vocab_shape,
+                Rule.VOCAB,
+                "word_embeddings_for_head/weight",
+                label=HEAD_COPY,
+                shared=True,
+            )
+        )
     return out + (_bert_heads(model) if bert else [])
 
 

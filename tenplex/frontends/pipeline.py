@@ -67,9 +67,20 @@ def chunks(num_layers: int, parallel: ParallelConfig) -> tuple[Chunk, ...]:
         spans = {(pp, 0): (offsets[pp], offsets[pp + 1]) for pp in range(p)}
     else:
         n = num_layers // (p * v)
-        spans = {(pp, vp): (vp * num_layers // v + pp * n, vp * num_layers // v + (pp + 1) * n) for pp in range(p) for vp in range(v)}
+        spans = {
+            (pp, vp): (vp * num_layers // v + pp * n, vp * num_layers // v + (pp + 1) * n)
+            for pp in range(p)
+            for vp in range(v)
+        }
     return tuple(
-        Chunk(pp, vp, *spans[pp, vp], first=(pp, vp) == (0, 0), last=(pp, vp) == (p - 1, v - 1), prefix=f"model{vp}" if v > 1 else "model")
+        Chunk(
+            pp,
+            vp,
+            *spans[pp, vp],
+            first=(pp, vp) == (0, 0),
+            last=(pp, vp) == (p - 1, v - 1),
+            prefix=f"model{vp}" if v > 1 else "model",
+        )
         for pp in range(p)
         for vp in range(v)
     )

@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
-from tenplex.ir.errors import SpecError
 from tenplex.frontends.model import ModelSpec
+from tenplex.ir.errors import SpecError
 
 _GPT: dict[str, Any] = {"kind": "gpt", "vocab": 50257, "max_position": 2048}
 _LLAMA: dict[str, Any] = {
@@ -28,14 +28,63 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt-6.7b": {**_GPT, "num_layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 16384},
     "gpt-175b": {**_GPT, "num_layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152},
     # The Tenplex reference's test model (Megatron GPT, fp16).
-    "gpt-large": {**_GPT, "num_layers": 24, "hidden": 1536, "heads": 16, "ffn_hidden": 6144, "max_position": 1024, "dtype": "float16"},
-    "bert-large": {"kind": "bert", "num_layers": 24, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 30522, "max_position": 512},
+    "gpt-large": {
+        **_GPT,
+        "num_layers": 24,
+        "hidden": 1536,
+        "heads": 16,
+        "ffn_hidden": 6144,
+        "max_position": 1024,
+        "dtype": "float16",
+    },
+    "bert-large": {
+        "kind": "bert",
+        "num_layers": 24,
+        "hidden": 1024,
+        "heads": 16,
+        "ffn_hidden": 4096,
+        "vocab": 30522,
+        "max_position": 512,
+    },
     "llama-7b": {**_LLAMA, "num_layers": 32, "hidden": 4096, "heads": 32, "query_groups": 32, "ffn_hidden": 11008},
     "llama-70b": {**_LLAMA, "num_layers": 80, "hidden": 8192, "heads": 64, "query_groups": 8, "ffn_hidden": 28672},
-    "gpt-tiny": {"kind": "gpt", "num_layers": 4, "hidden": 64, "heads": 4, "ffn_hidden": 256, "vocab": 1000, "max_position": 128},
-    "bert-tiny": {"kind": "bert", "num_layers": 2, "hidden": 64, "heads": 4, "ffn_hidden": 256, "vocab": 1000, "max_position": 64},
-    "llama-tiny": {**_LLAMA, "num_layers": 4, "hidden": 64, "heads": 4, "query_groups": 2, "ffn_hidden": 128, "vocab": 1000},
-    "moe-tiny": {**_LLAMA, "num_layers": 4, "hidden": 64, "heads": 4, "query_groups": 2, "ffn_hidden": 128, "vocab": 1000, "num_experts": 4},
+    "gpt-tiny": {
+        "kind": "gpt",
+        "num_layers": 4,
+        "hidden": 64,
+        "heads": 4,
+        "ffn_hidden": 256,
+        "vocab": 1000,
+        "max_position": 128,
+    },
+    "bert-tiny": {
+        "kind": "bert",
+        "num_layers": 2,
+        "hidden": 64,
+        "heads": 4,
+        "ffn_hidden": 256,
+        "vocab": 1000,
+        "max_position": 64,
+    },
+    "llama-tiny": {
+        **_LLAMA,
+        "num_layers": 4,
+        "hidden": 64,
+        "heads": 4,
+        "query_groups": 2,
+        "ffn_hidden": 128,
+        "vocab": 1000,
+    },
+    "moe-tiny": {
+        **_LLAMA,
+        "num_layers": 4,
+        "hidden": 64,
+        "heads": 4,
+        "query_groups": 2,
+        "ffn_hidden": 128,
+        "vocab": 1000,
+        "num_experts": 4,
+    },
 }
 
 MODEL_FIELDS = tuple(a.name for a in attrs.fields(ModelSpec))

@@ -12,7 +12,8 @@ Sub-tensor ids are `<partition>/<label>` for parameters and `<partition>/optim.<
 for optimizer state; paths are the Megatron legacy keys under the chunk (`model`, `model{v}`).
 Tied embeddings with PP > 1 put a second holder of `embedding.word_embeddings.weight` (and of
 its optimizer state) on the last stage, labelled `word_embeddings_for_head.weight`.
-Sequence parallelism does not change the parameter layout; it is accepted and not recorded.
+Sequence parallelism does not change the parameter layout (Megatron); it is kept in the
+ParallelConfig only.
 
 Invariants: the PTC is complete (every tensor element is held by some sub-tensor), which
 `check_complete` verifies in tests.
@@ -22,14 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tenplex.ir.ptc import PTC, Allocation, Partition, Value
-from tenplex.ir.tensor import SubTensor, TensorMeta
 from tenplex.frontends.layout import shard
 from tenplex.frontends.model import ModelSpec
 from tenplex.frontends.optimizer import fragment_subtensors, optim_kinds, optim_subtensors, optim_tensor, stage_buffers
 from tenplex.frontends.parallel import Cluster, ParallelConfig, fit
 from tenplex.frontends.params import Param, chunk_params
 from tenplex.frontends.pipeline import Chunk, chunks
+from tenplex.ir.ptc import PTC, Allocation, Partition, Value
+from tenplex.ir.tensor import SubTensor, TensorMeta
 
 Stage = list[tuple[Chunk, list[Param]]]
 
@@ -87,7 +88,11 @@ class _Collector:
         for chunk, params in stage:
             for param in params:
                 layout = shard(param.shape, param.rule, par.tp, tp, model.make_vocab_size_divisible_by)
-                subs.append(SubTensor(f"{pid}/{param.label}", param.name, f"{chunk.prefix}/{param.key}", layout.shape, layout.pieces))
+                subs.append(
+                    SubTensor(
+                        f"{pid}/{param.label}", param.name, f"{chunk.prefix}/{param.key}", layout.shape, layout.pieces
+                    )
+                )
                 if not par.zero:
                     subs += optim_subtensors(model, pid, param, layout)
         values = {"iteration": Value(None, "replicated"), "rng": _rng(par, pp, tp, ep_rank)}
@@ -101,7 +106,13 @@ class _Collector:
                     self.tensor(optim_tensor(kind, p.name), p.shape, "float32")
 
     def ptc(self) -> PTC:
-        return PTC(tuple(self.tensors.values()), tuple(self.subtensors), tuple(self.partitions), Allocation(self.allocation), self.cluster.topology())
+        return PTC(
+            tuple(self.tensors.values()),
+            tuple(self.subtensors),
+            tuple(self.partitions),
+            Allocation(self.allocation),
+            self.cluster.topology(),
+        )
 
 
 def build_ptc(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> PTC:

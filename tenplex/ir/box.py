@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -21,9 +22,12 @@ from tenplex.ir.errors import IRError
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, bool):
             raise IRError(f"box coordinate {v!r} is not an integer")
-        out.append(int(v))
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise IRError(f"box coordinate {v!r} is not an integer") from None
     return tuple(out)
 
 
@@ -84,7 +88,8 @@ class Box:
         return Box(start, stop)
 
     def overlaps(self, other: Box) -> bool:
-        return all(a < d and c < b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+        """True when the boxes share a point (an empty box shares none)."""
+        return not self.empty and not other.empty and all(a < d and c < b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
 
     def contains(self, other: Box) -> bool:
         return all(a <= c and d <= b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))

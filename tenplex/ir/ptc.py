@@ -45,7 +45,7 @@ class Value:
 
 def _sorted_items(values: Mapping[str, Value] | Iterable[tuple[str, Value]]) -> tuple[tuple[str, Value], ...]:
     items = values.items() if isinstance(values, Mapping) else values
-    return tuple(sorted(items))
+    return tuple(sorted(items, key=lambda kv: kv[0]))
 
 
 @attrs.frozen
@@ -78,6 +78,9 @@ class Allocation:
     items: tuple[tuple[str, tuple[int, ...]], ...] = attrs.field(converter=_alloc_items)
 
     def __attrs_post_init__(self) -> None:
+        pids = [pid for pid, _ in self.items]
+        if len(set(pids)) != len(pids):
+            raise IRError(f"allocation lists partitions {sorted({p for p in pids if pids.count(p) > 1})} more than once")
         for pid, devs in self.items:
             if not devs:
                 raise IRError(f"partition {pid!r} is allocated to no device")

@@ -31,6 +31,7 @@ class _Doc:
 
     def __init__(self, source: str):
         self.source = source
+        self.raw_subtensors: dict = {}
 
     def fail(self, where: str, msg: str) -> ParseError:
         return ParseError(f"{self.source}: {where}: {msg}")
@@ -54,7 +55,7 @@ class _Doc:
     def build(self, where: str, make: Callable[[], T]) -> T:
         try:
             return make()
-        except IRError as e:
+        except (IRError, TypeError) as e:
             raise self.fail(where, str(e)) from None
 
     def box(self, node: Any, where: str) -> Box:
@@ -81,6 +82,7 @@ def _tensor(doc: _Doc, name: str, node: Any) -> TensorMeta:
     w = f"tensors[{name!r}]"
     doc.obj(node, w, ("shape", "dtype"))
     doc.typed(node["shape"], w + ".shape", list, "a list of integers")
+    doc.typed(node["dtype"], w + ".dtype", str, "a dtype name")
     return doc.build(w, lambda: TensorMeta(name, tuple(node["shape"]), node["dtype"]))
 
 
@@ -111,6 +113,8 @@ def _partition(doc: _Doc, pid: str, node: Any) -> Partition:
     w = f"partitions[{pid!r}]"
     doc.obj(node, w, ("subtensors",), ("values",))
     subs = doc.typed(node["subtensors"], w + ".subtensors", list, "a list of sub-tensor ids")
+    for k, sid in enumerate(subs):
+        doc.typed(sid, f"{w}.subtensors[{k}]", str, "a sub-tensor id")
     values = {}
     for name, v in doc.typed(node.get("values", {}), w + ".values", dict, "an object").items():
         vw = f"{w}.values[{name!r}]"
@@ -136,11 +140,49 @@ def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
         raise doc.fail("format", f"expected {FORMAT!r}, got {root['format']!r}")
     topology = _topology(doc, root)
     sections = {k: doc.typed(root[k], k, dict, "an object") for k in ("tensors", "subtensors", "partitions")}
+    doc.raw_subtensors = sections["subtensors"]
     tensors = [_tensor(doc, n, v) for n, v in sections["tensors"].items()]
     subtensors = [_subtensor(doc, n, v) for n, v in sections["subtensors"].items()]
     partitions = [_partition(doc, n, v) for n, v in sections["partitions"].items()]
     allocation = _allocation(doc, root["allocation"])
+    _check_references(doc, tensors, subtensors, partitions, allocation, topology)
     return doc.build("document", lambda: PTC(tuple(tensors), tuple(subtensors), tuple(partitions), allocation, topology))
+
+
+def _check_references(doc: _Doc, tensors, subtensors, partitions, allocation, topology) -> None:
+    """Dangling and double references, reported at the field that makes them (the PTC's own
+    verifier says the same in prose, for PTCs built in code)."""
+    shapes = {t.name: t.shape for t in tensors}
+    for st in subtensors:
+        w = f"subtensors[{st.id!r}]"
+        if st.tensor not in shapes:
+            raise doc.fail(w + ".tensor", f"sub-tensor {st.id!r} names unknown tensor {st.tensor!r}")
+        whole = Box.from_shape(shapes[st.tensor])
+        for i, p in enumerate(st.pieces):
+            if p.global_box.ndim != whole.ndim or not whole.contains(p.global_box):
+                at = w + (".box" if "box" in doc.raw_subtensors[st.id] else f".pieces[{i}].global")
+                raise doc.fail(at, f"sub-tensor {st.id!r} piece {i} global box {p.global_box} is outside tensor {st.tensor!r} of shape {shapes[st.tensor]}")
+    known, owner = {st.id for st in subtensors}, {}
+    for part in partitions:
+        for k, sid in enumerate(part.subtensors):
+            w = f"partitions[{part.id!r}].subtensors[{k}]"
+            if sid not in known:
+                raise doc.fail(w, f"partition {part.id!r} names unknown sub-tensor {sid!r}")
+            if sid in owner:
+                raise doc.fail(w, f"sub-tensor {sid!r} is in partitions {owner[sid]!r} and {part.id!r}")
+            owner[sid] = part.id
+    for st in subtensors:
+        if st.id not in owner:
+            raise doc.fail(f"subtensors[{st.id!r}]", f"sub-tensors [{st.id!r}] belong to no partition")
+    pids = {p.id for p in partitions}
+    for pid, devs in allocation.items:
+        if pid not in pids:
+            raise doc.fail(f"allocation[{pid!r}]", f"allocation names unknown partition {pid!r}")
+        for d in devs:
+            if not topology.has(d):
+                raise doc.fail(f"allocation[{pid!r}]", f"partition {pid!r} is allocated to device {d}, which is not in the topology")
+    for pid in sorted(pids - set(allocation.mapping)):
+        raise doc.fail("allocation", f"partition {pid!r} is not allocated to any device")
 
 
 def _subtensor_json(st: SubTensor) -> dict:
@@ -198,10 +240,14 @@ def dumps(ptc: PTC) -> str:
 
 def loads(text: str, source: str = "<ptc>") -> PTC:
     try:
-        root = json.loads(text)
-    except json.JSONDecodeError as e:
+        root = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as e:
         raise ParseError(f"{source}: not valid JSON: {e}") from None
     return ptc_from_json(root, source)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_ptc(path: str | os.PathLike) -> PTC:
@@ -219,6 +265,11 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(f.fileno(), 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

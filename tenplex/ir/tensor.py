@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import attrs
@@ -36,17 +37,19 @@ ITEMSIZE = {
 
 
 def itemsize(dtype: str) -> int:
-    try:
-        return ITEMSIZE[dtype]
-    except KeyError:
-        raise IRError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(ITEMSIZE))}") from None
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+        raise IRError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(ITEMSIZE))}")
+    return ITEMSIZE[dtype]
 
 
 def _shape(values: Sequence[int]) -> tuple[int, ...]:
     out = tuple(values)
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in out):
-        raise IRError(f"shape {list(out)} must be non-negative integers")
-    return out
+    try:
+        if any(isinstance(v, bool) or operator.index(v) < 0 for v in out):
+            raise TypeError
+    except TypeError:
+        raise IRError(f"shape {list(out)} must be non-negative integers") from None
+    return tuple(operator.index(v) for v in out)
 
 
 def _dtype(_inst: object, _attr: object, value: str) -> None:

@@ -21,9 +21,14 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(_EXTRA.get(name, name))
 
 
+def view(array: np.ndarray, box: Box) -> np.ndarray:
+    """The view of `box` in `array` (a 0-d view, not a scalar, for 0-d boxes)."""
+    return array[box.to_slices() + (Ellipsis,)]
+
+
 def piece_view(array: np.ndarray, piece: Piece) -> np.ndarray:
     """A view of `array` with the shape of the piece's global box (never a copy)."""
-    local = array[piece.local_box.to_slices()]
+    local = view(array, piece.local_box)
     if piece.flat:
         return local.reshape(piece.global_box.shape)
     return local
@@ -31,7 +36,7 @@ def piece_view(array: np.ndarray, piece: Piece) -> np.ndarray:
 
 def region(array: np.ndarray, piece: Piece, box: Box) -> np.ndarray:
     """The view of global region `box` (inside the piece) in `array`."""
-    return piece_view(array, piece)[box.relative_to(piece.global_box.start).to_slices()]
+    return view(piece_view(array, piece), box.relative_to(piece.global_box.start))
 
 
 def empty_local(ptc: PTC, st: SubTensor) -> np.ndarray:
@@ -63,7 +68,7 @@ def materialize(ptc: PTC, tensors: dict[str, np.ndarray], st: SubTensor) -> np.n
     out = empty_local(ptc, st)
     out[...] = st.fill
     for p in st.pieces:
-        piece_view(out, p)[...] = tensors[st.tensor][p.global_box.to_slices()]
+        piece_view(out, p)[...] = view(tensors[st.tensor], p.global_box)
     return out
 
 

@@ -19,7 +19,7 @@ from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Message, Plan
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.arrays import empty_local, region
+from tenplex.runtime.arrays import empty_local, region, view
 
 Instance = tuple[str, int]  # (sub-tensor id, device)
 
@@ -47,7 +47,7 @@ class Executor:
         out = State({(st.id, d): empty_local(self.dst, st) for st in self.dst.subtensors for d in self.dst.devices_of_subtensor(st.id)})
         for op in self.plan.ops:
             if isinstance(op, FillOp):
-                out.arrays[(op.dst_subtensor, op.dst_device)][op.box.to_slices()] = op.value
+                view(out.arrays[(op.dst_subtensor, op.dst_device)], op.box)[...] = op.value
             elif isinstance(op, ValueOp):
                 self._value(op, src_state, out)
         by_round: dict[int, list[Message]] = defaultdict(list)

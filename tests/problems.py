@@ -1,0 +1,322 @@
+"""Hypothesis strategies for whole reconfiguration problems: a (src PTC, dst PTC) pair.
+
+Both PTCs hold the same logical tensors; each side lays every tensor out with one of the layouts
+that real jobs use, then groups the sub-tensors into partitions and allocates the partitions
+onto its own subset of one shared topology (device ids are physical: a device in both PTCs is on
+the same host). Layouts:
+
+- `whole`: one piece, the whole tensor (DP replica of a small tensor, a norm);
+- `even`: a TP-like even split along a random dim;
+- `uneven`: random cut points along a dim (uneven PP/TP; some shards may be empty);
+- `glu`: the fused SwiGLU layout `[gate_r; up_r]`, two pieces per shard;
+- `padded`: a split whose local arrays are larger than the piece (vocabulary padding), filled
+  with a random value;
+- `flat`: ZeRO / distributed-optimizer fragments, 1-D local runs over random flat ranges of the
+  tensor (`row_major_boxes`: fragments may start and end mid-row), with padding around them;
+- `extra` (added on top of a complete layout): a region held a second time by another
+  partition (tied embeddings, overlapping src holders).
+
+src is always complete (every element held at least once), so every good problem compiles;
+dst may be partial. `bad_problems()` removes src sub-tensors of one tensor until src lacks a
+region that dst needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from tenplex.compiler import CompileOptions
+from tenplex.ir import (
+    PTC,
+    Allocation,
+    Box,
+    Device,
+    Partition,
+    Piece,
+    SubTensor,
+    TensorMeta,
+    Topology,
+    Value,
+    row_major_boxes,
+)
+
+DTYPES = ("float32", "bfloat16", "float16", "int64", "int8", "bool", "float64")
+VALUE_NAMES = ("iteration", "rng_state", "args")
+FILLS = (0, 1, -1, 3, 0.5, -2.25)
+
+
+@attrs.frozen
+class Shard:
+    """One future sub-tensor: its local shape, pieces and fill (the id is given later)."""
+
+    kind: str
+    tensor: str
+    shape: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    fill: float = 0
+
+
+def _slab(shape: tuple[int, ...], dim: int, a: int, b: int) -> Box:
+    """The box of `shape` restricted to [a, b) along `dim`."""
+    return Box(tuple(a if d == dim else 0 for d in range(len(shape))), tuple(b if d == dim else s for d, s in enumerate(shape)))
+
+
+def _whole(meta: TensorMeta, kind: str = "whole") -> Shard:
+    return Shard(kind, meta.name, meta.shape, (Piece(meta.box, meta.box),))
+
+
+@st.composite
+def _cuts(draw, total: int, even: bool = False, max_parts: int = 4) -> list[tuple[int, int]]:
+    """[a, b) ranges tiling [0, total) in order: `even` ones of a divisor's size, or random
+    (possibly empty) ones."""
+    if even and total > 0:
+        k = draw(st.sampled_from([k for k in range(1, max_parts + 1) if total % k == 0]))
+        step = total // k
+        return [(i * step, (i + 1) * step) for i in range(k)]
+    inner = draw(st.lists(st.integers(0, total), max_size=max_parts - 1))
+    points = [0, *sorted(inner), total]
+    return list(zip(points, points[1:]))
+
+
+@st.composite
+def _split(draw, meta: TensorMeta, even: bool) -> list[Shard]:
+    dim = draw(st.integers(0, len(meta.shape) - 1))
+    kind = "even" if even else "uneven"
+    out = []
+    for a, b in draw(_cuts(meta.shape[dim], even)):
+        box = _slab(meta.shape, dim, a, b)
+        out.append(Shard(kind, meta.name, box.shape, (Piece(box, Box.from_shape(box.shape)),)))
+    return out
+
+
+@st.composite
+def _glu(draw, meta: TensorMeta) -> list[Shard]:
+    """Rows [0, h) are `gate`, [h, 2h) are `up`; shard r holds [gate_r; up_r] stacked."""
+    half = meta.shape[0] // 2
+    out = []
+    for a, b in draw(_cuts(half, draw(st.booleans()))):
+        n = b - a
+        local = (2 * n,) + meta.shape[1:]
+        gate = Piece(_slab(meta.shape, 0, a, b), _slab(local, 0, 0, n))
+        up = Piece(_slab(meta.shape, 0, half + a, half + b), _slab(local, 0, n, 2 * n))
+        out.append(Shard("glu", meta.name, local, (gate, up)))
+    return out
+
+
+@st.composite
+def _padded(draw, meta: TensorMeta) -> list[Shard]:
+    """A split whose local arrays have extra fill along a random dim (vocabulary padding)."""
+    base = draw(_split(meta, draw(st.booleans())))
+    pad_dim = draw(st.integers(0, len(meta.shape) - 1))
+    fill = draw(st.sampled_from(FILLS))
+    out = []
+    for s in base:
+        (piece,) = s.pieces
+        extra = draw(st.integers(0, 2))
+        offset = draw(st.integers(0, extra))
+        local = tuple(n + extra if d == pad_dim else n for d, n in enumerate(piece.global_box.shape))
+        at = Box.from_shape(piece.global_box.shape).translate(tuple(offset if d == pad_dim else 0 for d in range(len(local))))
+        out.append(Shard("padded", meta.name, local, (Piece(piece.global_box, at),), fill))
+    return out
+
+
+@st.composite
+def _flat_fragment(draw, meta: TensorMeta, start: int, stop: int, kind: str = "flat") -> Shard:
+    """Flat range [start, stop) of the tensor as consecutive 1-D runs, with padding around."""
+    lead, tail = draw(st.integers(0, 1)), draw(st.integers(0, 2))
+    pieces, at = [], lead
+    for g in row_major_boxes(meta.shape, start, stop):
+        pieces.append(Piece(g, Box((at,), (at + g.volume,))))
+        at += g.volume
+    return Shard(kind, meta.name, (at + tail,), tuple(pieces), draw(st.sampled_from(FILLS)) if lead or tail else 0)
+
+
+@st.composite
+def _flat(draw, meta: TensorMeta) -> list[Shard]:
+    return [draw(_flat_fragment(meta, a, b)) for a, b in draw(_cuts(math.prod(meta.shape)))]
+
+
+@st.composite
+def _extra(draw, meta: TensorMeta) -> Shard:
+    """A second holder of some region: a random box, or a random flat range."""
+    n = math.prod(meta.shape)
+    if draw(st.booleans()) or not meta.shape:
+        a = draw(st.integers(0, n))
+        return draw(_flat_fragment(meta, a, draw(st.integers(a, n)), kind="extra"))
+    start, stop = [], []
+    for side in meta.shape:
+        a = draw(st.integers(0, max(side - 1, 0)))
+        start.append(a)
+        stop.append(draw(st.integers(min(a + 1, side), side)))
+    box = Box(tuple(start), tuple(stop))
+    return Shard("extra", meta.name, box.shape, (Piece(box, Box.from_shape(box.shape)),))
+
+
+@st.composite
+def layouts(draw, meta: TensorMeta) -> list[Shard]:
+    """Shards that together hold every element of `meta` (at least once)."""
+    kinds = ["whole", "flat"]
+    if meta.shape:
+        kinds += ["even", "uneven", "padded"]
+    if meta.shape and meta.shape[0] >= 2 and meta.shape[0] % 2 == 0:
+        kinds.append("glu")
+    kind = draw(st.sampled_from(kinds))
+    if kind == "whole":
+        return [_whole(meta)]
+    if kind == "flat":
+        return draw(_flat(meta))
+    if kind == "glu":
+        return draw(_glu(meta))
+    if kind == "padded":
+        return draw(_padded(meta))
+    return draw(_split(meta, kind == "even"))
+
+
+@st.composite
+def topologies(draw) -> Topology:
+    """1-4 hosts of 1-4 devices each; device ids shuffled over the hosts."""
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    ids = draw(st.permutations(range(sum(sizes))))
+    hosts = [f"h{h}" for h, n in enumerate(sizes) for _ in range(n)]
+    return Topology(tuple(Device(i, h) for i, h in zip(ids, hosts)))
+
+
+@st.composite
+def tensors(draw, max_tensors: int = 3) -> list[TensorMeta]:
+    n = draw(st.integers(1, max_tensors))
+    out = []
+    for i in range(n):
+        ndim = draw(st.integers(0, 3))
+        shape = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+        if shape and draw(st.integers(0, 9)) == 0:
+            shape = (0,) + shape[1:]  # an empty tensor now and then
+        out.append(TensorMeta(f"t{i}", shape, draw(st.sampled_from(DTYPES))))
+    return out
+
+
+json_values = st.one_of(st.integers(-5, 1000), st.text("abc", max_size=3), st.lists(st.integers(0, 9), max_size=3))
+
+
+@st.composite
+def _side_devices(draw, topology: Topology) -> list[int]:
+    ids = [d.id for d in topology.devices]
+    if draw(st.booleans()):
+        return ids
+    return sorted(draw(st.lists(st.sampled_from(ids), min_size=1, max_size=len(ids), unique=True)))
+
+
+@st.composite
+def _ptc(draw, side: str, metas: list[TensorMeta], shards: list[Shard], topology: Topology, devices: list[int], values) -> PTC:
+    """Group `shards` into random partitions (several tensors, several shards each) allocated
+    to 1-3 of `devices` each; `values(draw)` gives each partition's values."""
+    subtensors = [SubTensor(f"{s.tensor}/{side}{i}.{s.kind}", s.tensor, f"model/{s.tensor}", s.shape, s.pieces, s.fill) for i, s in enumerate(shards)]
+    nparts = draw(st.integers(1, max(1, min(len(subtensors), 5))))
+    members: list[list[str]] = [[] for _ in range(nparts)]
+    for s in subtensors:
+        members[draw(st.integers(0, nparts - 1))].append(s.id)
+    partitions = [Partition(f"{side}{i}", ids, draw(values())) for i, ids in enumerate(members)]
+    replicas = st.lists(st.sampled_from(devices), min_size=1, max_size=min(3, len(devices)), unique=True)
+    allocation = Allocation({p.id: tuple(draw(replicas)) for p in partitions})
+    if not draw(st.booleans()):
+        topology = Topology(tuple(d for d in topology.devices if d.id in devices))
+    return PTC(tuple(metas), tuple(subtensors), tuple(partitions), allocation, topology)
+
+
+@st.composite
+def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None) -> tuple[PTC, PTC]:
+    """A (src, dst) pair that compiles: src complete, dst any layout (partial unless
+    `dst_complete`), both over one topology."""
+    topology = draw(topologies())
+    metas = draw(tensors(max_tensors))
+    src_shards: list[Shard] = []
+    dst_shards: list[Shard] = []
+    for meta in metas:
+        src_layout = draw(layouts(meta)) + draw(st.lists(_extra(meta), max_size=1))
+        dst_layout = src_layout if draw(st.integers(0, 3)) == 0 else draw(layouts(meta))
+        dst_layout = dst_layout + draw(st.lists(_extra(meta), max_size=1))
+        complete = draw(st.booleans()) if dst_complete is None else dst_complete
+        if not complete:
+            dst_layout = [s for s in dst_layout if draw(st.booleans())]
+        src_shards += src_layout
+        dst_shards += dst_layout
+    literal = {name: draw(json_values) for name in VALUE_NAMES}
+
+    @st.composite
+    def src_values(draw):
+        names = draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2))
+        return {n: Value(literal[n]) for n in names}
+
+    src = draw(_ptc("s", metas, src_shards, topology, draw(_side_devices(topology)), src_values))
+    inheritable = sorted({n for p in src.partitions for n, _ in p.values})
+
+    @st.composite
+    def dst_values(draw):
+        out = {}
+        for n in draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2)):
+            how = draw(st.sampled_from(["inherit", "per-rank", "literal"]))
+            if how == "inherit" and n in inheritable:
+                out[n] = Value(None)
+            elif how == "per-rank":
+                out[n] = Value(draw(st.none() | json_values), "per-rank")
+            else:
+                out[n] = Value(draw(json_values))
+        return out
+
+    dst = draw(_ptc("d", metas, dst_shards, topology, draw(_side_devices(topology)), dst_values))
+    return src, dst
+
+
+@st.composite
+def bad_problems(draw, max_tensors: int = 3) -> tuple[PTC, PTC, str]:
+    """(src, dst, tensor): src lacks a region of `tensor` that dst needs (dst is complete), or
+    lacks the tensor altogether."""
+    src, dst = draw(problems(max_tensors, dst_complete=True))
+    candidates = [t.name for t in src.tensors if math.prod(t.shape) > 0]
+    assume(candidates)
+    name = draw(st.sampled_from(candidates))
+    if draw(st.integers(0, 4)) == 0:
+        return _without(src, lambda s: s.tensor == name, drop_tensor=name), dst, name
+    own = [s.id for s in src.by_tensor[name]]
+    drop = set(draw(st.lists(st.sampled_from(own), min_size=1, unique=True)))
+    bad = _without(src, lambda s: s.id in drop)
+    if name not in bad.uncovered():
+        bad = _without(src, lambda s: s.tensor == name)
+    return bad, dst, name
+
+
+def _without(ptc: PTC, dropped, drop_tensor: str | None = None) -> PTC:
+    """`ptc` without the sub-tensors `dropped` selects (and without tensor `drop_tensor`)."""
+    gone = {s.id for s in ptc.subtensors if dropped(s)}
+    return attrs.evolve(
+        ptc,
+        tensors=tuple(t for t in ptc.tensors if t.name != drop_tensor),
+        subtensors=tuple(s for s in ptc.subtensors if s.id not in gone),
+        partitions=tuple(attrs.evolve(p, subtensors=tuple(i for i in p.subtensors if i not in gone)) for p in ptc.partitions),
+    )
+
+
+@st.composite
+def compile_options(draw, baseline: str | None = None) -> CompileOptions:
+    """Small messages (16..4096 bytes, so copies are chunked) and a budget of 1-4 messages."""
+    size = draw(st.integers(16, 4096))
+    budget = draw(st.integers(size, 4 * size))
+    return CompileOptions(place_ranks=draw(st.booleans()), max_message_bytes=size, memory_budget_bytes=budget, baseline=baseline)
+
+
+@st.composite
+def shuffled(draw, ptc: PTC) -> PTC:
+    """The same PTC built from shuffled input tuples (tensors, sub-tensors, partitions, each
+    partition's sub-tensor list, allocation entries)."""
+    perm = lambda xs: draw(st.permutations(list(xs)))  # noqa: E731
+    partitions = [attrs.evolve(p, subtensors=tuple(perm(p.subtensors))) for p in ptc.partitions]
+    return PTC(
+        tuple(perm(ptc.tensors)),
+        tuple(perm(ptc.subtensors)),
+        tuple(perm(partitions)),
+        Allocation(perm(ptc.allocation.items)),
+        Topology(tuple(perm(ptc.topology.devices)), ptc.topology.links),
+    )
