@@ -14,7 +14,7 @@ import attrs
 from tenplex.compiler.diff import Diff
 from tenplex.compiler.graph import OpGraph
 from tenplex.compiler.plan import CompileOptions, Message
-from tenplex.ir.errors import CompileError
+from tenplex.ir.errors import CompileError, IRError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.topology import Topology
 
@@ -32,7 +32,11 @@ class Program:
 
     @classmethod
     def start(cls, src: PTC, dst: PTC, options: CompileOptions) -> Program:
-        return cls(src, dst, options, src.topology.union(dst.topology))
+        try:
+            topology = src.topology.union(dst.topology)
+        except IRError as e:
+            raise CompileError(f"src and dst disagree on the topology: {e}") from None
+        return cls(src, dst, options, topology)
 
     def host_of(self, device: int) -> str:
         return self.topology.host_of(device)

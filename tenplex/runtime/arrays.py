@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from tenplex.ir.box import Box
+from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import Piece, SubTensor
 
@@ -36,6 +37,8 @@ def piece_view(array: np.ndarray, piece: Piece) -> np.ndarray:
 
 def region(array: np.ndarray, piece: Piece, box: Box) -> np.ndarray:
     """The view of global region `box` (inside the piece) in `array`."""
+    if not piece.global_box.contains(box):
+        raise ExecutionError(f"region {box} is outside piece {piece.global_box}")
     return view(piece_view(array, piece), box.relative_to(piece.global_box.start))
 
 
