@@ -14,7 +14,8 @@ the same host). Layouts:
 - `flat`: ZeRO / distributed-optimizer fragments, 1-D local runs over random flat ranges of the
   tensor (`row_major_boxes`: fragments may start and end mid-row), with padding around them;
 - `extra` (added on top of a complete layout): a region held a second time by another
-  partition (tied embeddings, overlapping src holders).
+  partition (tied embeddings, overlapping src holders), or `tied`: held twice by one
+  sub-tensor.
 
 src is always complete (every element held at least once), so every good problem compiles;
 dst may be partial. `bad_problems()` removes src sub-tensors of one tensor until src lacks a
@@ -142,9 +143,11 @@ def _flat(draw, meta: TensorMeta) -> list[Shard]:
 
 @st.composite
 def _extra(draw, meta: TensorMeta) -> Shard:
-    """A second holder of some region: a random box, or a random flat range."""
+    """A second holder of some region: a random flat range, a random box, or a random box held
+    twice by one sub-tensor (`tied`: two pieces with one global box, stacked locally)."""
     n = math.prod(meta.shape)
-    if draw(st.booleans()) or not meta.shape:
+    kind = draw(st.sampled_from(["flat", "box", "tied"] if meta.shape else ["flat"]))
+    if kind == "flat":
         a = draw(st.integers(0, n))
         return draw(_flat_fragment(meta, a, draw(st.integers(a, n)), kind="extra"))
     start, stop = [], []
@@ -153,7 +156,11 @@ def _extra(draw, meta: TensorMeta) -> Shard:
         start.append(a)
         stop.append(draw(st.integers(min(a + 1, side), side)))
     box = Box(tuple(start), tuple(stop))
-    return Shard("extra", meta.name, box.shape, (Piece(box, Box.from_shape(box.shape)),))
+    local = Box.from_shape(box.shape)
+    if kind == "box":
+        return Shard("extra", meta.name, box.shape, (Piece(box, local),))
+    twice = (2 * box.shape[0],) + box.shape[1:]
+    return Shard("tied", meta.name, twice, (Piece(box, local), Piece(box, local.translate((box.shape[0],) + (0,) * (box.ndim - 1)))))
 
 
 @st.composite
@@ -202,10 +209,16 @@ json_values = st.one_of(st.integers(-5, 1000), st.text("abc", max_size=3), st.li
 
 
 @st.composite
-def _side_devices(draw, topology: Topology) -> list[int]:
+def _side_devices(draw, topology: Topology, other: list[int] | None = None) -> list[int]:
+    """All devices, a random subset, or (given the other side's devices) the rest of them
+    (a redeployment onto other devices)."""
     ids = [d.id for d in topology.devices]
-    if draw(st.booleans()):
+    rest = [i for i in ids if other is not None and i not in other]
+    mode = draw(st.sampled_from(["all", "subset", "others"] if rest else ["all", "subset"]))
+    if mode == "all":
         return ids
+    if mode == "others":
+        return rest
     return sorted(draw(st.lists(st.sampled_from(ids), min_size=1, max_size=len(ids), unique=True)))
 
 
@@ -238,7 +251,7 @@ def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None) -> tu
         src_layout = draw(layouts(meta)) + draw(st.lists(_extra(meta), max_size=1))
         dst_layout = src_layout if draw(st.integers(0, 3)) == 0 else draw(layouts(meta))
         dst_layout = dst_layout + draw(st.lists(_extra(meta), max_size=1))
-        complete = draw(st.booleans()) if dst_complete is None else dst_complete
+        complete = draw(st.integers(0, 3)) > 0 if dst_complete is None else dst_complete
         if not complete:
             dst_layout = [s for s in dst_layout if draw(st.booleans())]
         src_shards += src_layout
@@ -250,7 +263,8 @@ def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None) -> tu
         names = draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2))
         return {n: Value(literal[n]) for n in names}
 
-    src = draw(_ptc("s", metas, src_shards, topology, draw(_side_devices(topology)), src_values))
+    src_devices = draw(_side_devices(topology))
+    src = draw(_ptc("s", metas, src_shards, topology, src_devices, src_values))
     inheritable = sorted({n for p in src.partitions for n, _ in p.values})
 
     @st.composite
@@ -266,7 +280,7 @@ def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None) -> tu
                 out[n] = Value(draw(json_values))
         return out
 
-    dst = draw(_ptc("d", metas, dst_shards, topology, draw(_side_devices(topology)), dst_values))
+    dst = draw(_ptc("d", metas, dst_shards, topology, draw(_side_devices(topology, src_devices)), dst_values))
     return src, dst
 
 

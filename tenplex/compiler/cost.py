@@ -23,6 +23,8 @@ def _distinct_union(boxes: Iterable[Box]) -> list[Box]:
     """Disjoint boxes covering the union; identical boxes are collapsed first and only
     overlapping boxes are subtracted (sweep-line), so replicas cost nothing."""
     unique = sorted(set(boxes))
+    if len(unique) <= 1 or not any(i < j for i, j in overlapping_pairs(unique, unique)):
+        return unique
     out: list[Box] = []
     for box in unique:
         parts = [box]
@@ -34,21 +36,23 @@ def _distinct_union(boxes: Iterable[Box]) -> list[Box]:
 
 def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     """Volume of (∪a) ∩ (∪b) for two lists of disjoint boxes."""
+    if not a or not b:
+        return 0
     return sum(a[i].intersect(b[j]).volume for i, j in overlapping_pairs(a, b))  # type: ignore[union-attr]
 
 
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None) -> dict[str, int]:
     """Per dst host: bytes it must receive over the network (at least)."""
     allocation = allocation or dst.allocation
-    topology = src.topology.union(dst.topology)
-    need: dict[tuple[str, str], list[Box]] = defaultdict(list)
+    host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
+    need: dict[tuple[str, str], set[Box]] = defaultdict(set)
     for st in dst.subtensors:
-        for d in allocation.devices_of(dst.partition_of[st.id]):
-            need[(topology.host_of(d), st.tensor)].extend(p.global_box for p in st.pieces)
-    have: dict[tuple[str, str], list[Box]] = defaultdict(list)
+        for h in {host[d] for d in allocation.devices_of(dst.partition_of[st.id])}:
+            need[(h, st.tensor)].update(p.global_box for p in st.pieces)
+    have: dict[tuple[str, str], set[Box]] = defaultdict(set)
     for st in src.subtensors:
-        for d in src.devices_of_subtensor(st.id):
-            have[(topology.host_of(d), st.tensor)].extend(p.global_box for p in st.pieces)
+        for h in {host[d] for d in src.devices_of_subtensor(st.id)}:
+            have[(h, st.tensor)].update(p.global_box for p in st.pieces)
     out: dict[str, int] = defaultdict(int)
     for (host, tensor), boxes in sorted(need.items()):
         needed = _distinct_union(boxes)
@@ -73,15 +77,16 @@ def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
 def predict_seconds(rounds: Iterable[Iterable[tuple[CopyOp, int]]], topology: Topology) -> float:
     """Sum over rounds of the slowest host's time in that round."""
     total = 0.0
+    host = {d.id: d.host for d in topology.devices}
     for ops in rounds:
         load: dict[tuple[str, LinkClass, str], float] = defaultdict(float)
         for op, nbytes in ops:
-            link = topology.link(op.src_device, op.dst_device)
-            src_host, dst_host = topology.host_of(op.src_device), topology.host_of(op.dst_device)
-            if link is LinkClass.NETWORK:
-                load[(src_host, link, "out")] += nbytes
-                load[(dst_host, link, "in")] += nbytes
+            src_host, dst_host = host[op.src_device], host[op.dst_device]
+            if src_host != dst_host:
+                load[(src_host, LinkClass.NETWORK, "out")] += nbytes
+                load[(dst_host, LinkClass.NETWORK, "in")] += nbytes
             else:
+                link = LinkClass.DEVICE if op.src_device == op.dst_device else LinkClass.HOST
                 load[(dst_host, link, str(op.dst_device))] += nbytes
         total += max((b / topology.links.bandwidth(link) for (_, link, _), b in load.items()), default=0.0)
     return total

@@ -36,7 +36,7 @@ class ValueNeed:
 
 @attrs.frozen
 class Diff:
-    needs: tuple[Need, ...]  # one per (fragment, dst device)
+    needs: tuple[Need, ...]  # one per fragment of a dst piece
     fills: tuple[FillOp, ...]
     values: tuple[ValueNeed, ...]
 
@@ -78,8 +78,8 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
         if covered != box.volume:
             gap = _first_gap(box, [f for f, _ in fragments])
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
-        for d in dst.devices_of_subtensor(st.id):
-            out.extend(Need(tensor, f, d, st.id, j, hs) for f, hs in fragments)
+        devices = dst.devices_of_subtensor(st.id)
+        out.extend(Need(tensor, f, devices, st.id, j, hs) for f, hs in fragments)
     return out
 
 
@@ -101,7 +101,7 @@ def _fragments(box: Box, groups: list[tuple[Box, tuple[Holder, ...]]]) -> list[t
     boxes are disjoint, refinement when they overlap, e.g. tied copies or uneven replicas)."""
     clipped = [(c, hs) for b, hs in groups if (c := b.intersect(box)) is not None]
     boxes = [c for c, _ in clipped]
-    if not any(i < j for i, j in overlapping_pairs(boxes, boxes)):
+    if len(boxes) <= 1 or not any(i < j for i, j in overlapping_pairs(boxes, boxes)):
         return clipped
     parts: list[tuple[Box, tuple[Holder, ...]]] = []
     for c, hs in clipped:

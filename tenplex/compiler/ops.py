@@ -17,7 +17,7 @@ Invariants: boxes of copies are non-empty; src_side is "src" or "dst".
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -27,9 +27,8 @@ from tenplex.ir.errors import IRError
 SIDES = ("src", "dst")
 
 
-@attrs.frozen(order=True)
-class Holder:
-    """A src sub-tensor piece holding a region, on one device."""
+class Holder(NamedTuple):
+    """A src sub-tensor piece holding a region, on one device (a tuple: cheap to sort)."""
 
     device: int
     subtensor: str
@@ -38,12 +37,12 @@ class Holder:
 
 @attrs.frozen
 class Need:
-    """Region `box` (global) that dst piece (`dst_subtensor`, `dst_piece`) on `dst_device`
-    needs; every holder holds all of it."""
+    """Region `box` (global) that dst piece (`dst_subtensor`, `dst_piece`) needs on each of
+    `dst_devices`; every holder holds all of it."""
 
     tensor: str
     box: Box
-    dst_device: int
+    dst_devices: tuple[int, ...]
     dst_subtensor: str
     dst_piece: int
     holders: tuple[Holder, ...]

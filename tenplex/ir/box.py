@@ -31,19 +31,40 @@ def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-@attrs.frozen(order=True)
+@attrs.frozen
 class Box:
-    """A half-open box `[start, stop)` of integer points."""
+    """A half-open box `[start, stop)` of integer points. Ordered by (start, stop)."""
 
     start: tuple[int, ...] = attrs.field(converter=_ints)
     stop: tuple[int, ...] = attrs.field(converter=_ints)
+    shape: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
+    volume: int = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if len(self.start) != len(self.stop):
-            raise IRError(f"box {self.to_list()} has start of {len(self.start)} dims and stop of {len(self.stop)}")
+            raise IRError(f"box with start {list(self.start)} and stop {list(self.stop)} has start of {len(self.start)} dims and stop of {len(self.stop)}")
         for a, b in zip(self.start, self.stop):
             if not 0 <= a <= b:
                 raise IRError(f"box {self.to_list()} has an interval [{a}, {b}) that is negative or reversed")
+        shape = tuple(b - a for a, b in zip(self.start, self.stop))
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "volume", math.prod(shape))
+
+    @classmethod
+    def _trusted(cls, start: tuple[int, ...], stop: tuple[int, ...]) -> Box:
+        """A box from coordinates already known valid (derived from valid boxes): skips the
+        converters and checks on the compiler's hot paths."""
+        box = object.__new__(cls)
+        shape = tuple(b - a for a, b in zip(start, stop))
+        for name, value in (("start", start), ("stop", stop), ("shape", shape), ("volume", math.prod(shape))):
+            object.__setattr__(box, name, value)
+        return box
+
+    def __lt__(self, other: Box) -> bool:
+        return (self.start, self.stop) < (other.start, other.stop)
+
+    def __le__(self, other: Box) -> bool:
+        return (self.start, self.stop) <= (other.start, other.stop)
 
     @classmethod
     def from_shape(cls, shape: Sequence[int]) -> Box:
@@ -68,34 +89,37 @@ class Box:
         return len(self.start)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop))
-
-    @property
-    def volume(self) -> int:
-        return math.prod(self.shape)
-
-    @property
     def empty(self) -> bool:
         return self.volume == 0
 
     def intersect(self, other: Box) -> Box | None:
         """The common part, or None when it is empty."""
-        start = tuple(max(a, b) for a, b in zip(self.start, other.start))
-        stop = tuple(min(a, b) for a, b in zip(self.stop, other.stop))
-        if any(a >= b for a, b in zip(start, stop)):
+        if not self.overlaps(other):
             return None
-        return Box(start, stop)
+        start = tuple(a if a > b else b for a, b in zip(self.start, other.start))
+        stop = tuple(a if a < b else b for a, b in zip(self.stop, other.stop))
+        return Box._trusted(start, stop)
 
     def overlaps(self, other: Box) -> bool:
         """True when the boxes share a point (an empty box shares none)."""
-        return not self.empty and not other.empty and all(a < d and c < b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+        if not self.volume or not other.volume:
+            return False
+        for a, b, c, d in zip(self.start, self.stop, other.start, other.stop):  # noqa: SIM110 (hot path)
+            if a >= d or c >= b:
+                return False
+        return True
 
     def contains(self, other: Box) -> bool:
-        return all(a <= c and d <= b for a, b, c, d in zip(self.start, self.stop, other.start, other.stop))
+        for a, b, c, d in zip(self.start, self.stop, other.start, other.stop):  # noqa: SIM110 (hot path)
+            if c < a or d > b:
+                return False
+        return True
 
     def translate(self, offset: Sequence[int]) -> Box:
-        return Box(tuple(a + o for a, o in zip(self.start, offset)), tuple(b + o for b, o in zip(self.stop, offset)))
+        start = tuple(a + o for a, o in zip(self.start, offset))
+        if min(start, default=0) < 0:
+            return Box(start, tuple(b + o for b, o in zip(self.stop, offset)))  # raises
+        return Box._trusted(start, tuple(b + o for b, o in zip(self.stop, offset)))
 
     def relative_to(self, origin: Sequence[int]) -> Box:
         """This box in coordinates whose zero is `origin`."""
@@ -112,10 +136,10 @@ class Box:
         start, stop = list(self.start), list(self.stop)
         for d in range(self.ndim):
             if start[d] < other.start[d]:
-                out.append(Box(tuple(start), tuple(stop[:d] + [other.start[d]] + stop[d + 1 :])))
+                out.append(Box._trusted(tuple(start), tuple(stop[:d] + [other.start[d]] + stop[d + 1 :])))
                 start[d] = other.start[d]
             if other.stop[d] < stop[d]:
-                out.append(Box(tuple(start[:d] + [other.stop[d]] + start[d + 1 :]), tuple(stop)))
+                out.append(Box._trusted(tuple(start[:d] + [other.stop[d]] + start[d + 1 :]), tuple(stop)))
                 stop[d] = other.stop[d]
         return out
 
@@ -167,7 +191,7 @@ def split_box(box: Box, max_volume: int) -> list[Box]:
     if inner <= max_volume:
         step = max_volume // inner
         cuts = range(box.start[0], box.stop[0], step)
-        return [Box((a,) + box.start[1:], (min(a + step, box.stop[0]),) + box.stop[1:]) for a in cuts]
+        return [Box._trusted((a,) + box.start[1:], (min(a + step, box.stop[0]),) + box.stop[1:]) for a in cuts]
     tail = split_box(Box(box.start[1:], box.stop[1:]), max_volume)
     return [Box((r,) + t.start, (r + 1,) + t.stop) for r in range(box.start[0], box.stop[0]) for t in tail]
 

@@ -201,8 +201,12 @@ class PTC:
     def nbytes_of(self, st: SubTensor) -> int:
         return st.volume * self.itemsize(st.tensor)
 
+    @cached_property
+    def itemsizes(self) -> dict[str, int]:
+        return {t.name: itemsize(t.dtype) for t in self.tensors}
+
     def itemsize(self, tensor: str) -> int:
-        return itemsize(self.tensor_map[tensor].dtype)
+        return self.itemsizes[tensor]
 
     def uncovered(self) -> dict[str, list[Box]]:
         """Regions of each tensor that no sub-tensor holds (empty for a *complete* PTC)."""

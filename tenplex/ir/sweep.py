@@ -15,8 +15,8 @@ def overlapping_pairs(a: Sequence[Box], b: Sequence[Box]) -> Iterator[tuple[int,
     """Index pairs (i, j) with a[i] and b[j] overlapping, in a deterministic order."""
     if not a or not b:
         return
-    if a[0].ndim == 0:
-        yield from ((i, j) for i in range(len(a)) for j in range(len(b)))
+    if a[0].ndim == 0 or len(a) * len(b) <= 16:
+        yield from ((i, j) for j, y in enumerate(b) for i, x in enumerate(a) if x.overlaps(y))
         return
     events = sorted(
         [(box.start[0], 0, i) for i, box in enumerate(a) if not box.empty]

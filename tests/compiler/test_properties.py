@@ -53,6 +53,7 @@ def test_network_bytes_equal_the_lower_bound(problem, options):
     plan = compile_plan(src, dst, options)
     bound = network_lower_bound(src, dst, plan.allocation)
     assert plan.stats.network_bytes == bound == plan.stats.network_lower_bound_bytes
+    assert plan.stats.predicted_seconds >= plan.stats.lower_bound_seconds * (1 - 1e-9)
     for m in plan.messages:  # a same-device copy is a view, never cut: alone in its message
         view = len(m.ops) == 1 and plan.ops[m.ops[0]].src_device == plan.ops[m.ops[0]].dst_device
         assert m.bytes <= options.max_message_bytes or view, m

@@ -38,7 +38,7 @@ INVALID = [
     pytest.param(lambda: Box((0.5,), (1,)), "box coordinate 0.5 is not an integer", id="float_coordinate"),
     pytest.param(lambda: Box((True,), (1,)), "box coordinate True is not an integer", id="bool_coordinate"),
     pytest.param(lambda: Box(("0",), (1,)), "box coordinate '0' is not an integer", id="str_coordinate"),
-    pytest.param(lambda: Box((0,), (1, 2)), "box [[0, 1]] has start of 1 dims and stop of 2", id="ndim_mismatch"),
+    pytest.param(lambda: Box((0,), (1, 2)), "box with start [0] and stop [1, 2] has start of 1 dims and stop of 2", id="ndim_mismatch"),
     pytest.param(
         lambda: Box((0, 3), (4, 2)), "box [[0, 4], [3, 2]] has an interval [3, 2) that is negative or reversed",
         id="reversed_interval",

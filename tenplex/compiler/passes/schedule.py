@@ -27,15 +27,18 @@ class Schedule:
         message_of = {op: m.id for m in messages for op in m.ops}
         rounds: dict[int, int] = {}
         used: list[dict[str, int]] = []
+        first_open: dict[str, int] = defaultdict(int)  # rounds before it are full for the host
         network = sorted((m for m in messages if m.src_host != m.dst_host), key=lambda m: (-m.bytes, m.id))
         for m in network:
-            r = 0
+            r = max(first_open[m.src_host], first_open[m.dst_host])
             while r < len(used) and (used[r][m.src_host] + m.bytes > budget or used[r][m.dst_host] + m.bytes > budget):
                 r += 1
             if r == len(used):
                 used.append(defaultdict(int))
-            used[r][m.src_host] += m.bytes
-            used[r][m.dst_host] += m.bytes
+            for h in (m.src_host, m.dst_host):
+                used[r][h] += m.bytes
+                while first_open[h] < len(used) and used[first_open[h]][h] >= budget:
+                    first_open[h] += 1
             rounds[m.id] = r
         for m in messages:
             if m.id not in rounds:

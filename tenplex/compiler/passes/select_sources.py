@@ -6,7 +6,7 @@ into disjoint *atoms*; each atom crosses the network once, lands on one dst devi
 forwarded to the host's other devices that need it (`src_side="dst"` copies behind an order
 edge), so network bytes equal the per-host lower bound. The sending host is the least-loaded
 holder host (largest atoms first), so the busiest NIC sends as little as possible. Transfers
-larger than `max_message_bytes` are cut into row-major chunks.
+between devices larger than `max_message_bytes` are cut into row-major chunks.
 
 With `options.baseline == "reference"`, sources are chosen as the reference Tenplex does: every
 dst device pulls every region from the first replica (DP rank 0) of the first holder, with no
@@ -27,6 +27,8 @@ from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.ir.topology import LinkClass
 
+Want = tuple[Need, int]  # a need on one dst device
+
 
 @attrs.frozen
 class SelectSources:
@@ -37,63 +39,67 @@ class SelectSources:
     def apply(self, program: Program) -> Program:
         state = _State(program)
         out = OpGraph()
-        remote: dict[tuple[str, str], list[Need]] = defaultdict(list)
+        remote: dict[tuple[str, str], list[Want]] = defaultdict(list)
         for _, op in program.graph.items():
             if isinstance(op, Need):
-                if program.options.baseline == "reference":
-                    out.add_all(state.reference_copies(op))
-                elif (copy := state.local_copy(op)) is not None:
-                    out.add_all(state.chunked(copy))
-                else:
-                    remote[(program.host_of(op.dst_device), op.tensor)].append(op)
+                for d in op.dst_devices:
+                    if program.options.baseline == "reference":
+                        out.add_all(state.reference_copies(op, d))
+                    elif (copy := state.local_copy(op, d)) is not None:
+                        out.add_all(state.chunked(copy))
+                    else:
+                        remote[(state.host[d], op.tensor)].append((op, d))
             elif isinstance(op, ValueNeed):
                 out.add_all(state.value_ops(op))
             else:
                 out.add(op)
         atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
-        atoms.sort(key=lambda a: (-a[0].volume * program.itemsize(a[1][0].tensor), a[1][0].dst_device, a[0]))
-        for box, needs in atoms:
-            state.network(out, box, needs)
+        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0]))
+        for box, wants in atoms:
+            state.network(out, box, wants)
         return attrs.evolve(program, graph=out)
 
 
 class _State:
-    """Load counters shared by the choices of one pass run."""
+    """Load counters and lookup tables shared by the choices of one pass run."""
 
     def __init__(self, program: Program):
         self.p = program
+        self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
+        self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
         self.sent_host: Counter[str] = Counter()
         self.sent_device: Counter[int] = Counter()
+        self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
 
-    def nbytes(self, need: Need, box: Box) -> int:
-        return box.volume * self.p.itemsize(need.tensor)
-
-    def copy(self, need: Need, holder: Holder, box: Box) -> CopyOp:
-        return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, need.dst_device, need.dst_subtensor, need.dst_piece)
+    def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
+        return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
 
     def chunked(self, op: CopyOp) -> list[CopyOp]:
         if op.src_device == op.dst_device:
             return [op]
-        limit = max(1, self.p.options.max_message_bytes // self.p.itemsize(op.tensor))
+        limit = max(1, self.p.options.max_message_bytes // self.size[op.tensor])
+        if op.box.volume <= limit:
+            return [op]
         return [attrs.evolve(op, box=b) for b in split_box(op.box, limit)]
 
-    def local_copy(self, need: Need) -> CopyOp | None:
-        host = self.p.host_of(need.dst_device)
-        same_device = [h for h in need.holders if h.device == need.dst_device]
-        if same_device:
-            return self.copy(need, same_device[0], need.box)
-        same_host = [h for h in need.holders if self.p.host_of(h.device) == host]
-        if not same_host:
+    def local_copy(self, need: Need, device: int) -> CopyOp | None:
+        host = self.host[device]
+        best = None
+        for h in need.holders:
+            if h.device == device:
+                return self.copy(need, device, h, need.box)
+            if self.host[h.device] == host and (best is None or (self.sent_device[h.device], h) < (self.sent_device[best.device], best)):
+                best = h
+        if best is None:
             return None
-        holder = min(same_host, key=lambda h: (self.sent_device[h.device], h))
-        self.sent_device[holder.device] += self.nbytes(need, need.box)
-        return self.copy(need, holder, need.box)
+        self.sent_device[best.device] += need.box.volume * self.size[need.tensor]
+        return self.copy(need, device, best, need.box)
 
-    def reference_copies(self, need: Need) -> list[CopyOp]:
+    def reference_copies(self, need: Need, device: int) -> list[CopyOp]:
         first = need.holders[0].subtensor, need.holders[0].piece
         dp0 = min(self.p.src.devices_of_subtensor(first[0]))
-        return self.chunked(self.copy(need, Holder(dp0, *first), need.box))
+        return self.chunked(self.copy(need, device, Holder(dp0, *first), need.box))
 
     def value_ops(self, vn: ValueNeed) -> list[ValueOp]:
         if not vn.holders:
@@ -104,52 +110,62 @@ class _State:
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
 
-    def atoms(self, needs: list[Need]) -> list[tuple[Box, list[Need]]]:
-        """Disjoint regions of one tensor needed on one host, each with the needs containing it,
+    def atoms(self, wants: list[Want]) -> list[tuple[Box, list[Want]]]:
+        """Disjoint regions of one tensor needed on one host, each with the wants containing it,
         cut to the message size limit."""
-        by_box: dict[Box, list[Need]] = defaultdict(list)
-        for n in needs:
-            by_box[n.box].append(n)
+        by_box: dict[Box, list[Want]] = defaultdict(list)
+        for w in wants:
+            by_box[w[0].box].append(w)
         boxes = list(by_box)
-        if any(i < j for i, j in overlapping_pairs(boxes, boxes)):
+        if len(boxes) > 1 and any(i < j for i, j in overlapping_pairs(boxes, boxes)):
             by_box = _refine(by_box)
-        limit = max(1, self.p.options.max_message_bytes // self.p.itemsize(needs[0].tensor))
-        return [(chunk, sorted(ns, key=_need_order)) for box, ns in by_box.items() for chunk in split_box(box, limit)]
+        limit = max(1, self.p.options.max_message_bytes // self.size[wants[0][0].tensor])
+        return [(chunk, sorted(ws, key=_want_order)) for box, ws in by_box.items() for chunk in split_box(box, limit)]
 
-    def network(self, out: OpGraph, box: Box, needs: list[Need]) -> None:
-        holders = sorted({h for n in needs for h in n.holders})
-        host = min({self.p.host_of(h.device) for h in holders}, key=lambda h: (self.sent_host[h], self.host_rank[h]))
-        holder = min((h for h in holders if self.p.host_of(h.device) == host), key=lambda h: (self.sent_device[h.device], h))
-        nbytes = self.nbytes(needs[0], box)
+    def by_host(self, wants: list[Want]) -> dict[str, list[Holder]]:
+        """Holders of all `wants` grouped by host (cached: needs share their holder tuples)."""
+        groups = {id(n.holders): n.holders for n, _ in wants}
+        key = tuple(sorted(groups))
+        if key not in self.holder_hosts:
+            out: dict[str, list[Holder]] = defaultdict(list)
+            for h in sorted({h for hs in groups.values() for h in hs}):
+                out[self.host[h.device]].append(h)
+            self.holder_hosts[key] = out
+        return self.holder_hosts[key]
+
+    def network(self, out: OpGraph, box: Box, wants: list[Want]) -> None:
+        hosts = self.by_host(wants)
+        host = min(hosts, key=lambda h: (self.sent_host[h], self.host_rank[h]))
+        holder = min(hosts[host], key=lambda h: (self.sent_device[h.device], h))
+        nbytes = box.volume * self.size[wants[0][0].tensor]
         self.sent_host[host] += nbytes
         self.sent_device[holder.device] += nbytes
-        landing, *rest = needs
-        first = out.add(self.copy(landing, holder, box))
-        for n in rest:
-            fwd = CopyOp(n.tensor, box, landing.dst_device, landing.dst_subtensor, landing.dst_piece,
-                         n.dst_device, n.dst_subtensor, n.dst_piece, src_side="dst")  # fmt: skip
+        (landing, at), *rest = wants
+        first = out.add(self.copy(landing, at, holder, box))
+        for n, d in rest:
+            fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
             out.add_edge(first, out.add(fwd))
 
 
 _LINK_RANK = {LinkClass.DEVICE: 0, LinkClass.HOST: 1, LinkClass.NETWORK: 2}
 
 
-def _need_order(n: Need) -> tuple:
-    return (n.dst_device, n.dst_subtensor, n.dst_piece)
+def _want_order(w: Want) -> tuple:
+    return (w[1], w[0].dst_subtensor, w[0].dst_piece)
 
 
-def _refine(by_box: dict[Box, list[Need]]) -> dict[Box, list[Need]]:
-    """Disjoint atoms of overlapping need boxes, each listing every need that contains it."""
-    atoms: list[tuple[Box, list[Need]]] = []
-    for box, needs in by_box.items():
+def _refine(by_box: dict[Box, list[Want]]) -> dict[Box, list[Want]]:
+    """Disjoint atoms of overlapping need boxes, each listing every want that contains it."""
+    atoms: list[tuple[Box, list[Want]]] = []
+    for box, wants in by_box.items():
         rest, refined = [box], []
-        for a, ans in atoms:
+        for a, aws in atoms:
             inter = a.intersect(box)
             if inter is None:
-                refined.append((a, ans))
+                refined.append((a, aws))
                 continue
-            refined.append((inter, ans + needs))
-            refined.extend((q, ans) for q in a.subtract(inter))
+            refined.append((inter, aws + wants))
+            refined.extend((q, aws) for q in a.subtract(inter))
             rest = subtract_all(rest, inter)
-        atoms = refined + [(r, list(needs)) for r in rest]
+        atoms = refined + [(r, list(wants)) for r in rest]
     return dict(sorted(atoms, key=lambda x: x[0]))

@@ -1,0 +1,182 @@
+"""Tables (plain text and markdown), machine info, the JSON file and an optional plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.runner import ROOT
+
+GOAL_SECONDS = 10.0  # compile and verify, each, on one core
+GOAL_RSS_BYTES = 4 << 30
+
+COMPILE_HEADERS = [
+    "case",
+    "status",
+    "build s",
+    "compile s",
+    "check s",
+    "peak RSS",
+    "ops (copy/fill/value)",
+    "messages",
+    "rounds",
+    "goal",
+]
+BYTES_HEADERS = [
+    "model",
+    "src→dst",
+    "dst state",
+    "plan network",
+    "lower bound",
+    "equal?",
+    "reference network",
+    "ref/tenplex",
+    "predicted s",
+    "lower-bound s",
+]
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _failed(r: dict[str, Any], cells: int) -> list[str]:
+    """`cells` cells: the status (upper-case, to stand out), blanks, and why."""
+    return [r["status"].upper()] + [""] * (cells - 2) + [r.get("error", f"after {r.get('timeout_s', 0):.0f} s")[:60]]
+
+
+def compile_row(r: dict[str, Any]) -> list[str]:
+    if r["status"] != "ok":
+        return [r["name"]] + _failed(r, len(COMPILE_HEADERS) - 1)
+    p = r["plan"]
+    ok = r["compile_s"] <= GOAL_SECONDS and r["check_s"] <= GOAL_SECONDS and r["peak_rss_bytes"] <= GOAL_RSS_BYTES
+    return [r["name"], "ok", f"{r['build_s']:.2f}", f"{r['compile_s']:.2f}", f"{r['check_s']:.2f}", fmt_bytes(r["peak_rss_bytes"]),
+            f"{p['ops']} ({p.get('CopyOp', 0)}/{p.get('FillOp', 0)}/{p.get('ValueOp', 0)})", str(p["messages"]), str(p["rounds"]),
+            "met" if ok else "MISSED"]  # fmt: skip
+
+
+def bytes_row(r: dict[str, Any]) -> list[str]:
+    model, _, change = r["name"].partition(" ")
+    if r["status"] != "ok":
+        return [model, change] + _failed(r, len(BYTES_HEADERS) - 2)
+    net, ref = r["network_bytes"], r["reference_network_bytes"]
+    ratio = f"{ref / net:.2f}x" if net else ("1.00x" if ref == 0 else "inf")
+    return [model, change, fmt_bytes(r["dst_state_bytes"]), fmt_bytes(net), fmt_bytes(r["lower_bound_bytes"]),
+            "yes" if r["equal"] else "**NO**", fmt_bytes(ref), ratio, f"{r['predicted_s']:.3f}", f"{r['lower_bound_s']:.3f}"]  # fmt: skip
+
+
+def text_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(x) for x in col) for col in zip(headers, *rows)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def git_rev(root: Path = ROOT) -> str | None:
+    """HEAD's commit, read from .git without running git; None when there is no repository."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        common = git / "commondir"
+        bases = [git] + ([(git / common.read_text().strip()).resolve()] if common.is_file() else [])
+        for base in bases:
+            if (base / ref).is_file():
+                return (base / ref).read_text().strip()
+            packed = base / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+    except OSError:
+        return None
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in _lines("/proc/cpuinfo") if ln.startswith("model name")),
+        platform.processor(),
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu": cpu, "python": sys.version.split()[0], "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_rev": git_rev(),
+    }  # fmt: skip
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
+def markdown(info: dict[str, Any], compile_rows: list[dict], bytes_rows: list[dict]) -> str:
+    parts = ["# Compiler benchmark (`python -m bench`)", "",
+             f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", ""]  # fmt: skip
+    if compile_rows:
+        parts += ["## Compile + verify, one core, fresh process per case", "",
+                  f"Goal: compile ≤ {GOAL_SECONDS:.0f} s, check ≤ {GOAL_SECONDS:.0f} s, peak RSS ≤ {fmt_bytes(GOAL_RSS_BYTES)}.", "",
+                  md_table(COMPILE_HEADERS, [compile_row(r) for r in compile_rows]), "",
+                  "\n".join(f"- {r['name']}: `{r['src']}` → `{r['dst']}`" for r in compile_rows), ""]  # fmt: skip
+    if bytes_rows:
+        parts += ["## Network bytes: plan vs lower bound vs reference baseline", "",
+                  md_table(BYTES_HEADERS, [bytes_row(r) for r in bytes_rows]), ""]  # fmt: skip
+    return "\n".join(parts)
+
+
+def write(
+    out_dir: Path, stem: str, info: dict[str, Any], compile_rows: list[dict], bytes_rows: list[dict]
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": info, "compile": compile_rows, "bytes": bytes_rows}
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    paths[1].write_text(markdown(info, compile_rows, bytes_rows))
+    png = plot(out_dir / f"{stem}.png", bytes_rows)
+    return paths + ([png] if png else [])
+
+
+def plot(path: Path, bytes_rows: list[dict]) -> Path | None:
+    """A bar chart of network GiB per case (lower bound, Tenplex, reference); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in bytes_rows if r["status"] == "ok"]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, len(rows)), 4))
+    xs = range(len(rows))
+    for i, (key, label) in enumerate(
+        [("lower_bound_bytes", "lower bound"), ("network_bytes", "tenplex"), ("reference_network_bytes", "reference")]
+    ):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [r[key] / (1 << 30) for r in rows], 0.27, label=label)
+    ax.set_xticks(list(xs), [r["name"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("network GiB")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,49 @@
+"""Run cases in fresh subprocesses (`bench.worker`) with a timeout, so a slow or crashing
+case reports `timeout` or `error` instead of hanging the benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.cases import Case
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_case(kind: str, case: Case, timeout_s: float) -> dict[str, Any]:
+    """The worker's JSON result plus name/src/dst/status/wall_s; status is ok|timeout|error."""
+    row: dict[str, Any] = {"name": case.name, "src": case.src, "dst": case.dst}
+    cmd = [sys.executable, "-m", "bench.worker", kind, case.src, case.dst]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "wall_s": time.perf_counter() - start, "timeout_s": timeout_s}
+    row["wall_s"] = time.perf_counter() - start
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return {**row, "status": "error", "error": err}
+    return {**row, "status": "ok", **json.loads(lines[-1])}
+
+
+def run_cases(
+    kind: str, cases: Iterable[Case], timeout_s: float, jobs: int = 1, on_done: Callable[[dict], None] | None = None
+) -> list[dict[str, Any]]:
+    """Results in case order; up to `jobs` cases at once (use 1 for timing figures)."""
+
+    def one(case: Case) -> dict[str, Any]:
+        row = run_case(kind, case, timeout_s)
+        if on_done:
+            on_done(row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, cases))

@@ -1,0 +1,277 @@
+"""`check_plan` on broken plans: one named case per way a plan can be wrong.
+
+Every case starts from one valid plan (src: `w` and a vocab-like `emb` on device 0 of host h0;
+dst: both on the DP replicas 2 and 3 of host h1, `emb` padded with fill -1, the value
+`iteration` inherited), breaks one thing with `attrs.evolve`, and expects a PlanVerifyError
+whose message names what is wrong (tensor, sub-tensor, device, op, message or host).
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from tenplex.compiler import CompileOptions, CopyOp, FillOp, ValueOp, check_plan, compile_plan
+from tenplex.ir import (
+    PTC,
+    Allocation,
+    Box,
+    Device,
+    Partition,
+    Piece,
+    PlanVerifyError,
+    SubTensor,
+    TensorMeta,
+    Topology,
+    Value,
+)
+
+TOPOLOGY = Topology((Device(0, "h0"), Device(1, "h0"), Device(2, "h1"), Device(3, "h1")))
+W = TensorMeta("w", (4, 4), "float32")
+EMB = TensorMeta("emb", (6, 2), "float32")
+
+
+def _whole(sid: str, meta: TensorMeta, shape=None, fill=0) -> SubTensor:
+    return SubTensor(sid, meta.name, f"model/{meta.name}", shape or meta.shape, [Piece(meta.box, meta.box)], fill)
+
+
+SRC = PTC((W, EMB), (_whole("w/s", W), _whole("emb/s", EMB)),
+          (Partition("s", ["w/s", "emb/s"], {"iteration": Value(7)}),), Allocation({"s": [0]}), TOPOLOGY)  # fmt: skip
+DST = PTC((W, EMB), (_whole("w/r", W), _whole("emb/r", EMB, (8, 2), -1)),
+          (Partition("r", ["w/r", "emb/r"], {"iteration": Value(None)}),), Allocation({"r": [2, 3]}), TOPOLOGY)  # fmt: skip
+OPTIONS = CompileOptions(place_ranks=False, max_message_bytes=32, memory_budget_bytes=64)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return compile_plan(SRC, DST, OPTIONS)
+
+
+# -- finding and changing ops -------------------------------------------------------------
+
+
+def find(plan, kind=CopyOp, **fields) -> int:
+    """The id of the one op of `kind` whose fields match."""
+    hits = [i for i, op in enumerate(plan.ops) if isinstance(op, kind) and all(getattr(op, k) == v for k, v in fields.items())]
+    assert len(hits) == 1, (fields, hits)
+    return hits[0]
+
+
+def landing(plan, tensor: str, row: int) -> int:
+    """The network copy of `tensor` whose box starts at `row` (it lands on device 2)."""
+    return next(i for i, op in enumerate(plan.ops) if isinstance(op, CopyOp) and op.src_side == "src" and op.tensor == tensor and op.box.start[0] == row)
+
+
+def forward_of(plan, op_id: int) -> int:
+    (fwd,) = [b for a, b in plan.edges if a == op_id]
+    return fwd
+
+
+def message_of(plan, op_id: int) -> int:
+    (m,) = [k for k, m in enumerate(plan.messages) if op_id in m.ops]
+    return m
+
+
+def with_op(plan, i: int, **changes):
+    ops = list(plan.ops)
+    ops[i] = attrs.evolve(ops[i], **changes)
+    return attrs.evolve(plan, ops=tuple(ops))
+
+
+def with_message(plan, k: int, **changes):
+    messages = list(plan.messages)
+    messages[k] = attrs.evolve(messages[k], **changes)
+    return attrs.evolve(plan, messages=tuple(messages))
+
+
+def without_op(plan, i: int):
+    """`plan` without op `i`, later ids renumbered in edges and messages."""
+    new = lambda k: k - (k > i)  # noqa: E731
+    return attrs.evolve(
+        plan,
+        ops=plan.ops[:i] + plan.ops[i + 1 :],
+        edges=tuple((new(a), new(b)) for a, b in plan.edges if i not in (a, b)),
+        messages=tuple(attrs.evolve(m, ops=tuple(new(k) for k in m.ops if k != i)) for m in plan.messages),
+    )
+
+
+# -- the broken plans ----------------------------------------------------------------------
+
+
+def dropped_copy(plan):
+    fwd = forward_of(plan, landing(plan, "w", 0))
+    return without_op(plan, fwd), ["tensor 'w' sub-tensor 'w/r' on device 3", "piece 0 [[0, 4], [0, 4]] has 16 elements but the plan writes 8"]
+
+
+def duplicated_copy(plan):
+    i = landing(plan, "w", 0)
+    return attrs.evolve(plan, ops=plan.ops + (plan.ops[i],)), ["tensor 'w' sub-tensor 'w/r' on device 2", "written twice at [[0, 2], [0, 4]]"]
+
+
+def shifted_box(plan):
+    """A landing and its forward both one row up: they overlap the copy before them."""
+    i = landing(plan, "emb", 4)
+    j = forward_of(plan, i)
+    up = plan.ops[i].box.translate((-1, 0))
+    broken = with_op(with_op(plan, i, box=up), j, box=up)
+    return broken, ["tensor 'emb' sub-tensor 'emb/r' on device 2", "written twice at [[3, 4], [0, 2]]"]
+
+
+def box_outside_dst_piece(plan):
+    i = landing(plan, "w", 2)
+    return with_op(plan, i, box=plan.ops[i].box.translate((1, 0))), [f"op {i} writes 'w' box [[3, 5], [0, 4]] outside dst piece [[0, 4], [0, 4]] of 'w/r'"]
+
+
+def src_device_lacks_src(plan):
+    i = landing(plan, "w", 0)
+    return with_op(plan, i, src_device=1), [f"op {i} reads src sub-tensor 'w/s' on device 1, which does not hold it"]
+
+
+def wrong_src_piece(plan):
+    i = landing(plan, "w", 0)
+    return with_op(plan, i, src_piece=1), [f"op {i} reads src piece 1 of sub-tensor 'w/s', which has 1 pieces"]
+
+
+def src_piece_of_other_tensor(plan):
+    i = landing(plan, "w", 0)
+    return with_op(plan, i, src_subtensor="emb/s"), [f"op {i} reads 'w' box [[0, 2], [0, 4]] from src sub-tensor 'emb/s' piece 0, which holds 'emb' box [[0, 6], [0, 2]]"]
+
+
+def dst_device_lacks_dst(plan):
+    i = landing(plan, "w", 0)
+    return with_op(plan, i, dst_device=1), [f"op {i} writes sub-tensor 'w/r' on device 1, which does not hold it"]
+
+
+def forward_without_order_edge(plan):
+    i = landing(plan, "w", 0)
+    j = forward_of(plan, i)
+    broken = attrs.evolve(plan, edges=tuple(e for e in plan.edges if e != (i, j)))
+    return broken, [f"op {j} forwards 'w' box [[0, 2], [0, 4]] from dst 'w/r' on device 2", "no order-edge predecessor in an earlier round"]
+
+
+def forward_in_landing_round(plan):
+    i = landing(plan, "w", 0)
+    j = forward_of(plan, i)
+    broken = with_message(plan, message_of(plan, j), round=plan.messages[message_of(plan, i)].round)
+    return broken, [f"op {j} forwards 'w' box [[0, 2], [0, 4]] from dst 'w/r' on device 2", "in an earlier round"]
+
+
+def order_cycle(plan):
+    i = landing(plan, "w", 0)
+    j = forward_of(plan, i)
+    return attrs.evolve(plan, edges=plan.edges + ((j, i),)), [f"order edge {j} -> {i} does not go from an op to an op in a later round"]
+
+
+def negative_round(plan):
+    return with_message(plan, 0, round=-1), ["message 0 has negative round -1"]
+
+
+def fill_with_wrong_value(plan):
+    i = find(plan, FillOp, dst_device=2)
+    return with_op(plan, i, value=0), [f"op {i} fills 'emb/r' local box [[6, 8], [0, 2]] with 0; expected fill -1"]
+
+
+def fill_overlapping_piece(plan):
+    i = find(plan, FillOp, dst_device=2)
+    return with_op(plan, i, box=Box((5, 0), (8, 2))), ["fill of 'emb/r' on device 2 local box [[5, 8], [0, 2]] overlaps piece local box [[0, 6], [0, 2]]"]
+
+
+def missing_fill(plan):
+    return without_op(plan, find(plan, FillOp, dst_device=3)), ["tensor 'emb' sub-tensor 'emb/r' on device 3: fill region of shape (8, 2) has 4 elements but the plan writes 0"]
+
+
+def missing_value_op(plan):
+    return without_op(plan, find(plan, ValueOp, dst_device=3)), ["value 'iteration' of partition 'r' on device 3 is set 0 times"]
+
+
+def literal_for_inherited_value(plan):
+    i = find(plan, ValueOp, dst_device=2)
+    return with_op(plan, i, src_device=None, src_partition=None, value=8), [f"op {i} sets value 'iteration' of 'r' to 8; dst wants it inherited from src"]
+
+
+def message_with_wrong_bytes(plan):
+    return with_message(plan, 0, bytes=plan.messages[0].bytes + 1), [f"message 0 says {plan.messages[0].bytes + 1} bytes but its ops hold {plan.messages[0].bytes}"]
+
+
+def message_between_wrong_hosts(plan):
+    (i,) = plan.messages[0].ops
+    return with_message(plan, 0, src_host="h1"), [f"message 0 goes h1 -> h1 but op {i} goes h0 -> h1"]
+
+
+def copy_in_no_message(plan):
+    i = landing(plan, "w", 0)
+    broken = with_message(plan, message_of(plan, i), ops=(), bytes=0)
+    return broken, [f"copy op {i} ('w' box [[0, 2], [0, 4]] to device 2) is in 0 messages; expected 1"]
+
+
+def copy_in_two_messages(plan):
+    i = landing(plan, "w", 0)
+    own = plan.messages[message_of(plan, i)]
+    k, m = next((k, m) for k, m in enumerate(plan.messages) if m != own and (m.src_host, m.dst_host, m.round) == (own.src_host, own.dst_host, own.round))
+    broken = with_message(plan, k, ops=m.ops + (i,), bytes=m.bytes + own.bytes)
+    return broken, [f"copy op {i} ('w' box [[0, 2], [0, 4]] to device 2) is in 2 messages; expected 1"]
+
+
+def over_budget_round(plan):
+    network = [k for k, m in enumerate(plan.messages) if m.src_host != m.dst_host]
+    broken = plan
+    for k in network:
+        broken = with_message(broken, k, round=0)
+    total = sum(plan.messages[k].bytes for k in network)
+    return broken, [f"host h0 moves {total} network bytes in round 0, over the memory budget of 64"]
+
+
+def allocation_with_other_replicas(plan):
+    return attrs.evolve(plan, allocation=Allocation({"r": [2]})), ["plan allocation", "replica counts"]
+
+
+def wrong_network_stats(plan):
+    s = plan.stats
+    broken = attrs.evolve(plan, stats=attrs.evolve(s, network_bytes=0))
+    return broken, [f"plan stats say device/host/network bytes ({s.device_bytes}, {s.host_bytes}, 0) but its ops move ({s.device_bytes}, {s.host_bytes}, {s.network_bytes})"]
+
+
+def wrong_rounds(plan):
+    s = plan.stats
+    return attrs.evolve(plan, stats=attrs.evolve(s, rounds=s.rounds + 1)), [f"plan stats say {s.rounds + 1} rounds but its messages use {s.rounds}"]
+
+
+def wrong_network_lower_bound(plan):
+    s = plan.stats
+    broken = attrs.evolve(plan, stats=attrs.evolve(s, network_lower_bound_bytes=s.network_lower_bound_bytes - 16))
+    return broken, [f"plan stats say network lower bound {s.network_lower_bound_bytes - 16} bytes; it is {s.network_lower_bound_bytes}"]
+
+
+def wrong_fill_bytes(plan):
+    s = plan.stats
+    return attrs.evolve(plan, stats=attrs.evolve(s, fill_bytes=s.fill_bytes + 4)), ["fill bytes", str(s.fill_bytes + 4)]
+
+
+CASES = [
+    dropped_copy, duplicated_copy, shifted_box, box_outside_dst_piece, src_device_lacks_src, wrong_src_piece,
+    src_piece_of_other_tensor, dst_device_lacks_dst, forward_without_order_edge, forward_in_landing_round, order_cycle,
+    negative_round, fill_with_wrong_value, fill_overlapping_piece, missing_fill, missing_value_op,
+    literal_for_inherited_value, message_with_wrong_bytes, message_between_wrong_hosts, copy_in_no_message,
+    copy_in_two_messages, over_budget_round, allocation_with_other_replicas, wrong_network_stats, wrong_rounds,
+    wrong_network_lower_bound,
+    wrong_fill_bytes,
+]  # fmt: skip
+
+
+def test_the_base_plan_verifies(plan):
+    check_plan(plan, SRC, DST)
+    assert any(isinstance(op, CopyOp) and op.src_side == "dst" for op in plan.ops)
+    assert len({m.round for m in plan.messages}) > 1
+
+
+@pytest.mark.parametrize("breaks", CASES, ids=lambda f: f.__name__)
+def test_broken_plan_is_rejected(plan, breaks):
+    broken, expected = breaks(plan)
+    try:
+        check_plan(broken, SRC, DST)
+    except PlanVerifyError as e:
+        for part in expected:
+            assert part in str(e), f"{part!r} not in {str(e)!r}"
+    else:
+        raise AssertionError(f"{breaks.__name__}: check_plan accepted the broken plan")
+
