@@ -193,12 +193,12 @@ def topologies(draw) -> Topology:
 
 
 @st.composite
-def tensors(draw, max_tensors: int = 3) -> list[TensorMeta]:
+def tensors(draw, max_tensors: int = 3, max_side: int = 5) -> list[TensorMeta]:
     n = draw(st.integers(1, max_tensors))
     out = []
     for i in range(n):
         ndim = draw(st.integers(0, 3))
-        shape = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+        shape = tuple(draw(st.integers(1, max_side)) for _ in range(ndim))
         if shape and draw(st.integers(0, 9)) == 0:
             shape = (0,) + shape[1:]  # an empty tensor now and then
         out.append(TensorMeta(f"t{i}", shape, draw(st.sampled_from(DTYPES))))
@@ -240,11 +240,11 @@ def _ptc(draw, side: str, metas: list[TensorMeta], shards: list[Shard], topology
 
 
 @st.composite
-def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None) -> tuple[PTC, PTC]:
+def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None, max_side: int = 5) -> tuple[PTC, PTC]:
     """A (src, dst) pair that compiles: src complete, dst any layout (partial unless
     `dst_complete`), both over one topology."""
     topology = draw(topologies())
-    metas = draw(tensors(max_tensors))
+    metas = draw(tensors(max_tensors, max_side))
     src_shards: list[Shard] = []
     dst_shards: list[Shard] = []
     for meta in metas:
@@ -322,15 +322,17 @@ def compile_options(draw, baseline: str | None = None) -> CompileOptions:
 
 
 @st.composite
-def shuffled(draw, ptc: PTC) -> PTC:
+def shuffled(draw, ptc: PTC, replicas: bool = False) -> PTC:
     """The same PTC built from shuffled input tuples (tensors, sub-tensors, partitions, each
-    partition's sub-tensor list, allocation entries)."""
+    partition's sub-tensor list, allocation entries, devices) and, with `replicas`, each
+    partition's replica list (which a plan's allocation echoes, so only for src)."""
     perm = lambda xs: draw(st.permutations(list(xs)))  # noqa: E731
     partitions = [attrs.evolve(p, subtensors=tuple(perm(p.subtensors))) for p in ptc.partitions]
+    allocation = [(pid, tuple(perm(devs)) if replicas else devs) for pid, devs in ptc.allocation.items]
     return PTC(
         tuple(perm(ptc.tensors)),
         tuple(perm(ptc.subtensors)),
         tuple(perm(partitions)),
-        Allocation(perm(ptc.allocation.items)),
+        Allocation(perm(allocation)),
         Topology(tuple(perm(ptc.topology.devices)), ptc.topology.links),
     )

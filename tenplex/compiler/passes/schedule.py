@@ -1,9 +1,10 @@
 """`schedule`: put messages in rounds.
 
-Network messages go first-fit, largest first, into the earliest round where neither end's
-buffers (bytes sent plus bytes received in that round) exceed `memory_budget_bytes`; this also
-spreads NIC load over rounds. Local messages run in round 0; a forward message runs in the round
-after the message that delivered its data.
+Network messages are placed round by round so that no host's message buffers (bytes it sends
+plus bytes it receives in a round) exceed `memory_budget_bytes`. In each round, host pairs whose
+busiest end has the most bytes left (the hosts that bound the plan's time) take one message each
+in turn while both ends have room, which spreads NIC load over all hosts. Local messages run in
+round 0; a forward message runs in the round after the message that delivered its data.
 """
 
 from __future__ import annotations
@@ -22,26 +23,57 @@ class Schedule:
     provides = frozenset({"scheduled"})
 
     def apply(self, program: Program) -> Program:
-        budget = program.options.memory_budget_bytes
         messages = list(program.messages)
+        rounds = _network_rounds([m for m in messages if m.src_host != m.dst_host], program.options.memory_budget_bytes)
         message_of = {op: m.id for m in messages for op in m.ops}
-        rounds: dict[int, int] = {}
-        used: list[dict[str, int]] = []
-        first_open: dict[str, int] = defaultdict(int)  # rounds before it are full for the host
-        network = sorted((m for m in messages if m.src_host != m.dst_host), key=lambda m: (-m.bytes, m.id))
-        for m in network:
-            r = max(first_open[m.src_host], first_open[m.dst_host])
-            while r < len(used) and (used[r][m.src_host] + m.bytes > budget or used[r][m.dst_host] + m.bytes > budget):
-                r += 1
-            if r == len(used):
-                used.append(defaultdict(int))
-            for h in (m.src_host, m.dst_host):
-                used[r][h] += m.bytes
-                while first_open[h] < len(used) and used[first_open[h]][h] >= budget:
-                    first_open[h] += 1
-            rounds[m.id] = r
         for m in messages:
             if m.id not in rounds:
                 deps = {message_of[p] for op in m.ops for p in program.graph.predecessors(op)}
                 rounds[m.id] = max((rounds[d] + 1 for d in deps), default=0)
         return attrs.evolve(program, messages=tuple(attrs.evolve(m, round=rounds[m.id]) for m in messages))
+
+
+def _network_rounds(network: list, budget: int) -> dict[int, int]:
+    """Fill rounds one at a time: host pairs whose busiest end has the most bytes left go
+    first, taking one message each in turn while both ends' buffers have room. Each direction
+    of a host gets half the budget (NICs are full duplex, so a round is fastest when a host
+    sends and receives equally), and both together never exceed it."""
+    half = max([budget // 2] + [m.bytes for m in network])
+    queues: dict[tuple[str, str], list] = defaultdict(list)
+    left: dict[str, int] = defaultdict(int)
+    for m in sorted(network, key=lambda m: (-m.bytes, m.id)):
+        queues[(m.src_host, m.dst_host)].append(m)
+        left[m.src_host] += m.bytes
+        left[m.dst_host] += m.bytes
+    for q in queues.values():
+        q.reverse()  # pop() takes the largest
+    rounds: dict[int, int] = {}
+    r = 0
+    while queues:
+        used: dict[str, int] = defaultdict(int)
+        sent: dict[str, int] = defaultdict(int)
+        received: dict[str, int] = defaultdict(int)
+        order = sorted(queues, key=lambda p: (-max(left[p[0]], left[p[1]]), p))
+        placed = True
+        while placed:
+            placed = False
+            for pair in order:
+                q = queues.get(pair)
+                if q and _fits(q[-1].bytes, pair, used, sent, received, budget, half):
+                    m = q.pop()
+                    sent[pair[0]] += m.bytes
+                    received[pair[1]] += m.bytes
+                    for h in pair:
+                        used[h] += m.bytes
+                        left[h] -= m.bytes
+                    rounds[m.id] = r
+                    placed = True
+        queues = {p: q for p, q in queues.items() if q}
+        r += 1
+    return rounds
+
+
+def _fits(nbytes: int, pair: tuple[str, str], used, sent, received, budget: int, half: int) -> bool:
+    src, dst = pair
+    return (sent[src] + nbytes <= half and received[dst] + nbytes <= half
+            and used[src] + nbytes <= budget and used[dst] + nbytes <= budget)  # fmt: skip
