@@ -40,15 +40,17 @@ def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> P
 def freeze(program: Program) -> Plan:
     """Number the ops, attach stats, and freeze the plan."""
     graph = program.graph
-    index = {key: i for i, (key, _) in enumerate(graph.items())}
-    ops = tuple(op for _, op in graph.items())
+    keys, ops = zip(*graph.items()) if len(graph) else ((), ())
+    index = {key: i for i, key in enumerate(keys)}
     edges = tuple(sorted((index[a], index[b]) for a, b, _ in graph.edges()))
-    messages = tuple(Message(m.id, m.src_host, m.dst_host, tuple(index[k] for k in m.ops), m.bytes, m.round) for m in program.messages)
+    messages = program.messages
+    if keys != tuple(range(len(keys))):  # renumber when a pass removed nodes
+        messages = tuple(Message(m.id, m.src_host, m.dst_host, tuple(index[k] for k in m.ops), m.bytes, m.round) for m in messages)
     return Plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
 
 
 def _stats(program: Program, ops, messages) -> Stats:
-    topo, size = program.topology, program.itemsize
+    topo, size = program.topology, program.dst.itemsizes.__getitem__
     by_class: Counter[LinkClass] = Counter()
     fill = 0
     for op in ops:

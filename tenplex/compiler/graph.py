@@ -4,16 +4,21 @@ networkx is the container, not the type system: each node is an int key whose `o
 is a frozen op (`tenplex.compiler.ops`); each edge has a `kind` (`EdgeKind`). `ORDER` edges say
 that the target reads what the source wrote (forwarding inside a host).
 
+Passes add hundreds of thousands of ops, so the graph keeps them in insertion-ordered maps and
+hands them to networkx in one bulk call when a graph algorithm or `freeze` needs the DiGraph.
+
 Invariants:
 - node keys are ints, allocated in increasing insertion order (so iteration is deterministic);
-- every node carries an op; every edge carries an `EdgeKind`;
-- the graph is acyclic.
+- every node carries an op; every edge carries an `EdgeKind` and joins two existing nodes;
+- the graph is acyclic (checked by `generations`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from functools import cached_property
 
 import networkx as nx
 
@@ -27,12 +32,21 @@ class EdgeKind(enum.Enum):
 
 class OpGraph:
     def __init__(self) -> None:
-        self._g = nx.DiGraph()
+        self._ops: dict[int, Op] = {}
+        self._edges: dict[tuple[int, int], EdgeKind] = {}
+        self._preds: dict[int, list[int]] = defaultdict(list)
         self._next = 0
+        self._frozen = False
+
+    def _mutable(self) -> None:
+        if self._frozen:
+            raise IRError("op graph is frozen")
+        self.__dict__.pop("nx", None)
 
     def add(self, op: Op) -> int:
+        self._mutable()
         key = self._next
-        self._g.add_node(key, op=op)
+        self._ops[key] = op
         self._next += 1
         return key
 
@@ -40,43 +54,62 @@ class OpGraph:
         return [self.add(op) for op in ops]
 
     def add_edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.ORDER) -> None:
-        if src not in self._g or dst not in self._g:
+        self._mutable()
+        if src not in self._ops or dst not in self._ops:
             raise IRError(f"edge {src} -> {dst} names a node that is not in the graph")
-        self._g.add_edge(src, dst, kind=kind)
+        self._edges[(src, dst)] = kind
+        self._preds[dst].append(src)
 
     def remove(self, key: int) -> None:
-        self._g.remove_node(key)
+        self._mutable()
+        del self._ops[key]
+        self._edges = {e: k for e, k in self._edges.items() if key not in e}
+        self._preds.pop(key, None)
+        for preds in self._preds.values():
+            if key in preds:
+                preds.remove(key)
 
     def op(self, key: int) -> Op:
-        return self._g.nodes[key]["op"]
+        return self._ops[key]
 
     def items(self) -> Iterator[tuple[int, Op]]:
         """(key, op) in insertion order."""
-        yield from self._g.nodes(data="op")
+        return iter(self._ops.items())
 
     def __len__(self) -> int:
-        return self._g.number_of_nodes()
+        return len(self._ops)
 
     def edges(self) -> Iterator[tuple[int, int, EdgeKind]]:
-        yield from self._g.edges(data="kind")
+        return ((a, b, k) for (a, b), k in self._edges.items())
 
     def predecessors(self, key: int) -> list[int]:
-        return sorted(self._g.predecessors(key))
+        return sorted(self._preds.get(key, ()))
 
     def successors(self, key: int) -> list[int]:
-        return sorted(self._g.successors(key))
+        return sorted(self.nx.successors(key))
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        """The networkx DiGraph (node attr `op`, edge attr `kind`), built in bulk."""
+        g = nx.DiGraph()
+        g.add_nodes_from((k, {"op": op}) for k, op in self._ops.items())
+        g.add_edges_from((a, b, {"kind": k}) for (a, b), k in self._edges.items())
+        if self._frozen:
+            nx.freeze(g)
+        return g
 
     def generations(self) -> list[list[int]]:
         """Nodes by dependency depth (networkx `topological_generations`); raises on a cycle."""
         try:
-            return [sorted(g) for g in nx.topological_generations(self._g)]
+            return [sorted(g) for g in nx.topological_generations(self.nx)]
         except nx.NetworkXUnfeasible:
             raise IRError("op graph has a cycle") from None
 
     def freeze(self) -> OpGraph:
-        nx.freeze(self._g)
+        self.__dict__.pop("nx", None)
+        self._frozen = True
         return self
 
     @property
     def frozen(self) -> bool:
-        return nx.is_frozen(self._g)
+        return self._frozen

@@ -125,21 +125,24 @@ class _Checker:
         for st in self.dst.subtensors:
             for d in self.dst.devices_of_subtensor(st.id):
                 for j, piece in enumerate(st.pieces):
-                    self.exact(st.tensor, st.id, d, f"piece {j} {piece.global_box}", piece.global_box.volume, [b for _, b in self.writes.get((st.id, d, j), [])])
+                    self.exact(st.tensor, st.id, d, (j, piece.global_box), piece.global_box.volume, [b for _, b in self.writes.get((st.id, d, j), [])])
                 fills = self.fills.get((st.id, d), [])
                 pieces = [p.local_box for p in st.pieces]
                 for fi, pi in overlapping_pairs(fills, pieces):
                     raise self.fail(f"fill of {st.id!r} on device {d} local box {fills[fi]} overlaps piece local box {pieces[pi]}")
-                self.exact(st.tensor, st.id, d, f"fill region of shape {st.shape}", st.volume - sum(b.volume for b in pieces), fills)
+                self.exact(st.tensor, st.id, d, st.shape, st.volume - sum(b.volume for b in pieces), fills)
 
-    def exact(self, tensor: str, sid: str, device: int, what: str, volume: int, boxes: list[Box]) -> None:
+    def exact(self, tensor: str, sid: str, device: int, where: tuple, volume: int, boxes: list[Box]) -> None:
+        """`boxes` (already known inside the region) cover it exactly once. `where` is
+        (piece index, global box) for a piece, or the local shape for the fill region."""
         pairs = overlapping_pairs(boxes, boxes) if len(boxes) > 1 else ()
+        what = lambda: f"piece {where[0]} {where[1]}" if len(where) == 2 and isinstance(where[1], Box) else f"fill region of shape {where}"  # noqa: E731
         for a, b in pairs:
             if a < b:
-                raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what} is written twice at {boxes[a].intersect(boxes[b])} (boxes {boxes[a]} and {boxes[b]})")
+                raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what()} is written twice at {boxes[a].intersect(boxes[b])} (boxes {boxes[a]} and {boxes[b]})")
         got = sum(b.volume for b in boxes)
         if got != volume:
-            raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what} has {volume} elements but the plan writes {got}")
+            raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what()} has {volume} elements but the plan writes {got}")
 
     def values(self) -> None:
         seen: Counter[tuple[str, int, str]] = Counter()

@@ -207,8 +207,9 @@ def copy_in_no_message(plan):
 def copy_in_two_messages(plan):
     i = landing(plan, "w", 0)
     own = plan.messages[message_of(plan, i)]
-    k, m = next((k, m) for k, m in enumerate(plan.messages) if m != own and (m.src_host, m.dst_host, m.round) == (own.src_host, own.dst_host, own.round))
-    broken = with_message(plan, k, ops=m.ops + (i,), bytes=m.bytes + own.bytes)
+    k, m = next((k, m) for k, m in enumerate(plan.messages) if m != own and (m.src_host, m.dst_host) == (own.src_host, own.dst_host))
+    op_bytes = plan.ops[i].box.volume * 4  # float32
+    broken = with_message(plan, k, ops=m.ops + (i,), bytes=m.bytes + op_bytes, round=own.round)
     return broken, [f"copy op {i} ('w' box [[0, 2], [0, 4]] to device 2) is in 2 messages; expected 1"]
 
 

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import attrs
 
+from tenplex.compiler.plan import Message
 from tenplex.compiler.program import Program
 
 
@@ -30,7 +31,8 @@ class Schedule:
             if m.id not in rounds:
                 deps = {message_of[p] for op in m.ops for p in program.graph.predecessors(op)}
                 rounds[m.id] = max((rounds[d] + 1 for d in deps), default=0)
-        return attrs.evolve(program, messages=tuple(attrs.evolve(m, round=rounds[m.id]) for m in messages))
+        placed = tuple(Message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id]) for m in messages)
+        return attrs.evolve(program, messages=placed)
 
 
 def _network_rounds(network: list, budget: int) -> dict[int, int]:

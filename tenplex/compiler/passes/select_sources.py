@@ -25,7 +25,6 @@ from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp
 from tenplex.compiler.program import Program
 from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
-from tenplex.ir.topology import LinkClass
 
 Want = tuple[Need, int]  # a need on one dst device
 
@@ -104,9 +103,13 @@ class _State:
     def value_ops(self, vn: ValueNeed) -> list[ValueOp]:
         if not vn.holders:
             return [ValueOp(d, vn.dst_partition, vn.name, value=vn.value) for d in vn.dst_devices]
+        on_device, on_host = {}, {}
+        for dev, part in vn.holders:  # sorted: the first holder per device and per host wins
+            on_device.setdefault(dev, (dev, part))
+            on_host.setdefault(self.host[dev], (dev, part))
         out = []
         for d in vn.dst_devices:
-            dev, part = min(vn.holders, key=lambda h: (_LINK_RANK[self.p.topology.link(h[0], d)], h))
+            dev, part = on_device.get(d) or on_host.get(self.host[d]) or vn.holders[0]
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
 
@@ -145,9 +148,6 @@ class _State:
         for n, d in rest:
             fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
             out.add_edge(first, out.add(fwd))
-
-
-_LINK_RANK = {LinkClass.DEVICE: 0, LinkClass.HOST: 1, LinkClass.NETWORK: 2}
 
 
 def _want_order(w: Want) -> tuple:
