@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds
+from tenplex.compiler.cost import Flow, host_lower_bounds, lower_bound_seconds, predict_seconds
 from tenplex.compiler.ops import CopyOp, FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
 from tenplex.compiler.passes.lower import Lower
@@ -40,7 +40,7 @@ def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> P
 def freeze(program: Program) -> Plan:
     """Number the ops, attach stats, and freeze the plan."""
     graph = program.graph
-    keys, ops = zip(*graph.items()) if len(graph) else ((), ())
+    keys, ops = graph.keys(), graph.ops()
     index = {key: i for i, key in enumerate(keys)}
     edges = tuple(sorted((index[a], index[b]) for a, b, _ in graph.edges()))
     messages = program.messages
@@ -50,25 +50,36 @@ def freeze(program: Program) -> Plan:
 
 
 def _stats(program: Program, ops, messages) -> Stats:
-    topo, size = program.topology, program.dst.itemsizes.__getitem__
+    host = {d.id: d.host for d in program.topology.devices}
+    size = program.dst.itemsizes
     by_class: Counter[LinkClass] = Counter()
     fill = 0
-    for op in ops:
+    flows: dict[int, list[Flow]] = defaultdict(list)  # op id -> its flow
+    for i, op in enumerate(ops):
         if isinstance(op, CopyOp):
-            by_class[topo.link(op.src_device, op.dst_device)] += op.box.volume * size(op.tensor)
+            nbytes = op.box.volume * size[op.tensor]
+            link = _link(host, op.src_device, op.dst_device)
+            by_class[link] += nbytes
+            flows[i] = Flow(link, host[op.src_device], host[op.dst_device], op.dst_device, nbytes)
         elif isinstance(op, FillOp):
-            fill += op.box.volume * size(program.dst.subtensor_map[op.dst_subtensor].tensor)
-    per_host = host_lower_bounds(program.src, program.dst)
-    rounds: dict[int, list] = defaultdict(list)
+            fill += op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor]
+    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
+    rounds: dict[int, list[Flow]] = defaultdict(list)
     for m in messages:
-        rounds[m.round].extend((ops[i], ops[i].box.volume * size(ops[i].tensor)) for i in m.ops)
+        rounds[m.round].extend(flows[i] for i in m.ops)
     return Stats(
         device_bytes=by_class[LinkClass.DEVICE],
         host_bytes=by_class[LinkClass.HOST],
         network_bytes=by_class[LinkClass.NETWORK],
         fill_bytes=fill,
         network_lower_bound_bytes=sum(per_host.values()),
-        predicted_seconds=predict_seconds((rounds[r] for r in sorted(rounds)), topo),
-        lower_bound_seconds=lower_bound_seconds(per_host, topo),
+        predicted_seconds=predict_seconds((rounds[r] for r in sorted(rounds)), program.topology.links),
+        lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
         rounds=len(rounds),
     )
+
+
+def _link(host: dict[int, str], src: int, dst: int) -> LinkClass:
+    if src == dst:
+        return LinkClass.DEVICE
+    return LinkClass.HOST if host[src] == host[dst] else LinkClass.NETWORK

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
-from tenplex.compiler.ops import CopyOp
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
-from tenplex.ir.topology import LinkClass, Topology
+from tenplex.ir.topology import LinkClass, Links, Topology
 
 
 def _distinct_union(boxes: Iterable[Box]) -> list[Box]:
@@ -55,8 +55,12 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None) -> dict[str, int]:
             have[(h, st.tensor)].update(p.global_box for p in st.pieces)
     out: dict[str, int] = defaultdict(int)
     for (host, tensor), boxes in sorted(need.items()):
+        held_boxes = have.get((host, tensor), set())
+        if boxes <= held_boxes:  # every needed box is held as is: nothing to receive
+            out[host] += 0
+            continue
         needed = _distinct_union(boxes)
-        held = _distinct_union(have.get((host, tensor), ()))
+        held = _distinct_union(held_boxes)
         missing = sum(b.volume for b in needed) - _overlap_volume(needed, held)
         out[host] += missing * dst.itemsize(tensor)
     return dict(out)
@@ -74,19 +78,27 @@ def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
     return max(max(per_host.values()) / bw, sum(per_host.values()) / (bw * max(1, len(topology.hosts))))
 
 
-def predict_seconds(rounds: Iterable[Iterable[tuple[CopyOp, int]]], topology: Topology) -> float:
-    """Sum over rounds of the slowest host's time in that round."""
+class Flow(NamedTuple):
+    """One copy as the cost model sees it."""
+
+    link: LinkClass
+    src_host: str
+    dst_host: str
+    dst_device: int
+    nbytes: int
+
+
+def predict_seconds(rounds: Iterable[Iterable[Flow]], links: Links) -> float:
+    """Sum over rounds of the slowest host's time in that round: NIC egress and ingress per
+    host, and copies into each device over the host or device links."""
     total = 0.0
-    host = {d.id: d.host for d in topology.devices}
-    for ops in rounds:
-        load: dict[tuple[str, LinkClass, str], float] = defaultdict(float)
-        for op, nbytes in ops:
-            src_host, dst_host = host[op.src_device], host[op.dst_device]
-            if src_host != dst_host:
-                load[(src_host, LinkClass.NETWORK, "out")] += nbytes
-                load[(dst_host, LinkClass.NETWORK, "in")] += nbytes
+    for flows in rounds:
+        load: dict[tuple, float] = defaultdict(float)
+        for f in flows:
+            if f.link is LinkClass.NETWORK:
+                load[(LinkClass.NETWORK, f.src_host, "out")] += f.nbytes
+                load[(LinkClass.NETWORK, f.dst_host, "in")] += f.nbytes
             else:
-                link = LinkClass.DEVICE if op.src_device == op.dst_device else LinkClass.HOST
-                load[(dst_host, link, str(op.dst_device))] += nbytes
-        total += max((b / topology.links.bandwidth(link) for (_, link, _), b in load.items()), default=0.0)
+                load[(f.link, f.dst_host, f.dst_device)] += f.nbytes
+        total += max((b / links.bandwidth(key[0]) for key, b in load.items()), default=0.0)
     return total

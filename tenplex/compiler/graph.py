@@ -76,6 +76,12 @@ class OpGraph:
         """(key, op) in insertion order."""
         return iter(self._ops.items())
 
+    def keys(self) -> tuple[int, ...]:
+        return tuple(self._ops)
+
+    def ops(self) -> tuple[Op, ...]:
+        return tuple(self._ops.values())
+
     def __len__(self) -> int:
         return len(self._ops)
 

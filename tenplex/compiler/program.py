@@ -28,6 +28,7 @@ class Program:
     diff: Diff | None = None
     graph: OpGraph | None = None
     messages: tuple[Message, ...] = ()  # op ids are graph node keys
+    lower_bounds: dict[str, int] | None = None  # per dst host, for dst's allocation (cached)
     facts: frozenset[str] = frozenset()
 
     @classmethod

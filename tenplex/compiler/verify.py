@@ -202,9 +202,12 @@ class _Checker:
     def stats(self) -> None:
         by_class: Counter[LinkClass] = Counter()
         fill = 0
+        host = {d.id: d.host for d in self.topology.devices}
+        size = self.dst.itemsizes
         for op in self.plan.ops:
             if isinstance(op, CopyOp):
-                by_class[self.topology.link(op.src_device, op.dst_device)] += op.box.volume * self.dst.itemsize(op.tensor)
+                link = LinkClass.DEVICE if op.src_device == op.dst_device else LinkClass.HOST if host[op.src_device] == host[op.dst_device] else LinkClass.NETWORK
+                by_class[link] += op.box.volume * size[op.tensor]
             elif isinstance(op, FillOp):
                 fill += op.box.volume * self.dst.itemsize(self.dst.subtensor_map[op.dst_subtensor].tensor)
         s = self.plan.stats

@@ -164,6 +164,18 @@ def test_place_ranks_recovers_a_permuted_allocation(name, devices, without):
     assert by_class(compiled(src, dst, place_ranks=False)) == without
 
 
+def test_place_ranks_never_moves_more_network_bytes_than_the_identity():
+    # h0 = {0, 1}, h1 = {2, 3}; src holds x (8 bytes) and y (4 bytes) on device 0. The identity
+    # sends x to h1 once (8 bytes); swapping the hosts "keeps" x twice on paper (two replicas on
+    # h1's slots) but sends x and y to h1 (12 bytes).
+    x, y = TensorMeta("x", (2,), "float32"), TensorMeta("y", (1,), "float32")
+    src = ptc([whole("x/s", x), whole("y/s", y)], {"s": ["x/s", "y/s"]}, {"s": [0]}, (x, y))
+    dst = ptc([whole("y/a", y), whole("x/b", x)], {"a": ["y/a"], "b": ["x/b"], "c": []}, {"a": [0], "b": [0, 2, 3], "c": [1]}, (x, y))
+    identity = compiled(src, dst, place_ranks=False).stats.network_bytes
+    assert identity == 8
+    assert compiled(src, dst, place_ranks=True).stats.network_bytes <= identity
+
+
 def test_place_ranks_keeps_an_allocation_already_in_place():
     src = ptc(QUARTERS, Q_PARTS, {f"q{i}": [i] for i in range(4)})
     assert compiled(src, src, place_ranks=True).allocation == src.allocation

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from tenplex.compiler import check_plan, compile_plan, dumps_plan, network_lower_bound, plan_from_json
-from tenplex.ir import CompileError, dumps
+from tenplex.compiler import CopyOp, check_plan, compile_plan, dumps_plan, network_lower_bound, plan_from_json
+from tenplex.ir import CompileError, LinkClass, dumps
 from tenplex.runtime.oracle import check_execution
 from tests.problems import bad_problems, compile_options, problems, shuffled
 
@@ -54,6 +54,9 @@ def test_network_bytes_equal_the_lower_bound(problem, options):
     bound = network_lower_bound(src, dst, plan.allocation)
     assert plan.stats.network_bytes == bound == plan.stats.network_lower_bound_bytes
     assert plan.stats.predicted_seconds >= plan.stats.lower_bound_seconds * (1 - 1e-9)
+    topology = src.topology.union(dst.topology)
+    forwards = [op for op in plan.ops if isinstance(op, CopyOp) and op.src_side == "dst"]
+    assert all(topology.link(op.src_device, op.dst_device) is not LinkClass.NETWORK for op in forwards)
     for m in plan.messages:  # a same-device copy is a view, never cut: alone in its message
         view = len(m.ops) == 1 and plan.ops[m.ops[0]].src_device == plan.ops[m.ops[0]].dst_device
         assert m.bytes <= options.max_message_bytes or view, m

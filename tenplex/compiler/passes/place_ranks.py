@@ -4,8 +4,9 @@ A dst device is a *slot* carrying its partitions. The pass permutes slots in two
 the launcher's host structure (e.g. TP groups inside a host) survives: first whole hosts onto
 hosts with the same number of dst devices, maximizing bytes already on the host; then, inside
 each host, slots onto devices, maximizing bytes already on the device. Both levels are
-assignment problems (networkx `minimum_weight_full_matching`). The identity wins ties, so a
-reconfiguration that keeps data in place is left alone.
+assignment problems (networkx `minimum_weight_full_matching`). The identity wins ties, and the
+new placement is kept only when it lowers the exact network lower bound, so the pass never
+makes a plan move more bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import attrs
 import networkx as nx
 from networkx.algorithms.bipartite import minimum_weight_full_matching
 
+from tenplex.compiler.cost import host_lower_bounds
 from tenplex.compiler.program import Program
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
@@ -38,7 +40,7 @@ class PlaceRanks:
         src_devices = {q: set(devs) for q, devs in src.allocation.items}
 
         def on_host(slot_host: str, host: str) -> int:
-            parts = [p for s in by_host[slot_host] for p in slots[s]]
+            parts = {p for s in by_host[slot_host] for p in slots[s]}  # replicas on one host count once
             return sum(b for p in parts for q, b in shared[p].items() if host in src_hosts[q])
 
         def on_device(slot: int, device: int) -> int:
@@ -54,7 +56,14 @@ class PlaceRanks:
         for h, ds in by_host.items():
             device_map |= _assign(sorted(ds), sorted(by_host[host_map[h]]), on_device)
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
-        return attrs.evolve(program, dst=attrs.evolve(dst, allocation=moved))
+        # The matching is a heuristic on bytes held; keep it only when it lowers the exact network
+        # lower bound (what the plan will move), or keeps it and leaves more bytes on their device.
+        keep = host_lower_bounds(src, dst)
+        placed = host_lower_bounds(src, dst, moved)
+        in_place = sum(on_device(d, d) for d in slots), sum(on_device(d, device_map[d]) for d in slots)
+        if (sum(placed.values()), -in_place[1]) < (sum(keep.values()), -in_place[0]):
+            return attrs.evolve(program, dst=attrs.evolve(dst, allocation=moved), lower_bounds=placed)
+        return attrs.evolve(program, lower_bounds=keep)
 
 
 def _assign(slots: list, targets: list, weight) -> dict:
