@@ -41,18 +41,28 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     return sum(a[i].intersect(b[j]).volume for i, j in overlapping_pairs(a, b))  # type: ignore[union-attr]
 
 
-def host_lower_bounds(src: PTC, dst: PTC, allocation=None) -> dict[str, int]:
-    """Per dst host: bytes it must receive over the network (at least)."""
+Held = dict[tuple[str, str], set[Box]]
+
+
+def held_by_host(ptc: PTC, host: dict[int, str]) -> Held:
+    """(host, tensor) -> global boxes the PTC's devices on that host hold."""
+    have: Held = defaultdict(set)
+    for st in ptc.subtensors:
+        for h in {host[d] for d in ptc.devices_of_subtensor(st.id)}:
+            have[(h, st.tensor)].update(p.global_box for p in st.pieces)
+    return have
+
+
+def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
+    """Per dst host: bytes it must receive over the network (at least). `held` (from
+    `held_by_host(src, ...)`) may be passed to share it between calls."""
     allocation = allocation or dst.allocation
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
-    need: dict[tuple[str, str], set[Box]] = defaultdict(set)
+    need: Held = defaultdict(set)
     for st in dst.subtensors:
         for h in {host[d] for d in allocation.devices_of(dst.partition_of[st.id])}:
             need[(h, st.tensor)].update(p.global_box for p in st.pieces)
-    have: dict[tuple[str, str], set[Box]] = defaultdict(set)
-    for st in src.subtensors:
-        for h in {host[d] for d in src.devices_of_subtensor(st.id)}:
-            have[(h, st.tensor)].update(p.global_box for p in st.pieces)
+    have = held if held is not None else held_by_host(src, host)
     out: dict[str, int] = defaultdict(int)
     for (host, tensor), boxes in sorted(need.items()):
         held_boxes = have.get((host, tensor), set())

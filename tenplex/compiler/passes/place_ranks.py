@@ -17,7 +17,7 @@ import attrs
 import networkx as nx
 from networkx.algorithms.bipartite import minimum_weight_full_matching
 
-from tenplex.compiler.cost import host_lower_bounds
+from tenplex.compiler.cost import held_by_host, host_lower_bounds
 from tenplex.compiler.program import Program
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
@@ -36,12 +36,11 @@ class PlaceRanks:
         by_host: dict[str, list[int]] = defaultdict(list)
         for d in slots:
             by_host[topo.host_of(d)].append(d)
-        src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
+        host_bytes = _host_bytes(src, shared, slots, by_host, topo)
         src_devices = {q: set(devs) for q, devs in src.allocation.items}
 
         def on_host(slot_host: str, host: str) -> int:
-            parts = {p for s in by_host[slot_host] for p in slots[s]}  # replicas on one host count once
-            return sum(b for p in parts for q, b in shared[p].items() if host in src_hosts[q])
+            return host_bytes[slot_host].get(host, 0)
 
         def on_device(slot: int, device: int) -> int:
             return sum(b for p in slots[slot] for q, b in shared[p].items() if device in src_devices[q])
@@ -58,12 +57,28 @@ class PlaceRanks:
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
         # The matching is a heuristic on bytes held; keep it only when it lowers the exact network
         # lower bound (what the plan will move), or keeps it and leaves more bytes on their device.
-        keep = host_lower_bounds(src, dst)
-        placed = host_lower_bounds(src, dst, moved)
+        held = held_by_host(src, {d.id: d.host for d in topo.devices})
+        keep = host_lower_bounds(src, dst, held=held)
+        placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
         in_place = sum(on_device(d, d) for d in slots), sum(on_device(d, device_map[d]) for d in slots)
         if (sum(placed.values()), -in_place[1]) < (sum(keep.values()), -in_place[0]):
             return attrs.evolve(program, dst=attrs.evolve(dst, allocation=moved), lower_bounds=placed)
         return attrs.evolve(program, lower_bounds=keep)
+
+
+def _host_bytes(src: PTC, shared, slots, by_host, topo) -> dict[str, dict[str, int]]:
+    """slot host -> {host: bytes of the slot host's partitions that the host holds in src};
+    a partition replicated on several slots of one host counts once."""
+    src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
+    out: dict[str, dict[str, int]] = {}
+    for slot_host, devices in by_host.items():
+        weights: dict[str, int] = defaultdict(int)
+        for p in {p for s in devices for p in slots[s]}:
+            for q, b in shared[p].items():
+                for h in src_hosts[q]:
+                    weights[h] += b
+        out[slot_host] = weights
+    return out
 
 
 def _assign(slots: list, targets: list, weight) -> dict:
