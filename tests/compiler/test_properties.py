@@ -3,9 +3,8 @@
 For every problem and options: the plan verifies, executing it reproduces the arange oracle
 byte for byte (values included), its network bytes equal the lower bound, compiling is
 deterministic and independent of input order, plan JSON round-trips, and placing ranks never
-costs network bytes. The reference
-baseline verifies too and never beats the bound; problems whose src lacks data fail with a
-CompileError naming the tensor.
+costs network bytes. The reference baseline verifies too and never beats the bound; problems
+whose src lacks data fail with a CompileError naming the tensor.
 """
 
 import json
@@ -56,6 +55,9 @@ def test_network_bytes_equal_the_lower_bound(problem, options):
     bound = network_lower_bound(src, dst, plan.allocation)
     assert plan.stats.network_bytes == bound == plan.stats.network_lower_bound_bytes
     assert plan.stats.predicted_seconds >= plan.stats.lower_bound_seconds * (1 - 1e-9)
+    for m in plan.messages:  # a same-device copy is a view, never cut: alone in its message
+        view = len(m.ops) == 1 and plan.ops[m.ops[0]].src_device == plan.ops[m.ops[0]].dst_device
+        assert m.bytes <= options.max_message_bytes or view, m
     topology = src.topology.union(dst.topology)
     forwards = [op for op in plan.ops if isinstance(op, CopyOp) and op.src_side == "dst"]
     assert all(topology.link(op.src_device, op.dst_device) is not LinkClass.NETWORK for op in forwards)
@@ -70,9 +72,6 @@ def test_place_ranks_never_moves_more_network_bytes(problem, options):
     kept = compile_plan(src, dst, attrs.evolve(options, place_ranks=False))
     assert kept.allocation == dst.allocation
     assert placed.stats.network_bytes <= kept.stats.network_bytes
-    for m in plan.messages:  # a same-device copy is a view, never cut: alone in its message
-        view = len(m.ops) == 1 and plan.ops[m.ops[0]].src_device == plan.ops[m.ops[0]].dst_device
-        assert m.bytes <= options.max_message_bytes or view, m
 
 
 @settings(deadline=None)

@@ -1,12 +1,14 @@
 """`place-ranks`: permute dst ranks over the dst devices to keep the most data in place.
 
-A dst device is a *slot* carrying its partitions. The pass permutes slots in two levels, so that
-the launcher's host structure (e.g. TP groups inside a host) survives: first whole hosts onto
-hosts with the same number of dst devices, maximizing bytes already on the host; then, inside
-each host, slots onto devices, maximizing bytes already on the device. Both levels are
-assignment problems (networkx `minimum_weight_full_matching`). The identity wins ties, and the
-new placement is kept only when it lowers the exact network lower bound, so the pass never
-makes a plan move more bytes.
+A dst device is a *slot* carrying its partitions. The pass moves slots in two levels so that the
+launcher's host structure survives: first *blocks* of b consecutive slots of a host (b divides
+the host's slot count; b = all of them moves whole hosts, smaller b moves e.g. TP groups) onto
+block positions of hosts with as many dst devices, maximizing bytes already on the host; then,
+inside each host, slots onto devices, maximizing bytes already on the device. Both levels are
+assignment problems (scipy's `linear_sum_assignment`); the identity wins ties, and among block
+sizes the largest with the best score wins. The result is kept only when it lowers the exact
+network lower bound, or keeps it and leaves more bytes on their device, so the pass never makes
+a plan move more bytes.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import attrs
-import networkx as nx
-from networkx.algorithms.bipartite import minimum_weight_full_matching
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from tenplex.compiler.cost import held_by_host, host_lower_bounds
 from tenplex.compiler.program import Program
@@ -31,68 +33,78 @@ class PlaceRanks:
 
     def apply(self, program: Program) -> Program:
         src, dst, topo = program.src, program.dst, program.topology
-        shared = _shared_bytes(src, dst)  # dst partition -> {src partition: bytes}
-        slots = dst.allocation.by_device  # dst device -> its partitions
+        w = _Weights(src, dst, topo)
         by_host: dict[str, list[int]] = defaultdict(list)
-        for d in slots:
+        for d in w.slots:
             by_host[topo.host_of(d)].append(d)
-        host_bytes = _host_bytes(src, shared, slots, by_host, topo)
-        src_devices = {q: set(devs) for q, devs in src.allocation.items}
-
-        def on_host(slot_host: str, host: str) -> int:
-            return host_bytes[slot_host].get(host, 0)
-
-        def on_device(slot: int, device: int) -> int:
-            return sum(b for p in slots[slot] for q, b in shared[p].items() if device in src_devices[q])
-
-        host_map: dict[str, str] = {}
         same_size: dict[int, list[str]] = defaultdict(list)
         for h, ds in by_host.items():
             same_size[len(ds)].append(h)
+        to_host: dict[int, str] = {}
         for hosts in same_size.values():
-            host_map |= _assign(hosts, hosts, on_host)
+            to_host |= _place_blocks(hosts, by_host, w)
         device_map: dict[int, int] = {}
         for h, ds in by_host.items():
-            device_map |= _assign(sorted(ds), sorted(by_host[host_map[h]]), on_device)
+            mine = sorted(s for s, t in to_host.items() if t == h)
+            targets = sorted(ds)
+            cols = _assign(np.array([[w.on_device(s, e) for e in targets] for s in mine], dtype=float))
+            device_map |= {s: targets[c] for s, c in zip(mine, cols)}
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
-        # The matching is a heuristic on bytes held; keep it only when it lowers the exact network
-        # lower bound (what the plan will move), or keeps it and leaves more bytes on their device.
         held = held_by_host(src, {d.id: d.host for d in topo.devices})
         keep = host_lower_bounds(src, dst, held=held)
         placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
-        in_place = sum(on_device(d, d) for d in slots), sum(on_device(d, device_map[d]) for d in slots)
+        in_place = sum(w.on_device(d, d) for d in w.slots), sum(w.on_device(d, device_map[d]) for d in w.slots)
         if (sum(placed.values()), -in_place[1]) < (sum(keep.values()), -in_place[0]):
             return attrs.evolve(program, dst=attrs.evolve(dst, allocation=moved), lower_bounds=placed)
         return attrs.evolve(program, lower_bounds=keep)
 
 
-def _host_bytes(src: PTC, shared, slots, by_host, topo) -> dict[str, dict[str, int]]:
-    """slot host -> {host: bytes of the slot host's partitions that the host holds in src};
-    a partition replicated on several slots of one host counts once."""
-    src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
-    out: dict[str, dict[str, int]] = {}
-    for slot_host, devices in by_host.items():
-        weights: dict[str, int] = defaultdict(int)
-        for p in {p for s in devices for p in slots[s]}:
-            for q, b in shared[p].items():
-                for h in src_hosts[q]:
-                    weights[h] += b
-        out[slot_host] = weights
-    return out
+class _Weights:
+    """Bytes of dst slots' partitions that src devices and hosts already hold."""
+
+    def __init__(self, src: PTC, dst: PTC, topo):
+        self.shared = _shared_bytes(src, dst)  # dst partition -> {src partition: bytes}
+        self.slots = dst.allocation.by_device  # dst device -> its partitions
+        self.src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
+        self.src_devices = {q: set(devs) for q, devs in src.allocation.items}
+
+    def on_device(self, slot: int, device: int) -> int:
+        return sum(b for p in self.slots[slot] for q, b in self.shared[p].items() if device in self.src_devices[q])
+
+    def on_hosts(self, block: tuple[int, ...]) -> dict[str, int]:
+        """host -> bytes of the block's partitions it holds (a partition on several slots counts once)."""
+        out: dict[str, int] = defaultdict(int)
+        for p in {p for s in block for p in self.slots[s]}:
+            for q, b in self.shared[p].items():
+                for h in self.src_hosts[q]:
+                    out[h] += b
+        return out
 
 
-def _assign(slots: list, targets: list, weight) -> dict:
-    """Max-weight perfect assignment slots -> targets; the identity (slot i -> target i) wins ties."""
-    if len(slots) <= 1:
-        return dict(zip(slots, targets))
-    g = nx.Graph()
-    scale = len(slots) + 1
-    for i, s in enumerate(slots):
-        for j, t in enumerate(targets):
-            w = weight(s, t) * scale + (1 if i == j else 0)
-            g.add_edge(("s", i), ("t", j), weight=-w)
-    match = minimum_weight_full_matching(g, top_nodes=[("s", i) for i in range(len(slots))])
-    return {s: targets[match[("s", i)][1]] for i, s in enumerate(slots)}
+def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights) -> dict[int, str]:
+    """slot -> host it moves to, for hosts with equal slot counts; best block size wins."""
+    n = len(by_host[hosts[0]])
+    best: tuple[float, dict[int, str]] | None = None
+    for b in sorted((b for b in range(1, n + 1) if n % b == 0), reverse=True):
+        blocks = [tuple(sorted(by_host[h])[i : i + b]) for h in hosts for i in range(0, n, b)]
+        targets = [h for h in hosts for _ in range(0, n, b)]
+        weights = [w.on_hosts(block) for block in blocks]
+        matrix = np.array([[wt.get(h, 0) for h in targets] for wt in weights], dtype=float)
+        cols = _assign(matrix)
+        score = float(matrix[np.arange(len(blocks)), cols].sum())
+        if best is None or score > best[0]:
+            best = (score, {s: targets[c] for block, c in zip(blocks, cols) for s in block})
+    return best[1] if best else {}
+
+
+def _assign(weights: np.ndarray) -> list[int]:
+    """Max-weight perfect assignment rows -> columns; the identity wins ties."""
+    if weights.size == 0:
+        return []
+    scale = max(1.0, float(weights.max()) / 1e9)  # keep the tie-break bonus above float precision
+    bonus = 0.5 / len(weights)
+    rows, cols = linear_sum_assignment(weights / scale + bonus * np.eye(len(weights)), maximize=True)
+    return [int(c) for _, c in sorted(zip(rows, cols))]
 
 
 def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:

@@ -70,6 +70,7 @@ class _State:
         self.sent_host: Counter[str] = Counter()
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
+        self.indexes: dict[int, tuple] = {}
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
         return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
@@ -82,16 +83,26 @@ class _State:
             return [op]
         return [attrs.evolve(op, box=b) for b in split_box(op.box, limit)]
 
+    def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, Holder], dict[str, list[Holder]]]:
+        """The first holder per device and all holders per host (cached: diff shares tuples)."""
+        key = id(holders)
+        if key not in self.indexes:
+            on_device: dict[int, Holder] = {}
+            on_host: dict[str, list[Holder]] = defaultdict(list)
+            for h in holders:  # sorted
+                on_device.setdefault(h.device, h)
+                on_host[self.host[h.device]].append(h)
+            self.indexes[key] = (holders, on_device, on_host)  # keeps `holders` alive for id()
+        return self.indexes[key][1:]
+
     def local_copy(self, need: Need, device: int) -> CopyOp | None:
-        host = self.host[device]
-        best = None
-        for h in need.holders:
-            if h.device == device:
-                return self.copy(need, device, h, need.box)
-            if self.host[h.device] == host and (best is None or (self.sent_device[h.device], h) < (self.sent_device[best.device], best)):
-                best = h
-        if best is None:
+        on_device, on_host = self.index(need.holders)
+        if device in on_device:
+            return self.copy(need, device, on_device[device], need.box)
+        same_host = on_host.get(self.host[device])
+        if not same_host:
             return None
+        best = min(same_host, key=lambda h: (self.sent_device[h.device], h))
         self.sent_device[best.device] += need.box.volume * self.size[need.tensor]
         return self.copy(need, device, best, need.box)
 
