@@ -66,10 +66,6 @@ def _slab(shape: tuple[int, ...], dim: int, a: int, b: int) -> Box:
     return Box(tuple(a if d == dim else 0 for d in range(len(shape))), tuple(b if d == dim else s for d, s in enumerate(shape)))
 
 
-def _whole(meta: TensorMeta, kind: str = "whole") -> Shard:
-    return Shard(kind, meta.name, meta.shape, (Piece(meta.box, meta.box),))
-
-
 @st.composite
 def _cuts(draw, total: int, even: bool = False, max_parts: int = 4) -> list[tuple[int, int]]:
     """[a, b) ranges tiling [0, total) in order: `even` ones of a divisor's size, or random
@@ -166,21 +162,12 @@ def _extra(draw, meta: TensorMeta) -> Shard:
 @st.composite
 def layouts(draw, meta: TensorMeta) -> list[Shard]:
     """Shards that together hold every element of `meta` (at least once)."""
-    kinds = ["whole", "flat"]
+    kinds = {"whole": st.just([Shard("whole", meta.name, meta.shape, (Piece(meta.box, meta.box),))]), "flat": _flat(meta)}
     if meta.shape:
-        kinds += ["even", "uneven", "padded"]
+        kinds |= {"even": _split(meta, True), "uneven": _split(meta, False), "padded": _padded(meta)}
     if meta.shape and meta.shape[0] >= 2 and meta.shape[0] % 2 == 0:
-        kinds.append("glu")
-    kind = draw(st.sampled_from(kinds))
-    if kind == "whole":
-        return [_whole(meta)]
-    if kind == "flat":
-        return draw(_flat(meta))
-    if kind == "glu":
-        return draw(_glu(meta))
-    if kind == "padded":
-        return draw(_padded(meta))
-    return draw(_split(meta, kind == "even"))
+        kinds["glu"] = _glu(meta)
+    return draw(kinds[draw(st.sampled_from(list(kinds)))])
 
 
 @st.composite
@@ -225,13 +212,13 @@ def _side_devices(draw, topology: Topology, other: list[int] | None = None) -> l
 @st.composite
 def _ptc(draw, side: str, metas: list[TensorMeta], shards: list[Shard], topology: Topology, devices: list[int], values) -> PTC:
     """Group `shards` into random partitions (several tensors, several shards each) allocated
-    to 1-3 of `devices` each; `values(draw)` gives each partition's values."""
+    to 1-3 of `devices` each, with values drawn from `values`."""
     subtensors = [SubTensor(f"{s.tensor}/{side}{i}.{s.kind}", s.tensor, f"model/{s.tensor}", s.shape, s.pieces, s.fill) for i, s in enumerate(shards)]
     nparts = draw(st.integers(1, max(1, min(len(subtensors), 5))))
     members: list[list[str]] = [[] for _ in range(nparts)]
     for s in subtensors:
         members[draw(st.integers(0, nparts - 1))].append(s.id)
-    partitions = [Partition(f"{side}{i}", ids, draw(values())) for i, ids in enumerate(members)]
+    partitions = [Partition(f"{side}{i}", ids, draw(values)) for i, ids in enumerate(members)]
     replicas = st.lists(st.sampled_from(devices), min_size=1, max_size=min(3, len(devices)), unique=True)
     allocation = Allocation({p.id: tuple(draw(replicas)) for p in partitions})
     if not draw(st.booleans()):
@@ -240,47 +227,50 @@ def _ptc(draw, side: str, metas: list[TensorMeta], shards: list[Shard], topology
 
 
 @st.composite
+def _src_values(draw, literal: dict) -> dict[str, Value]:
+    """Replicated literals: every src partition holding a name agrees on its value."""
+    return {n: Value(literal[n]) for n in draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2))}
+
+
+@st.composite
+def _dst_values(draw, inheritable: list[str]) -> dict[str, Value]:
+    """Inherited (Value(None), only names src has), per-rank literals, replicated literals."""
+    out = {}
+    for n in draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2)):
+        how = draw(st.sampled_from(["inherit", "per-rank", "literal"]))
+        if how == "inherit" and n in inheritable:
+            out[n] = Value(None)
+        elif how == "per-rank":
+            out[n] = Value(draw(st.none() | json_values), "per-rank")
+        else:
+            out[n] = Value(draw(json_values))
+    return out
+
+
+@st.composite
+def _layout_pair(draw, meta: TensorMeta, dst_complete: bool | None) -> tuple[list[Shard], list[Shard]]:
+    """src: a complete layout plus maybe a second holder; dst: the same layout now and then
+    (a DP-only change), else another one, maybe with an extra holder and maybe partial."""
+    src = draw(layouts(meta)) + draw(st.lists(_extra(meta), max_size=1))
+    dst = (src if draw(st.integers(0, 3)) == 0 else draw(layouts(meta))) + draw(st.lists(_extra(meta), max_size=1))
+    if not (draw(st.integers(0, 3)) > 0 if dst_complete is None else dst_complete):
+        dst = [s for s in dst if draw(st.booleans())]
+    return src, dst
+
+
+@st.composite
 def problems(draw, max_tensors: int = 3, dst_complete: bool | None = None, max_side: int = 5) -> tuple[PTC, PTC]:
     """A (src, dst) pair that compiles: src complete, dst any layout (partial unless
     `dst_complete`), both over one topology."""
     topology = draw(topologies())
     metas = draw(tensors(max_tensors, max_side))
-    src_shards: list[Shard] = []
-    dst_shards: list[Shard] = []
-    for meta in metas:
-        src_layout = draw(layouts(meta)) + draw(st.lists(_extra(meta), max_size=1))
-        dst_layout = src_layout if draw(st.integers(0, 3)) == 0 else draw(layouts(meta))
-        dst_layout = dst_layout + draw(st.lists(_extra(meta), max_size=1))
-        complete = draw(st.integers(0, 3)) > 0 if dst_complete is None else dst_complete
-        if not complete:
-            dst_layout = [s for s in dst_layout if draw(st.booleans())]
-        src_shards += src_layout
-        dst_shards += dst_layout
+    pairs = [draw(_layout_pair(meta, dst_complete)) for meta in metas]
     literal = {name: draw(json_values) for name in VALUE_NAMES}
-
-    @st.composite
-    def src_values(draw):
-        names = draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2))
-        return {n: Value(literal[n]) for n in names}
-
     src_devices = draw(_side_devices(topology))
-    src = draw(_ptc("s", metas, src_shards, topology, src_devices, src_values))
+    src = draw(_ptc("s", metas, [s for p, _ in pairs for s in p], topology, src_devices, _src_values(literal)))
     inheritable = sorted({n for p in src.partitions for n, _ in p.values})
-
-    @st.composite
-    def dst_values(draw):
-        out = {}
-        for n in draw(st.lists(st.sampled_from(VALUE_NAMES), unique=True, max_size=2)):
-            how = draw(st.sampled_from(["inherit", "per-rank", "literal"]))
-            if how == "inherit" and n in inheritable:
-                out[n] = Value(None)
-            elif how == "per-rank":
-                out[n] = Value(draw(st.none() | json_values), "per-rank")
-            else:
-                out[n] = Value(draw(json_values))
-        return out
-
-    dst = draw(_ptc("d", metas, dst_shards, topology, draw(_side_devices(topology, src_devices)), dst_values))
+    dst_devices = draw(_side_devices(topology, src_devices))
+    dst = draw(_ptc("d", metas, [s for _, p in pairs for s in p], topology, dst_devices, _dst_values(inheritable)))
     return src, dst
 
 

@@ -68,6 +68,10 @@ class Executor:
     def _message(self, m: Message, src_state: State, out: State) -> None:
         ops = [self.plan.ops[i] for i in m.ops]
         try:
+            if m.src_host == m.dst_host:  # same host: copy region to region, no buffer
+                for op in ops:
+                    _target(op, self.dst, out.arrays)[...] = _source(op, self.src, self.dst, src_state.arrays, out.arrays)
+                return
             payload = pack(ops, self.src, self.dst, src_state.arrays, out.arrays)
             received = self.transport.deliver(m, payload)
             unpack(ops, self.dst, out.arrays, received)
@@ -79,6 +83,10 @@ def _source(op: CopyOp, src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Map
     ptc, arrays = (src, src_arrays) if op.src_side == "src" else (dst, dst_arrays)
     piece = ptc.subtensor_map[op.src_subtensor].pieces[op.src_piece]
     return region(arrays[(op.src_subtensor, op.src_device)], piece, op.box)
+
+
+def _target(op: CopyOp, dst: PTC, dst_arrays: Mapping) -> np.ndarray:
+    return region(dst_arrays[(op.dst_subtensor, op.dst_device)], dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
 
 
 def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping) -> np.ndarray:
@@ -95,7 +103,7 @@ def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays:
 def unpack(ops: list[CopyOp], dst: PTC, dst_arrays: Mapping, buffer: np.ndarray) -> None:
     at = 0
     for op in ops:
-        target = region(dst_arrays[(op.dst_subtensor, op.dst_device)], dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
+        target = _target(op, dst, dst_arrays)
         n = target.nbytes
         if at + n > buffer.nbytes:
             raise ExecutionError(f"message buffer of {buffer.nbytes} bytes is too short for op writing {op.tensor!r} box {op.box}")

@@ -1,5 +1,8 @@
 """`coalesce`: group copies into messages of at most `max_message_bytes`.
 
+(A copy within one device is never cut: runtimes execute it as an in-place view or one memcpy
+with no message buffer, so a local message holding one may exceed the limit.)
+
 Three kinds of message, each packed in op order: network copies per (src host, dst host);
 local copies per host (src state read on the same host); forwards per landing message (they
 can only run after it). Fills and values travel in no message.
