@@ -47,8 +47,11 @@ class ParallelConfig:
     first: int | None = None
     last: int | None = None
     stage_layers: tuple[int, ...] | None = attrs.field(default=None, converter=_counts)
+    order: str = "tp-dp-pp"  # rank order, fastest-varying first (Megatron's by default)
 
     def __attrs_post_init__(self) -> None:
+        if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
+            raise SpecError(f"order={self.order!r} must name tp, dp and pp once each, fastest first (e.g. tp-dp-pp)")
         for field in ("tp", "pp", "vpp", "ep"):
             _count(field, getattr(self, field))
         if self.dp is not None:
@@ -91,8 +94,14 @@ class ParallelConfig:
         return self.tp * self.pp * self.dp
 
     def rank(self, pp: int, dp: int, tp: int) -> int:
-        """Megatron's global rank of (pp, dp, tp): TP fastest, then DP, then PP."""
-        return pp * (self.world // self.pp) + dp * self.tp + tp
+        """Global rank of (pp, dp, tp) in `order` (Megatron's: TP fastest, then DP, then PP)."""
+        index = {"tp": tp, "dp": dp, "pp": pp}
+        size = {"tp": self.tp, "dp": self.world // (self.tp * self.pp), "pp": self.pp}
+        rank, stride = 0, 1
+        for axis in self.order.split("-"):
+            rank += index[axis] * stride
+            stride *= size[axis]
+        return rank
 
     def __str__(self) -> str:
         """Canonical spec options, e.g. `tp2,pp2,dp2,vpp2,zero1`."""
@@ -102,6 +111,7 @@ class ParallelConfig:
         parts += [f"first={self.first}"] * (self.first is not None) + [f"last={self.last}"] * (self.last is not None)
         if self.stage_layers is not None:
             parts.append("stages=" + "/".join(map(str, self.stage_layers)))
+        parts += [f"order={self.order}"] * (self.order != "tp-dp-pp")
         return ",".join(parts)
 
 

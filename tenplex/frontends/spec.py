@@ -7,6 +7,7 @@ Compact: `MODEL[:OPTS]@HOSTSxGPUS[+FIRST_HOST]`, OPTS comma-separated, e.g.
 - `tpN ppN dpN vppN epN zeroN`: parallel sizes (dp defaults to filling the cluster);
 - `sp`: sequence parallelism; `noopt`: no optimizer state;
 - `first=N`, `last=N`: uneven first/last stage layer counts; `stages=A/B/...`: per-stage counts;
+- `order=tp-dp-pp`: rank order, fastest-varying axis first (default Megatron's; e.g. `tp-pp-dp`);
 - `FIELD=VALUE`: a model field override (`layers`, `hidden`, `heads`, `groups`, `ffn`, `vocab`,
   `experts`, `dtype`, or any ModelSpec field name), e.g. `layers=8,hidden=256,dtype=float16`.
 
@@ -79,6 +80,8 @@ def _setting(token: str, sizes: dict[str, Any], fields: dict[str, Any]) -> None:
     field = ALIASES.get(key, key)
     if key in ("first", "last"):
         sizes[key] = _int(key, text, token)
+    elif key == "order":
+        sizes["order"] = text
     elif key == "stages":
         sizes["stage_layers"] = tuple(_int("stages", part, token) for part in text.split("/"))
     elif field in MODEL_FIELDS:
