@@ -13,25 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from tenplex.ir.box import Box
+from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.ir.topology import LinkClass, Links, Topology
-
-
-def _distinct_union(boxes: Iterable[Box]) -> list[Box]:
-    """Disjoint boxes covering the union; identical boxes are collapsed first and only
-    overlapping boxes are subtracted (sweep-line), so replicas cost nothing."""
-    unique = sorted(set(boxes))
-    if len(unique) <= 1 or not any(i < j for i, j in overlapping_pairs(unique, unique)):
-        return unique
-    out: list[Box] = []
-    for box in unique:
-        parts = [box]
-        for i, _ in overlapping_pairs(out, [box]):
-            parts = [q for p in parts for q in p.subtract(out[i])]
-        out.extend(parts)
-    return out
 
 
 def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
@@ -69,8 +54,8 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = N
         if boxes <= held_boxes:  # every needed box is held as is: nothing to receive
             out[host] += 0
             continue
-        needed = _distinct_union(boxes)
-        held = _distinct_union(held_boxes)
+        needed = disjoint_union(boxes)
+        held = disjoint_union(held_boxes)
         missing = sum(b.volume for b in needed) - _overlap_volume(needed, held)
         out[host] += missing * dst.itemsize(tensor)
     return dict(out)

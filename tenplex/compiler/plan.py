@@ -22,7 +22,7 @@ from tenplex.compiler.graph import EdgeKind, OpGraph
 from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp
 from tenplex.ir.errors import IRError, ParseError
 from tenplex.ir.ptc import Allocation
-from tenplex.ir.serialize import _Doc, canonical_text
+from tenplex.ir.serialize import JsonDoc, canonical_text
 
 FORMAT = "tenplex.plan/1"
 MiB = 1 << 20
@@ -142,7 +142,7 @@ def dumps_plan(plan: Plan) -> str:
 _COPY_KEYS = ("id", "kind", "tensor", "box", "src_device", "src_subtensor", "src_piece", "dst_device", "dst_subtensor", "dst_piece")
 
 
-def _op_from_json(doc: _Doc, i: int, node: Any) -> Op:
+def _op_from_json(doc: JsonDoc, i: int, node: Any) -> Op:
     w = f"ops[{i}]"
     kind = node.get("kind") if isinstance(node, dict) else None
     if kind == "copy":
@@ -162,7 +162,7 @@ def _op_from_json(doc: _Doc, i: int, node: Any) -> Op:
 
 def plan_from_json(root: Any, source: str = "<plan>") -> Plan:
     """Parse a `tenplex.plan/1` document. Raises ParseError naming the field."""
-    doc = _Doc(source)
+    doc = JsonDoc(source)
     doc.obj(root, "document", ("format", "options", "stats", "allocation", "messages", "edges", "ops"))
     if root["format"] != FORMAT:
         raise doc.fail("format", f"expected {FORMAT!r}, got {root['format']!r}")

@@ -170,12 +170,14 @@ def subtract_all(boxes: Iterable[Box], cut: Box) -> list[Box]:
 
 
 def disjoint_union(boxes: Iterable[Box]) -> list[Box]:
-    """Disjoint boxes covering exactly the union of `boxes` (order-deterministic)."""
+    """Disjoint boxes covering exactly the union of `boxes`, in a fixed order. Identical boxes
+    (replicas) collapse first and only overlapping boxes are subtracted, so the common cases
+    (replicas, disjoint shards) cost no subtraction."""
     out: list[Box] = []
-    for box in boxes:
+    for box in sorted(set(boxes)):
         parts = [box]
         for done in out:
-            if parts:
+            if parts and done.overlaps(box):
                 parts = subtract_all(parts, done)
         out.extend(parts)
     return out

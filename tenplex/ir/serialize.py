@@ -26,7 +26,7 @@ FORMAT = "tenplex.ptc/1"
 T = TypeVar("T")
 
 
-class _Doc:
+class JsonDoc:
     """Typed access to a JSON node that reports the field path on error."""
 
     def __init__(self, source: str):
@@ -63,12 +63,12 @@ class _Doc:
         return self.build(where, lambda: Box.from_list(node))
 
 
-def _links(doc: _Doc, node: Any) -> Links:
+def _links(doc: JsonDoc, node: Any) -> Links:
     doc.obj(node, "links", (), ("device", "host", "network"))
     return doc.build("links", lambda: Links(**node))
 
 
-def _topology(doc: _Doc, root: dict) -> Topology:
+def _topology(doc: JsonDoc, root: dict) -> Topology:
     devices = []
     for i, d in enumerate(doc.typed(root["devices"], "devices", list, "a list of devices")):
         w = f"devices[{i}]"
@@ -78,7 +78,7 @@ def _topology(doc: _Doc, root: dict) -> Topology:
     return doc.build("devices", lambda: Topology(tuple(devices), links))
 
 
-def _tensor(doc: _Doc, name: str, node: Any) -> TensorMeta:
+def _tensor(doc: JsonDoc, name: str, node: Any) -> TensorMeta:
     w = f"tensors[{name!r}]"
     doc.obj(node, w, ("shape", "dtype"))
     doc.typed(node["shape"], w + ".shape", list, "a list of integers")
@@ -86,7 +86,7 @@ def _tensor(doc: _Doc, name: str, node: Any) -> TensorMeta:
     return doc.build(w, lambda: TensorMeta(name, tuple(node["shape"]), node["dtype"]))
 
 
-def _subtensor(doc: _Doc, sid: str, node: Any) -> SubTensor:
+def _subtensor(doc: JsonDoc, sid: str, node: Any) -> SubTensor:
     w = f"subtensors[{sid!r}]"
     if isinstance(node, dict) and "box" in node:
         doc.obj(node, w, ("tensor", "path", "box"), ("fill",))
@@ -109,7 +109,7 @@ def _subtensor(doc: _Doc, sid: str, node: Any) -> SubTensor:
     return doc.build(w, lambda: SubTensor(sid, node["tensor"], node["path"], shape, tuple(pieces), fill))
 
 
-def _partition(doc: _Doc, pid: str, node: Any) -> Partition:
+def _partition(doc: JsonDoc, pid: str, node: Any) -> Partition:
     w = f"partitions[{pid!r}]"
     doc.obj(node, w, ("subtensors",), ("values",))
     subs = doc.typed(node["subtensors"], w + ".subtensors", list, "a list of sub-tensor ids")
@@ -123,7 +123,7 @@ def _partition(doc: _Doc, pid: str, node: Any) -> Partition:
     return doc.build(w, lambda: Partition(pid, tuple(subs), values))
 
 
-def _allocation(doc: _Doc, node: Any) -> Allocation:
+def _allocation(doc: JsonDoc, node: Any) -> Allocation:
     doc.typed(node, "allocation", dict, "an object")
     for pid, devs in node.items():
         doc.typed(devs, f"allocation[{pid!r}]", list, "a list of device ids")
@@ -134,7 +134,7 @@ def _allocation(doc: _Doc, node: Any) -> Allocation:
 
 def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
     """Parse a `tenplex.ptc/1` document (already JSON-decoded). Raises ParseError."""
-    doc = _Doc(source)
+    doc = JsonDoc(source)
     doc.obj(root, "document", ("format", "devices", "tensors", "subtensors", "partitions", "allocation"), ("links",))
     if root["format"] != FORMAT:
         raise doc.fail("format", f"expected {FORMAT!r}, got {root['format']!r}")
@@ -149,7 +149,7 @@ def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
     return doc.build("document", lambda: PTC(tuple(tensors), tuple(subtensors), tuple(partitions), allocation, topology))
 
 
-def _check_references(doc: _Doc, tensors, subtensors, partitions, allocation, topology) -> None:
+def _check_references(doc: JsonDoc, tensors, subtensors, partitions, allocation, topology) -> None:
     """Dangling and double references, reported at the field that makes them (the PTC's own
     verifier says the same in prose, for PTCs built in code)."""
     shapes = {t.name: t.shape for t in tensors}
