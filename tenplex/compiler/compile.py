@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from tenplex.compiler.cost import Flow, host_lower_bounds, lower_bound_seconds, predict_seconds
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
 from tenplex.compiler.passes.lower import Lower
@@ -28,6 +29,7 @@ def default_passes(options: CompileOptions) -> list[Pass]:
     return first + [Lower(), SelectSources(), Coalesce(), Schedule()]
 
 
+@without_gc
 def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> Plan:
     """Raises CompileError when dst cannot be built from src; PlanVerifyError on a compiler bug."""
     options = options or CompileOptions()
@@ -37,6 +39,7 @@ def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> P
     return plan
 
 
+@without_gc
 def freeze(program: Program) -> Plan:
     """Number the ops, attach stats, and freeze the plan."""
     graph = program.graph

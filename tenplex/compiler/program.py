@@ -13,6 +13,7 @@ import attrs
 
 from tenplex.compiler.diff import Diff
 from tenplex.compiler.graph import OpGraph
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.plan import CompileOptions, Message
 from tenplex.ir.errors import CompileError, IRError
 from tenplex.ir.ptc import PTC
@@ -54,6 +55,7 @@ class Pass(Protocol):
     def apply(self, program: Program) -> Program: ...
 
 
+@without_gc
 def run_passes(program: Program, passes: Sequence[Pass]) -> Program:
     for p in passes:
         missing = p.requires - program.facts

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 import attrs
 
 from tenplex.compiler.cost import network_lower_bound
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Plan
 from tenplex.ir.box import Box
@@ -32,6 +33,7 @@ from tenplex.ir.sweep import overlapping_pairs
 from tenplex.ir.topology import LinkClass
 
 
+@without_gc
 def check_plan(plan: Plan, src: PTC, dst: PTC) -> None:
     dst = _with_allocation(dst, plan.allocation)
     c = _Checker(plan, src, dst)
