@@ -137,7 +137,7 @@ def run_steps(model: str, steps: Sequence) -> tuple[list[Step], PTC, PTC]:
             out.append(Step(before, after, None, 0.0, error=f"{type(e).__name__}: {e}"))
             break
         out.append(Step(before, after, plan, seconds, sum(a.nbytes for a in state.arrays.values())))
-        last, src = (src, dst), attrs.evolve(dst, allocation=plan.allocation)
+        last, src = (src, dst), dst.with_allocation(plan.allocation)
     return out, *last
 
 

@@ -23,7 +23,7 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     """Volume of (∪a) ∩ (∪b) for two lists of disjoint boxes."""
     if not a or not b:
         return 0
-    return sum(a[i].intersect(b[j]).volume for i, j in overlapping_pairs(a, b))  # type: ignore[union-attr]
+    return sum(a[i].overlap_volume(b[j]) for i, j in overlapping_pairs(a, b))
 
 
 Held = dict[tuple[str, str], set[Box]]
@@ -33,8 +33,9 @@ def held_by_host(ptc: PTC, host: dict[int, str]) -> Held:
     """(host, tensor) -> global boxes the PTC's devices on that host hold."""
     have: Held = defaultdict(set)
     for st in ptc.subtensors:
+        boxes = [p.global_box for p in st.pieces]
         for h in {host[d] for d in ptc.devices_of_subtensor(st.id)}:
-            have[(h, st.tensor)].update(p.global_box for p in st.pieces)
+            have[(h, st.tensor)].update(boxes)
     return have
 
 
@@ -45,8 +46,9 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = N
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
     need: Held = defaultdict(set)
     for st in dst.subtensors:
+        boxes = [p.global_box for p in st.pieces]
         for h in {host[d] for d in allocation.devices_of(dst.partition_of[st.id])}:
-            need[(h, st.tensor)].update(p.global_box for p in st.pieces)
+            need[(h, st.tensor)].update(boxes)
     have = held if held is not None else held_by_host(src, host)
     out: dict[str, int] = defaultdict(int)
     for (host, tensor), boxes in sorted(need.items()):

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-import attrs
-
 from tenplex.compiler.cost import network_lower_bound
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
@@ -52,7 +50,7 @@ def _with_allocation(dst: PTC, alloc) -> PTC:
     if sorted(alloc.by_device) != sorted(dst.allocation.by_device):
         raise PlanVerifyError(f"plan allocation uses devices {sorted(alloc.by_device)}, dst uses {sorted(dst.allocation.by_device)}")
     try:
-        return attrs.evolve(dst, allocation=alloc)
+        return dst.with_allocation(alloc)
     except IRError as e:
         raise PlanVerifyError(f"plan allocation is invalid for dst: {e}") from None
 

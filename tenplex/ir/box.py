@@ -100,6 +100,16 @@ class Box:
         stop = tuple(a if a < b else b for a, b in zip(self.stop, other.stop))
         return Box._trusted(start, stop)
 
+    def overlap_volume(self, other: Box) -> int:
+        """Volume of the intersection, without building it."""
+        volume = 1
+        for a, b, c, d in zip(self.start, self.stop, other.start, other.stop):
+            extent = (b if b < d else d) - (a if a > c else c)
+            if extent <= 0:
+                return 0
+            volume *= extent
+        return volume
+
     def overlaps(self, other: Box) -> bool:
         """True when the boxes share a point (an empty box shares none)."""
         if not self.volume or not other.volume:

@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
@@ -170,6 +171,14 @@ class PTC:
             for d in alloc[pid]:
                 if not self.topology.has(d):
                     raise IRError(f"partition {pid!r} is allocated to device {d}, which is not in the topology")
+
+    def with_allocation(self, allocation: Allocation) -> PTC:
+        """This PTC with another allocation. Only the allocation is re-verified: tensors,
+        sub-tensors and partitions are unchanged (so this costs O(partitions), not O(PTC))."""
+        new = copy.copy(self)
+        object.__setattr__(new, "allocation", allocation)
+        new._verify_allocation()
+        return new
 
     @cached_property
     def tensor_map(self) -> dict[str, TensorMeta]:

@@ -41,7 +41,7 @@ class State:
 class Executor:
     def __init__(self, plan: Plan, src: PTC, dst: PTC, transport: Transport):
         self.plan, self.src, self.transport = plan, src, transport
-        self.dst = attrs.evolve(dst, allocation=plan.allocation)
+        self.dst = dst.with_allocation(plan.allocation)
 
     def run(self, src_state: State) -> State:
         out = State({(st.id, d): empty_local(self.dst, st) for st in self.dst.subtensors for d in self.dst.devices_of_subtensor(st.id)})

@@ -15,13 +15,12 @@ from tenplex.runtime.transport.local import LocalTransport
 def check_execution(plan: Plan, src: PTC, dst: PTC) -> State:
     """Execute `plan` from arange sources; raise ExecutionError on the first byte that differs
     from the dst oracle (the same global tensors cut by dst's layout under the plan's allocation)."""
-    import attrs
 
     tensors = arange_tensors(src)
     values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
               for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
     state = Executor(plan, src, dst, LocalTransport()).run(State(materialize_all(src, tensors), values))
-    want = materialize_all(attrs.evolve(dst, allocation=plan.allocation), tensors)
+    want = materialize_all(dst.with_allocation(plan.allocation), tensors)
     if want.keys() != state.arrays.keys():
         raise ExecutionError(f"executed instances {sorted(state.arrays)[:4]} differ from dst instances {sorted(want)[:4]}")
     for key, expected in want.items():

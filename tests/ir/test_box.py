@@ -268,3 +268,11 @@ def test_row_major_boxes_examples(shape, start, stop, expected):
 @given(shapes(min_ndim=1), st.data())
 def test_boxes_in_stay_inside(shape, data):
     assert Box.from_shape(shape).contains(data.draw(boxes_in(shape)))
+
+
+@given(st.lists(st.integers(0, 6), min_size=4, max_size=4), st.lists(st.integers(0, 6), min_size=4, max_size=4))
+def test_overlap_volume_equals_the_intersection_volume(a, b):
+    x = Box((min(a[0], a[1]), min(a[2], a[3])), (max(a[0], a[1]), max(a[2], a[3])))
+    y = Box((min(b[0], b[1]), min(b[2], b[3])), (max(b[0], b[1]), max(b[2], b[3])))
+    inter = x.intersect(y)
+    assert x.overlap_volume(y) == (inter.volume if inter else 0)

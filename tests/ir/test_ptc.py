@@ -175,3 +175,14 @@ def test_uncovered_is_exactly_what_no_subtensor_holds(ptc):
             ptc.check_complete()
     else:
         ptc.check_complete()
+
+
+def test_with_allocation_swaps_devices_and_rejects_unknown_ones():
+    ptc = make()
+    swapped = ptc.with_allocation(Allocation({"tp0": [1], "tp1": [0]}))
+    assert swapped == make(allocation=Allocation({"tp0": [1], "tp1": [0]}))
+    assert swapped.devices_of_subtensor("w/tp0") == (1,) and ptc.devices_of_subtensor("w/tp0") == (0,)
+    with pytest.raises(IRError, match="partition 'tp1' is allocated to device 7, which is not in the topology"):
+        ptc.with_allocation(Allocation({"tp0": [0], "tp1": [7]}))
+    with pytest.raises(IRError, match="partition 'tp1' is not allocated to any device"):
+        ptc.with_allocation(Allocation({"tp0": [0]}))

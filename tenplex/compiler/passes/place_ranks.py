@@ -55,7 +55,7 @@ class PlaceRanks:
         placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
         in_place = sum(w.on_device(d, d) for d in w.slots), sum(w.on_device(d, device_map[d]) for d in w.slots)
         if (sum(placed.values()), -in_place[1]) < (sum(keep.values()), -in_place[0]):
-            return attrs.evolve(program, dst=attrs.evolve(dst, allocation=moved), lower_bounds=placed)
+            return attrs.evolve(program, dst=dst.with_allocation(moved), lower_bounds=placed)
         return attrs.evolve(program, lower_bounds=keep)
 
 
@@ -115,6 +115,6 @@ def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
         b = [(st.id, p.global_box) for st in src.by_tensor.get(meta.name, ()) for p in st.pieces]
         size = dst.itemsize(meta.name)
         for i, j in overlapping_pairs([x for _, x in a], [x for _, x in b]):
-            nbytes = a[i][1].intersect(b[j][1]).volume * size  # type: ignore[union-attr]
+            nbytes = a[i][1].overlap_volume(b[j][1]) * size
             out[dst.partition_of[a[i][0]]][src.partition_of[b[j][0]]] += nbytes
     return out
