@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from tenplex.compiler.cost import Flow, host_lower_bounds, lower_bound_seconds, predict_seconds
+from tenplex.compiler.cost import Load, host_lower_bounds, lower_bound_seconds, predict_seconds
 from tenplex.compiler.nogc import without_gc
-from tenplex.compiler.ops import CopyOp, FillOp
+from tenplex.compiler.ops import FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
 from tenplex.compiler.passes.lower import Lower
 from tenplex.compiler.passes.place_ranks import PlaceRanks
@@ -53,36 +53,33 @@ def freeze(program: Program) -> Plan:
 
 
 def _stats(program: Program, ops, messages) -> Stats:
-    host = {d.id: d.host for d in program.topology.devices}
+    """Bytes per link class and the cost model's per-round loads, from the messages (network
+    messages by their byte counts, local ones op by op); `check_plan` recounts them from ops."""
     size = program.dst.itemsizes
+    fill = sum(op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor] for op in ops if isinstance(op, FillOp))
     by_class: Counter[LinkClass] = Counter()
-    fill = 0
-    flows: dict[int, list[Flow]] = defaultdict(list)  # op id -> its flow
-    for i, op in enumerate(ops):
-        if isinstance(op, CopyOp):
-            nbytes = op.box.volume * size[op.tensor]
-            link = _link(host, op.src_device, op.dst_device)
-            by_class[link] += nbytes
-            flows[i] = Flow(link, host[op.src_device], host[op.dst_device], op.dst_device, nbytes)
-        elif isinstance(op, FillOp):
-            fill += op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor]
-    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
-    rounds: dict[int, list[Flow]] = defaultdict(list)
+    loads: dict[int, Load] = defaultdict(lambda: defaultdict(int))
     for m in messages:
-        rounds[m.round].extend(flows[i] for i in m.ops)
+        load = loads[m.round]
+        if m.src_host != m.dst_host:
+            by_class[LinkClass.NETWORK] += m.bytes
+            load[(LinkClass.NETWORK, m.src_host, "out")] += m.bytes
+            load[(LinkClass.NETWORK, m.dst_host, "in")] += m.bytes
+            continue
+        for i in m.ops:
+            op = ops[i]
+            link = LinkClass.DEVICE if op.src_device == op.dst_device else LinkClass.HOST
+            nbytes = op.box.volume * size[op.tensor]
+            by_class[link] += nbytes
+            load[(link, m.dst_host, op.dst_device)] += nbytes
+    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
     return Stats(
         device_bytes=by_class[LinkClass.DEVICE],
         host_bytes=by_class[LinkClass.HOST],
         network_bytes=by_class[LinkClass.NETWORK],
         fill_bytes=fill,
         network_lower_bound_bytes=sum(per_host.values()),
-        predicted_seconds=predict_seconds((rounds[r] for r in sorted(rounds)), program.topology.links),
+        predicted_seconds=predict_seconds((loads[r] for r in sorted(loads)), program.topology.links),
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
-        rounds=len(rounds),
+        rounds=len(loads),
     )
-
-
-def _link(host: dict[int, str], src: int, dst: int) -> LinkClass:
-    if src == dst:
-        return LinkClass.DEVICE
-    return LinkClass.HOST if host[src] == host[dst] else LinkClass.NETWORK

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
@@ -75,27 +74,10 @@ def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
     return max(max(per_host.values()) / bw, sum(per_host.values()) / (bw * max(1, len(topology.hosts))))
 
 
-class Flow(NamedTuple):
-    """One copy as the cost model sees it."""
-
-    link: LinkClass
-    src_host: str
-    dst_host: str
-    dst_device: int
-    nbytes: int
+Load = dict[tuple[LinkClass, str, object], int]  # (link, host, "out" | "in" | dst device) -> bytes
 
 
-def predict_seconds(rounds: Iterable[Iterable[Flow]], links: Links) -> float:
-    """Sum over rounds of the slowest host's time in that round: NIC egress and ingress per
-    host, and copies into each device over the host or device links."""
-    total = 0.0
-    for flows in rounds:
-        load: dict[tuple, float] = defaultdict(float)
-        for f in flows:
-            if f.link is LinkClass.NETWORK:
-                load[(LinkClass.NETWORK, f.src_host, "out")] += f.nbytes
-                load[(LinkClass.NETWORK, f.dst_host, "in")] += f.nbytes
-            else:
-                load[(f.link, f.dst_host, f.dst_device)] += f.nbytes
-        total += max((b / links.bandwidth(key[0]) for key, b in load.items()), default=0.0)
-    return total
+def predict_seconds(rounds: Iterable[Load], links: Links) -> float:
+    """Sum over rounds of the slowest link's time in that round: each host's NIC egress and
+    ingress, and the copies into each device over the host or device links."""
+    return sum(max((b / links.bandwidth(key[0]) for key, b in load.items()), default=0.0) for load in rounds)

@@ -89,7 +89,8 @@ class OpGraph:
         return ((a, b, k) for (a, b), k in self._edges.items())
 
     def predecessors(self, key: int) -> list[int]:
-        return sorted(self._preds.get(key, ()))
+        preds = self._preds.get(key)
+        return sorted(preds) if preds else []
 
     def successors(self, key: int) -> list[int]:
         return sorted(self.nx.successors(key))

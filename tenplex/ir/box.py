@@ -31,7 +31,7 @@ def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Box:
     """A half-open box `[start, stop)` of integer points. Ordered by (start, stop)."""
 
@@ -58,6 +58,7 @@ class Box:
         shape = tuple(b - a for a, b in zip(start, stop))
         for name, value in (("start", start), ("stop", stop), ("shape", shape), ("volume", math.prod(shape))):
             object.__setattr__(box, name, value)
+        object.__setattr__(box, "_attrs_cached_hash", None)  # attrs' hash cache (cache_hash=True)
         return box
 
     def __lt__(self, other: Box) -> bool:

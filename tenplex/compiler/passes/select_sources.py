@@ -149,7 +149,7 @@ class _State:
 
     def network(self, out: OpGraph, box: Box, wants: list[Want]) -> None:
         hosts = self.by_host(wants)
-        host = min(hosts, key=lambda h: (self.sent_host[h], self.host_rank[h]))
+        host = _least(hosts, self.sent_host, self.host_rank)
         holder = min(hosts[host], key=lambda h: (self.sent_device[h.device], h))
         nbytes = box.volume * self.size[wants[0][0].tensor]
         self.sent_host[host] += nbytes
@@ -159,6 +159,16 @@ class _State:
         for n, d in rest:
             fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
             out.add_edge(first, out.add(fwd))
+
+
+def _least(hosts: dict[str, list[Holder]], sent: Counter[str], rank: dict[str, int]) -> str:
+    """The holder host that has sent the fewest bytes (first in host order on ties)."""
+    best, best_key = "", None
+    for h in hosts:
+        key = (sent[h], rank[h])
+        if best_key is None or key < best_key:
+            best, best_key = h, key
+    return best
 
 
 def _want_order(w: Want) -> tuple:
