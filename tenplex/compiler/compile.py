@@ -21,7 +21,6 @@ from tenplex.compiler.plan import CompileOptions, Message, Plan, Stats
 from tenplex.compiler.program import Pass, Program, run_passes
 from tenplex.compiler.verify import check_plan
 from tenplex.ir.ptc import PTC
-from tenplex.ir.topology import LinkClass
 
 
 def default_passes(options: CompileOptions) -> list[Pass]:
@@ -57,26 +56,26 @@ def _stats(program: Program, ops, messages) -> Stats:
     messages by their byte counts, local ones op by op); `check_plan` recounts them from ops."""
     size = program.dst.itemsizes
     fill = sum(op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor] for op in ops if isinstance(op, FillOp))
-    by_class: Counter[LinkClass] = Counter()
+    by_class: Counter[str] = Counter()
     loads: dict[int, Load] = defaultdict(lambda: defaultdict(int))
     for m in messages:
         load = loads[m.round]
         if m.src_host != m.dst_host:
-            by_class[LinkClass.NETWORK] += m.bytes
-            load[(LinkClass.NETWORK, m.src_host, "out")] += m.bytes
-            load[(LinkClass.NETWORK, m.dst_host, "in")] += m.bytes
+            by_class["network"] += m.bytes
+            load[("network", m.src_host, "out")] += m.bytes
+            load[("network", m.dst_host, "in")] += m.bytes
             continue
         for i in m.ops:
             op = ops[i]
-            link = LinkClass.DEVICE if op.src_device == op.dst_device else LinkClass.HOST
+            link = "device" if op.src_device == op.dst_device else "host"
             nbytes = op.box.volume * size[op.tensor]
             by_class[link] += nbytes
             load[(link, m.dst_host, op.dst_device)] += nbytes
     per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
     return Stats(
-        device_bytes=by_class[LinkClass.DEVICE],
-        host_bytes=by_class[LinkClass.HOST],
-        network_bytes=by_class[LinkClass.NETWORK],
+        device_bytes=by_class["device"],
+        host_bytes=by_class["host"],
+        network_bytes=by_class["network"],
         fill_bytes=fill,
         network_lower_bound_bytes=sum(per_host.values()),
         predicted_seconds=predict_seconds((loads[r] for r in sorted(loads)), program.topology.links),

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
-from tenplex.ir.topology import LinkClass, Links, Topology
+from tenplex.ir.topology import Links, Topology
 
 
 def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
@@ -74,10 +74,10 @@ def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
     return max(max(per_host.values()) / bw, sum(per_host.values()) / (bw * max(1, len(topology.hosts))))
 
 
-Load = dict[tuple[LinkClass, str, object], int]  # (link, host, "out" | "in" | dst device) -> bytes
+Load = dict[tuple[str, str, object], int]  # (link class name, host, "out" | "in" | dst device) -> bytes
 
 
 def predict_seconds(rounds: Iterable[Load], links: Links) -> float:
     """Sum over rounds of the slowest link's time in that round: each host's NIC egress and
     ingress, and the copies into each device over the host or device links."""
-    return sum(max((b / links.bandwidth(key[0]) for key, b in load.items()), default=0.0) for load in rounds)
+    return sum(max((b / getattr(links, key[0]) for key, b in load.items()), default=0.0) for load in rounds)

@@ -27,26 +27,29 @@ class Coalesce:
 
     def apply(self, program: Program) -> Program:
         graph = program.graph
-        groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-        message_of: dict[int, int] = {}
-        packer = _Packer(program.options.max_message_bytes)
+        host = {d.id: d.host for d in program.topology.devices}
+        size = program.dst.itemsizes
+        groups: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        forwards: list[tuple[int, int]] = []
         for key, op in graph.items():
-            if not isinstance(op, CopyOp):
-                continue
-            if op.src_side == "src":
-                hosts = program.host_of(op.src_device), program.host_of(op.dst_device)
-                groups[hosts].append((key, op.box.volume * program.itemsize(op.tensor)))
+            if isinstance(op, CopyOp):
+                item = (key, op.box.volume * size[op.tensor])
+                if op.src_side == "src":
+                    groups[(host[op.src_device], host[op.dst_device])].append(item)
+                else:
+                    forwards.append(item)
+        packer = _Packer(program.options.max_message_bytes)
+        message_of: dict[int, int] = {}
         for (src_host, dst_host), ops in groups.items():
             for m in packer.pack(src_host, dst_host, ops):
                 message_of.update(dict.fromkeys(m.ops, m.id))
-        forwards: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for key, op in graph.items():
-            if isinstance(op, CopyOp) and op.src_side == "dst":
-                (landing,) = graph.predecessors(key)
-                forwards[message_of[landing]].append((key, op.box.volume * program.itemsize(op.tensor)))
-        for landing_msg, ops in forwards.items():
-            host = packer.messages[landing_msg].dst_host
-            packer.pack(host, host, ops)
+        after: dict[int, list[tuple[int, int]]] = defaultdict(list)  # landing message -> forwards
+        for key, nbytes in forwards:
+            (landing,) = graph.predecessors(key)
+            after[message_of[landing]].append((key, nbytes))
+        for landing_msg, ops in after.items():
+            dst_host = packer.messages[landing_msg].dst_host
+            packer.pack(dst_host, dst_host, ops)
         return attrs.evolve(program, messages=tuple(packer.messages))
 
 

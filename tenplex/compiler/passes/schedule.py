@@ -25,8 +25,9 @@ class Schedule:
 
     def apply(self, program: Program) -> Program:
         messages = list(program.messages)
-        rounds = _network_rounds([m for m in messages if m.src_host != m.dst_host], program.options.memory_budget_bytes)
-        message_of = {op: m.id for m in messages for op in m.ops}
+        network = [m for m in messages if m.src_host != m.dst_host]
+        rounds = _network_rounds(network, program.options.memory_budget_bytes)
+        message_of = {op: m.id for m in network for op in m.ops}  # forwards follow network landings
         for m in messages:
             if m.id not in rounds:
                 deps = {message_of[p] for op in m.ops for p in program.graph.predecessors(op)}

@@ -27,6 +27,7 @@ from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
 
 Want = tuple[Need, int]  # a need on one dst device
+Atom = tuple[Box, list[Want], dict[str, list[Holder]]]  # region, wants (landing first), holders by host
 
 
 @attrs.frozen
@@ -54,8 +55,8 @@ class SelectSources:
                 out.add(op)
         atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
         atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0]))
-        for box, wants in atoms:
-            state.network(out, box, wants)
+        for box, wants, hosts in atoms:
+            state.network(out, box, wants, hosts)
         return attrs.evolve(program, graph=out)
 
 
@@ -124,9 +125,9 @@ class _State:
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
 
-    def atoms(self, wants: list[Want]) -> list[tuple[Box, list[Want]]]:
-        """Disjoint regions of one tensor needed on one host, each with the wants containing it,
-        cut to the message size limit."""
+    def atoms(self, wants: list[Want]) -> list[Atom]:
+        """Disjoint regions of one tensor needed on one host, each with the wants containing it
+        (landing first) and their holders by host, cut to the message size limit."""
         by_box: dict[Box, list[Want]] = defaultdict(list)
         for w in wants:
             by_box[w[0].box].append(w)
@@ -134,7 +135,11 @@ class _State:
         if len(boxes) > 1 and any(i < j for i, j in overlapping_pairs(boxes, boxes)):
             by_box = _refine(by_box)
         limit = max(1, self.p.options.max_message_bytes // self.size[wants[0][0].tensor])
-        return [(chunk, sorted(ws, key=_want_order)) for box, ws in by_box.items() for chunk in split_box(box, limit)]
+        out = []
+        for box, ws in by_box.items():
+            ws, hosts = sorted(ws, key=_want_order), self.by_host(ws)
+            out.extend((chunk, ws, hosts) for chunk in split_box(box, limit))
+        return out
 
     def by_host(self, wants: list[Want]) -> dict[str, list[Holder]]:
         """Holders of all `wants` grouped by host (cached: needs share their holder tuples)."""
@@ -147,10 +152,10 @@ class _State:
             self.holder_hosts[key] = out
         return self.holder_hosts[key]
 
-    def network(self, out: OpGraph, box: Box, wants: list[Want]) -> None:
-        hosts = self.by_host(wants)
+    def network(self, out: OpGraph, box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
         host = _least(hosts, self.sent_host, self.host_rank)
-        holder = min(hosts[host], key=lambda h: (self.sent_device[h.device], h))
+        on_host = hosts[host]
+        holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
         nbytes = box.volume * self.size[wants[0][0].tensor]
         self.sent_host[host] += nbytes
         self.sent_device[holder.device] += nbytes
