@@ -184,14 +184,29 @@ def disjoint_union(boxes: Iterable[Box]) -> list[Box]:
     """Disjoint boxes covering exactly the union of `boxes`, in a fixed order. Identical boxes
     (replicas) collapse first and only overlapping boxes are subtracted, so the common cases
     (replicas, disjoint shards) cost no subtraction."""
+    unique = sorted(set(boxes))
+    if _separated(unique):
+        return unique
     out: list[Box] = []
-    for box in sorted(set(boxes)):
+    for box in unique:
         parts = [box]
         for done in out:
             if parts and done.overlaps(box):
                 parts = subtract_all(parts, done)
         out.extend(parts)
     return out
+
+
+def _separated(boxes: list[Box]) -> bool:
+    """True when one dimension alone shows the boxes pairwise disjoint (e.g. shards of one split):
+    sorted along it, each interval starts at or after the previous one stops. O(n·ndim)."""
+    if len(boxes) <= 1:
+        return True
+    for d in range(boxes[0].ndim):
+        ordered = sorted(boxes, key=lambda b: b.start[d])
+        if all(a.stop[d] <= b.start[d] for a, b in zip(ordered, ordered[1:])):
+            return True
+    return False
 
 
 def split_box(box: Box, max_volume: int) -> list[Box]:
