@@ -284,3 +284,26 @@ def test_passes_out_of_order_are_rejected(name, passes, message):
 def test_passes_in_order_provide_every_fact():
     program = run_passes(Program.start(replicated([0]), replicated([2]), CompileOptions()), [Lower(), SelectSources(), Coalesce(), Schedule()])
     assert program.facts == {"lowered", "sources", "messages", "scheduled"}
+
+
+@pytest.mark.parametrize(
+    ("src_spec", "dst_spec"),
+    [
+        pytest.param("gpt-tiny:tp4,pp2,dp1@2x4", "gpt-tiny:tp4,pp2,dp2@4x4", id="scale_up"),
+        pytest.param("gpt-tiny:tp2,pp4,dp2@4x4", "gpt-tiny:tp2,pp4,dp1@2x4", id="scale_down"),
+        pytest.param("gpt-tiny:tp2,pp2,dp1,zero1@1x4", "gpt-tiny:tp2,pp2,dp2,zero1@2x4", id="zero1"),
+    ],
+)
+def test_place_ranks_keeps_tensor_parallel_groups_inside_a_host(src_spec, dst_spec):
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec(src_spec), ptc_from_spec(dst_spec)
+    plan = compile_plan(src, dst, CompileOptions(place_ranks=True))
+    host = {d.id: d.host for d in dst.topology.devices}
+    alloc = plan.allocation.mapping
+    for pid, devices in alloc.items():
+        if "-tp0" in pid and "-dp" not in pid:
+            peers = [alloc[pid.replace("-tp0", f"-tp{t}")] for t in range(1, 8) if pid.replace("-tp0", f"-tp{t}") in alloc]
+            for replica, device in enumerate(devices):
+                assert {host[p[replica]] for p in peers} <= {host[device]}, (pid, devices, peers)
+    assert plan.stats.network_bytes <= compile_plan(src, dst, CompileOptions(place_ranks=False)).stats.network_bytes

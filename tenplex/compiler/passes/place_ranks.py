@@ -2,7 +2,8 @@
 
 A dst device is a *slot* carrying its partitions. The pass moves slots in two levels so that the
 launcher's host structure survives: first *blocks* of b consecutive slots of a host (b divides
-the host's slot count; b = all of them moves whole hosts, smaller b moves e.g. TP groups) onto
+the host's slot count; b = all of them moves whole hosts, smaller b moves e.g. TP groups; a
+block never splits a group of model-parallel peers, so TP stays inside a host) onto
 block positions of hosts with as many dst devices, maximizing bytes already on the host; then,
 inside each host, slots onto devices, maximizing bytes already on the device. Both levels are
 assignment problems (scipy's `linear_sum_assignment`); the identity wins ties, and among block
@@ -37,12 +38,13 @@ class PlaceRanks:
         by_host: dict[str, list[int]] = defaultdict(list)
         for d in w.slots:
             by_host[topo.host_of(d)].append(d)
+        peers = _peer_groups(dst, {d: topo.host_of(d) for d in w.slots})
         same_size: dict[int, list[str]] = defaultdict(list)
         for h, ds in by_host.items():
             same_size[len(ds)].append(h)
         to_host: dict[int, str] = {}
         for hosts in same_size.values():
-            to_host |= _place_blocks(hosts, by_host, w)
+            to_host |= _place_blocks(hosts, by_host, w, peers)
         device_map: dict[int, int] = {}
         for h, ds in by_host.items():
             mine = sorted(s for s, t in to_host.items() if t == h)
@@ -81,12 +83,49 @@ class _Weights:
         return out
 
 
-def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights) -> dict[int, str]:
-    """slot -> host it moves to, for hosts with equal slot counts; best block size wins."""
+def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
+    """slot -> its group: slots of one host holding *different* pieces of one tensor are
+    model-parallel peers (a TP group, ZeRO shards) and must move together, so TP never ends up
+    spanning hosts. Replicas (equal pieces) and pipeline stages (other tensors) stay apart."""
+    parent = {d: d for d in host}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    layouts: dict[tuple[str, str], dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for st in dst.subtensors:
+        boxes = tuple(p.global_box for p in st.pieces)
+        for d in dst.devices_of_subtensor(st.id):
+            layouts[(host[d], st.tensor)][boxes].append(d)
+    for by_boxes in layouts.values():
+        if len(by_boxes) > 1:
+            first, *rest = [d for ds in by_boxes.values() for d in ds]
+            for d in rest:
+                parent[find(d)] = find(first)
+    return {d: find(d) for d in host}
+
+
+def _splits_no_group(blocks: list[tuple[int, ...]], peers: dict[int, int]) -> bool:
+    seen: dict[int, int] = {}
+    for i, block in enumerate(blocks):
+        for s in block:
+            if seen.setdefault(peers[s], i) != i:
+                return False
+    return True
+
+
+def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights, peers: dict[int, int]) -> dict[int, str]:
+    """slot -> host it moves to, for hosts with equal slot counts; the best block size that
+    keeps every peer group in one block wins (whole hosts always do)."""
     n = len(by_host[hosts[0]])
     best: tuple[float, dict[int, str]] | None = None
     for b in sorted((b for b in range(1, n + 1) if n % b == 0), reverse=True):
         blocks = [tuple(sorted(by_host[h])[i : i + b]) for h in hosts for i in range(0, n, b)]
+        if b < n and not _splits_no_group(blocks, peers):
+            continue
         targets = [h for h in hosts for _ in range(0, n, b)]
         weights = [w.on_hosts(block) for block in blocks]
         matrix = np.array([[wt.get(h, 0) for h in targets] for wt in weights], dtype=float)
