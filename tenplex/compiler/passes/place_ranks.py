@@ -95,11 +95,12 @@ def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
             x = parent[x]
         return x
 
-    layouts: dict[tuple[str, str], dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
+    layouts: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    ids: dict[tuple, int] = {}
     for st in dst.subtensors:
-        boxes = tuple(p.global_box for p in st.pieces)
+        layout = ids.setdefault(tuple(p.global_box for p in st.pieces), len(ids))
         for d in dst.devices_of_subtensor(st.id):
-            layouts[(host[d], st.tensor)][boxes].append(d)
+            layouts[(host[d], st.tensor)][layout].append(d)
     for by_boxes in layouts.values():
         if len(by_boxes) > 1:
             first, *rest = [d for ds in by_boxes.values() for d in ds]
