@@ -17,9 +17,10 @@ from tenplex.compiler.passes.lower import Lower
 from tenplex.compiler.passes.place_ranks import PlaceRanks
 from tenplex.compiler.passes.schedule import Schedule
 from tenplex.compiler.passes.select_sources import SelectSources
-from tenplex.compiler.plan import CompileOptions, Message, Plan, Stats
+from tenplex.compiler.plan import CompileOptions, Plan, Stats
 from tenplex.compiler.program import Pass, Program, run_passes
 from tenplex.compiler.verify import check_plan
+from tenplex.ir.errors import CompileError
 from tenplex.ir.ptc import PTC
 
 
@@ -42,12 +43,11 @@ def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> P
 def freeze(program: Program) -> Plan:
     """Number the ops, attach stats, and freeze the plan."""
     graph = program.graph
-    keys, ops = graph.keys(), graph.ops()
-    index = {key: i for i, key in enumerate(keys)}
-    edges = tuple(sorted((index[a], index[b]) for a, b, _ in graph.edges()))
+    ops = graph.ops()
+    if graph.keys() != tuple(range(len(ops))):
+        raise CompileError("op graph keys are not 0..n-1 in insertion order")  # passes only add nodes
+    edges = tuple(sorted((a, b) for a, b, _ in graph.edges()))
     messages = program.messages
-    if keys != tuple(range(len(keys))):  # renumber when a pass removed nodes
-        messages = tuple(Message(m.id, m.src_host, m.dst_host, tuple(index[k] for k in m.ops), m.bytes, m.round) for m in messages)
     return Plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
 
 

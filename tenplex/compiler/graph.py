@@ -60,15 +60,6 @@ class OpGraph:
         self._edges[(src, dst)] = kind
         self._preds[dst].append(src)
 
-    def remove(self, key: int) -> None:
-        self._mutable()
-        del self._ops[key]
-        self._edges = {e: k for e, k in self._edges.items() if key not in e}
-        self._preds.pop(key, None)
-        for preds in self._preds.values():
-            if key in preds:
-                preds.remove(key)
-
     def op(self, key: int) -> Op:
         return self._ops[key]
 
@@ -91,9 +82,6 @@ class OpGraph:
     def predecessors(self, key: int) -> list[int]:
         preds = self._preds.get(key)
         return sorted(preds) if preds else []
-
-    def successors(self, key: int) -> list[int]:
-        return sorted(self.nx.successors(key))
 
     @cached_property
     def nx(self) -> nx.DiGraph:

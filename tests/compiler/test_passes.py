@@ -307,3 +307,12 @@ def test_place_ranks_keeps_tensor_parallel_groups_inside_a_host(src_spec, dst_sp
             for replica, device in enumerate(devices):
                 assert {host[p[replica]] for p in peers} <= {host[device]}, (pid, devices, peers)
     assert plan.stats.network_bytes <= compile_plan(src, dst, CompileOptions(place_ranks=False)).stats.network_bytes
+
+
+def test_plan_graph_orders_forwards_after_their_landing():
+    plan = compiled(replicated([0], (W,)), replicated([2, 3], (W,)), place_ranks=False)
+    generations = plan.graph.generations()
+    assert len(generations) == 2 and plan.graph.frozen
+    for a, b in plan.edges:
+        assert a in generations[0] and b in generations[1]
+        assert plan.ops[b].src_side == "dst" and plan.ops[a].dst_device == plan.ops[b].src_device
