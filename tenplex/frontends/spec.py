@@ -153,6 +153,10 @@ def _json_model(node: Any, source: str) -> ModelSpec:
 
 
 def _build(source: str, section: str, make: Any, node: dict) -> Any:
+    allowed = [f.name for f in attrs.fields(make) if f.init]
+    unknown = sorted(set(node) - set(allowed))
+    if unknown:
+        raise SpecError(f"{source}: {section}: unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
     try:
         return make(**node)
     except TypeError as e:  # an unknown or missing key
