@@ -16,7 +16,6 @@ the file is written, and written atomically, so an error leaves no file behind.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from tenplex.compiler.emit import EMITTERS, human_bytes, plural, table
 from tenplex.ir.errors import ParseError, TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import FORMAT as PTC_FORMAT
-from tenplex.ir.serialize import dumps, ptc_from_json, write_atomic
+from tenplex.ir.serialize import dumps, ptc_from_json, read_json, write_atomic
 
 EXIT_ERROR = 2
 EXECUTE_LIMIT = 256 << 20
@@ -105,14 +104,7 @@ def load_state(arg: str) -> PTC:
     path = Path(arg)
     if not (arg.endswith(".json") or path.is_file()):
         return _frontend().ptc_from_spec(arg)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ParseError(f"{arg}: cannot read: {e.strerror}") from None
-    try:
-        root = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ParseError(f"{arg}: not valid JSON: {e}") from None
+    root = read_json(path)
     if isinstance(root, dict) and "format" in root:
         if root["format"] != PTC_FORMAT:
             raise ParseError(

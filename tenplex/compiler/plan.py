@@ -10,19 +10,17 @@ hosts are its devices' hosts; an order edge goes to a later round.
 
 from __future__ import annotations
 
-import json
 import os
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import attrs
 
 from tenplex.compiler.graph import EdgeKind, OpGraph
 from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp
-from tenplex.ir.errors import IRError, ParseError
+from tenplex.ir.errors import IRError
 from tenplex.ir.ptc import Allocation
-from tenplex.ir.serialize import JsonDoc, canonical_text
+from tenplex.ir.serialize import JsonDoc, canonical_text, read_json
 
 FORMAT = "tenplex.plan/1"
 MiB = 1 << 20
@@ -190,12 +188,6 @@ def plan_from_json(root: Any, source: str = "<plan>") -> Plan:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    try:
-        root = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ParseError(f"{path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ParseError(f"{path}: not valid JSON: {e}") from None
-    return plan_from_json(root, str(path))
+    return plan_from_json(read_json(path), str(path))
 
 

@@ -20,7 +20,6 @@ Errors are `SpecError`s that name the spec (or file) and the bad token or field.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from tenplex.frontends.presets import MODEL_FIELDS, PRESETS, model_from_fields, 
 from tenplex.frontends.transformer import build_ptc
 from tenplex.ir.errors import SpecError
 from tenplex.ir.ptc import PTC
+from tenplex.ir.serialize import read_json
 
 ALIASES = {
     "layers": "num_layers",
@@ -182,15 +182,7 @@ def spec_from_json(root: Any, source: str = "<spec>") -> JobSpec:
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        root = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{path}: not valid JSON: {e}") from None
-    return spec_from_json(root, str(path))
+    return spec_from_json(read_json(path, SpecError), str(path))
 
 
 def job_from_spec(text_or_path: str | Path) -> JobSpec:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tenplex.ir.box import Box
-from tenplex.ir.errors import IRError, ParseError
+from tenplex.ir.errors import IRError, ParseError, TenplexError
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.tensor import Piece, SubTensor, TensorMeta
 from tenplex.ir.topology import Device, Links, Topology
@@ -250,12 +250,21 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_ptc(path: str | os.PathLike) -> PTC:
+def read_json(path: str | os.PathLike, error: type[TenplexError] = ParseError) -> Any:
+    """The decoded JSON document in file `path` (NaN and Infinity rejected). Raises `error`
+    naming the file when it cannot be read or is not JSON."""
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise ParseError(f"{path}: cannot read: {e.strerror}") from None
-    return loads(text, str(path))
+        raise error(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise error(f"{path}: not valid JSON: {e}") from None
+
+
+def load_ptc(path: str | os.PathLike) -> PTC:
+    return ptc_from_json(read_json(path), str(path))
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
