@@ -8,7 +8,7 @@ SRC := $(wildcard tenplex tests proofs bench)
 # (Re)install only when pyproject.toml changed since the last install.
 $(VENV)/.stamp: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,lint,torch]'
+	$(PY) -m pip install -q -e '.[test,lint,torch,ucx]'
 	touch $@
 
 deps: $(VENV)/.stamp

@@ -1,0 +1,174 @@
+"""UCX transport between two real processes (spawned), shared memory and TCP on loopback.
+
+Every test has a hard timeout, every wait a deadline, and the child is always joined or killed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+import pytest
+
+from tenplex.ir.errors import TenplexError
+from tenplex.runtime.transport import ucx_wire
+from tenplex.runtime.transport.ucx import ANY, TransportError, UcxPeer, ucx_available
+
+_REASON = ucx_available()
+needs_ucx = pytest.mark.skipif(_REASON is not None, reason=f"ucxx cannot be imported: {_REASON}")
+SIZES = (1, 1 << 20, 64 << 20)
+WAIT = 20.0  # seconds for any single transfer or pipe message
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.uint32) * 7 + seed) % 251).astype(np.uint8)
+
+
+def _pipe_recv(conn, timeout: float = WAIT):
+    if not conn.poll(timeout):
+        raise TimeoutError("no message from the other process over the pipe")
+    return conn.recv()
+
+
+# ---- children (top level: the spawn context imports this module) ----------------------
+def _child_sender(conn, mode: str) -> None:
+    peer = UcxPeer("child", timeout=WAIT)
+    if mode == "tcp":
+        ep = peer.connect_tcp("127.0.0.1", _pipe_recv(conn))
+    else:
+        conn.send(peer.address)
+        ep = peer.connect(_pipe_recv(conn))
+    for i, n in enumerate(SIZES):
+        peer.send(ep, pattern(n, i), tag=5, message_id=100 + i)
+    got = np.zeros(16, dtype=np.uint8)
+    reply = peer.recv(ep, got, tag=6)  # the other direction too
+    assert np.array_equal(reply.data, pattern(3, 9))
+    peer.close(ep)
+    conn.send("closed")
+
+
+def _child_idle(conn) -> None:
+    peer = UcxPeer("doomed-child", timeout=WAIT)
+    conn.send(peer.address)
+    peer.connect(_pipe_recv(conn))
+    conn.send("ready")
+    time.sleep(60)  # killed by the parent long before
+
+
+def _start(target, *args):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+    proc.start()
+    return proc, parent
+
+
+def _stop(proc) -> None:
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+
+
+def _receive_all(peer: UcxPeer, ep, conn) -> None:
+    out = np.zeros(max(SIZES), dtype=np.uint8)
+    for i, n in enumerate(SIZES):
+        out[:] = 0
+        got = peer.recv(ANY if i == 0 else ep, out, tag=5)
+        assert (got.message_id, got.data.nbytes, got.sender) == (100 + i, n, "child")
+        assert np.shares_memory(got.data, out)  # received in place, no copy
+        assert np.array_equal(got.data, pattern(n, i))
+    peer.send(ep, pattern(3, 9), tag=6)
+    peer.close(ep)  # acknowledged: returns only after the child's FIN
+    assert ep.closed
+    assert _pipe_recv(conn) == "closed"
+
+
+# ---- tests --------------------------------------------------------------------------------
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_shared_memory_messages_and_acknowledged_close():
+    proc, conn = _start(_child_sender, "address")
+    try:
+        with UcxPeer("parent", timeout=WAIT) as peer:
+            child_address = _pipe_recv(conn)
+            conn.send(peer.address)
+            ep = peer.connect(child_address)
+            assert (ep.remote_name, ep.mode) == ("child", "address")
+            _receive_all(peer, ep, conn)
+        proc.join(WAIT)
+        assert proc.exitcode == 0
+    finally:
+        _stop(proc)
+
+
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_tcp_listener_on_loopback():
+    proc, conn = _start(_child_sender, "tcp")
+    try:
+        with UcxPeer("parent", timeout=WAIT) as peer:
+            conn.send(peer.listen(0))
+            ep = peer.accept()
+            assert (ep.remote_name, ep.mode) == ("child", "tcp")
+            _receive_all(peer, ep, conn)
+        proc.join(WAIT)
+        assert proc.exitcode == 0
+    finally:
+        _stop(proc)
+
+
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_dead_peer_raises_transport_error_within_timeout():
+    proc, conn = _start(_child_idle)
+    try:
+        with UcxPeer("parent", timeout=WAIT) as peer:
+            child_address = _pipe_recv(conn)
+            conn.send(peer.address)
+            ep = peer.connect(child_address)
+            assert _pipe_recv(conn) == "ready"
+            proc.kill()
+            proc.join(5)
+            start = time.monotonic()
+            with pytest.raises(TransportError, match="doomed-child") as info:
+                peer.recv(ep, np.zeros(8, dtype=np.uint8), tag=1, timeout=1.5)
+            assert 1.4 < time.monotonic() - start < 5
+            assert isinstance(info.value, TenplexError)
+            with pytest.raises(TransportError, match="doomed-child"):
+                peer.close(ep, timeout=0.5)
+    finally:
+        _stop(proc)
+
+
+# ---- one process -----------------------------------------------------------------------
+@needs_ucx
+@pytest.mark.timeout(30)
+def test_bad_inputs_are_transport_errors():
+    with UcxPeer("solo", timeout=1) as peer:
+        with pytest.raises(TransportError, match="not a tenplex UCX peer address"):
+            peer.connect(b"garbage")
+        with pytest.raises(TransportError, match="same id"):
+            peer.connect(peer.address)
+        with pytest.raises(TransportError, match="before listen"):
+            peer.accept(timeout=0.1)
+        with pytest.raises(TransportError, match="timed out|no progress"):
+            peer.recv(ANY, np.zeros(4, dtype=np.uint8), tag=3, timeout=0.2)
+        with pytest.raises(TransportError, match="out of range"):
+            peer.recv(ANY, np.zeros(4, dtype=np.uint8), tag=-1)
+
+
+def test_wire_format_round_trips():
+    header = ucx_wire.pack_header(5, 9, 1 << 40, 77)
+    assert len(header) == ucx_wire.HEADER_SIZE
+    assert ucx_wire.unpack_header(header) == (5, 9, 1 << 40, 77)
+    assert ucx_wire.unpack_address(ucx_wire.pack_address(3, "h0/a1", b"\x01\x02")) == (3, "h0/a1", b"\x01\x02")
+    assert ucx_wire.unpack_hello(ucx_wire.pack_hello(4, "x")) == (4, "x")
+    t = ucx_wire.make_tag(ucx_wire.HDR, 0xABCDEF, 12)
+    assert t & ucx_wire.ANY_SOURCE_MASK == ucx_wire.make_tag(ucx_wire.HDR, 0, 12)
+    with pytest.raises(TransportError, match="corrupt"):
+        ucx_wire.unpack_header(b"\0" * ucx_wire.HEADER_SIZE)
