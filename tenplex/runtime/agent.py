@@ -1,0 +1,326 @@
+"""A per-host agent: owns the host's `TensorStore` and `UcxPeer` and executes its share of a plan.
+
+An agent runs in its own process (`serve`, started with the `spawn` context by `Runtime.local`)
+and obeys commands sent by the runtime over a multiprocessing Pipe. A command is
+`(name, kwargs)`; every reply is `("ok", result)` or `("err", text)`, the text naming the
+command and, where known, the message and op that failed (the runtime adds the host). Commands: `address`, `connect`, `load`,
+`prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`, `exists`, `stop`.
+
+Store layout (one store per host):
+
+    /job/<job>/<tag>/<device>/<subtensor id>               array of a sub-tensor instance
+    /job/<job>/<tag>/<device>/.values/<partition>/<name>   typed value of a partition instance
+    /job/<job>/<tag>/.manifest                             {"host", "devices"} (dst tags only)
+    /job/<job>/.staging-<dst tag>/...                      the dst tag being built
+
+Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories. Execution:
+`prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
+dst tag does not, and creates zeroed dst arrays under the staging tag. `run_round(r)` runs fills
+and values first (round 0), then the round's messages touching this host: local ones region to
+region, network ones in one global order (by message id) shared by all hosts, each a blocking
+send (packed buffer) or recv (into a buffer, then unpacked). A common order makes the blocking
+exchange deadlock-free. `commit` renames staging to the dst tag in one store step; `abort`
+deletes staging. The src tag is only ever read.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.compiler.plan import Message, Plan, plan_from_json
+from tenplex.ir.box import Box
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.ptc import PTC
+from tenplex.ir.serialize import ptc_from_json
+from tenplex.runtime.arrays import region, view
+from tenplex.runtime.executor import pack, unpack
+from tenplex.runtime.store import TensorStore
+
+Instance = tuple[str, int]  # (sub-tensor id, device)
+
+
+# ---- store layout ------------------------------------------------------------------------
+def tag_path(job: str, tag: str) -> str:
+    return f"/job/{job}/{tag}"
+
+
+def staging_tag(dst_tag: str) -> str:
+    return f".staging-{dst_tag}"
+
+
+def array_path(job: str, tag: str, device: int, subtensor: str) -> str:
+    return f"{tag_path(job, tag)}/{device}/{subtensor}"
+
+
+def value_path(job: str, tag: str, device: int, partition: str, name: str) -> str:
+    return f"{tag_path(job, tag)}/{device}/.values/{partition}/{name}"
+
+
+def parse_leaf(job: str, tag: str, path: str) -> tuple[str, Any] | None:
+    """("array", (subtensor, device)) or ("value", (partition, device, name)) for a leaf of a tag."""
+    rest = path[len(tag_path(job, tag)) + 1 :].split("/")
+    if len(rest) < 2 or not rest[0].isdigit():
+        return None
+    device = int(rest[0])
+    if rest[1] == ".values":
+        return "value", ("/".join(rest[2:-1]), device, rest[-1])
+    return "array", ("/".join(rest[1:]), device)
+
+
+# ---- the agent ---------------------------------------------------------------------------
+class _Execution:
+    """One plan being executed by this host: parsed plan, PTCs, and views of its arrays."""
+
+    def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, plan: Plan, src: PTC, dst: PTC):
+        self.host, self.job, self.src_tag, self.dst_tag = host, job, src_tag, dst_tag
+        self.plan, self.src, self.dst = plan, src, dst.with_allocation(plan.allocation)
+        self.host_of = src.topology.host_of
+        self.staging = staging_tag(dst_tag)
+        self.src_arrays: dict[Instance, np.ndarray] = {}
+        self.dst_arrays: dict[Instance, np.ndarray] = {}
+        self.rounds_done: set[int] = set()
+
+
+class Agent:
+    def __init__(self, host: str, timeout: float = 30.0):
+        self.host, self.timeout = host, timeout
+        self.store = TensorStore()
+        self.peer: Any = None
+        self.endpoints: dict[str, Any] = {}
+        self.execution: _Execution | None = None
+
+    def _ucx(self) -> Any:
+        if self.peer is None:
+            from tenplex.runtime.transport.ucx import UcxPeer  # only agents need UCX
+
+            self.peer = UcxPeer(self.host, timeout=self.timeout)
+        return self.peer
+
+    # ---- commands --------------------------------------------------------------------
+    def address(self) -> bytes:
+        return self._ucx().address
+
+    def connect(self, peers: Mapping[str, bytes]) -> list[str]:
+        for host, addr in sorted(peers.items()):
+            if host != self.host and host not in self.endpoints:
+                self.endpoints[host] = self._ucx().connect(addr)
+        return sorted(self.endpoints)
+
+    def load(self, job: str, tag: str, arrays: Mapping[Instance, np.ndarray], values: Mapping | None = None) -> int:
+        """Put a state into `/job/<job>/<tag>` (replacing it); returns the bytes stored."""
+        if self.store.exists(tag_path(job, tag)):
+            self.store.delete(tag_path(job, tag))
+        for (sid, device), array in arrays.items():
+            self.store.put(array_path(job, tag, device, sid), np.ascontiguousarray(array))
+        for (pid, device), named in (values or {}).items():
+            for name, value in named.items():
+                self.store.put(value_path(job, tag, device, pid, name), value)
+        return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
+
+    def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict) -> int:
+        """Parse the plan, check inputs, create zeroed dst arrays under staging; returns dst bytes."""
+        ex = _Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
+        if self.store.exists(tag_path(job, dst_tag)):
+            raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
+        if self.store.exists(tag_path(job, ex.staging)):
+            self.store.delete(tag_path(job, ex.staging))
+        mine = set(ex.src.topology.devices_on(self.host))
+        for i, op in enumerate(ex.plan.ops):
+            if isinstance(op, CopyOp) and op.src_side == "src" and op.src_device in mine:
+                key = (op.src_subtensor, op.src_device)
+                if key not in ex.src_arrays:
+                    path = array_path(job, src_tag, op.src_device, op.src_subtensor)
+                    if not self.store.exists(path):
+                        raise ExecutionError(f"op {i}: src array {path} is missing")
+                    ex.src_arrays[key] = self.store.get(path)
+        devices = sorted(d for d in ex.dst.allocation.devices if d in mine)
+        self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
+        for st in ex.dst.subtensors:
+            for d in ex.dst.devices_of_subtensor(st.id):
+                if d in mine:
+                    path = array_path(job, ex.staging, d, st.id)
+                    self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
+                    ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
+        self.execution = ex
+        return sum(a.nbytes for a in ex.dst_arrays.values())
+
+    def values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
+        """{op id: value} for (op id, partition, device, name) of values this host holds."""
+        out = {}
+        for op_id, pid, device, name in wanted:
+            path = value_path(job, tag, device, pid, name)
+            if not self.store.exists(path):
+                raise ExecutionError(f"value op {op_id}: src value {path} is missing")
+            out[op_id] = self.store.get(path)
+        return out
+
+    def run_round(self, round: int, values: Mapping[int, Any] | None = None) -> int:
+        """Run this host's share of round `round`; returns the bytes it sent."""
+        ex = self._execution()
+        if round in ex.rounds_done:
+            raise ExecutionError(f"round {round} already ran")
+        if round == 0:
+            self._fills_and_values(ex, values or {})
+        sent = 0
+        messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
+        for m in messages:
+            if m.src_host == m.dst_host == self.host:
+                self._guard(ex, m, lambda m=m: self._local(ex, m))
+        for m in messages:
+            if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host):
+                sent += self._guard(ex, m, lambda m=m: self._network(ex, m))
+        ex.rounds_done.add(round)
+        return sent
+
+    def commit(self, job: str, dst_tag: str) -> None:
+        ex = self._execution()
+        if (ex.job, ex.dst_tag) != (job, dst_tag):
+            raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
+        self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
+        self.execution = None
+
+    def abort(self, job: str, dst_tag: str) -> bool:
+        """Drop the staging tag (if any); True if there was one."""
+        self.execution = None
+        path = tag_path(job, staging_tag(dst_tag))
+        if self.store.exists(path):
+            self.store.delete(path)
+            return True
+        return False
+
+    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
+        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition, device): values})."""
+        arrays: dict[Instance, np.ndarray] = {}
+        values: dict[tuple[str, int], dict[str, Any]] = {}
+        if not self.store.exists(tag_path(job, tag)):
+            return arrays, values
+        for path in self.store.walk(tag_path(job, tag)):
+            parsed = parse_leaf(job, tag, path)
+            if parsed is None:
+                continue
+            kind, key = parsed
+            if kind == "array":
+                arrays[key] = np.array(self.store.get(path))
+            else:
+                values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
+        return arrays, values
+
+    def exists(self, path: str) -> bool:
+        return self.store.exists(path)
+
+    def stop(self) -> None:
+        if self.peer is not None:
+            self.peer.shutdown()
+        self.store.close()
+
+    # ---- execution -------------------------------------------------------------------
+    def _execution(self) -> _Execution:
+        if self.execution is None:
+            raise ExecutionError("no prepared execution (prepare first)")
+        return self.execution
+
+    def _guard(self, ex: _Execution, m: Message, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as e:
+            ops = list(m.ops)
+            raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}, round {m.round}, ops {ops[:4]}"
+                                 f"{'...' if len(ops) > 4 else ''}) failed: {type(e).__name__}: {e}") from e  # fmt: skip
+
+    def _fills_and_values(self, ex: _Execution, values: Mapping[int, Any]) -> None:
+        for i, op in enumerate(ex.plan.ops):
+            if isinstance(op, (FillOp, ValueOp)) and ex.host_of(op.dst_device) == self.host:
+                try:
+                    if isinstance(op, FillOp):
+                        view(ex.dst_arrays[(op.dst_subtensor, op.dst_device)], op.box)[...] = op.value
+                    else:
+                        value = op.value if op.src_partition is None else values[i]
+                        path = value_path(ex.job, ex.staging, op.dst_device, op.dst_partition, op.name)
+                        self.store.put(path, value, replace=True)
+                except Exception as e:
+                    raise ExecutionError(
+                        f"op {i} ({type(op).__name__} on device {op.dst_device}) failed: {type(e).__name__}: {e}"
+                    ) from e
+
+    def _local(self, ex: _Execution, m: Message) -> None:
+        for i in m.ops:
+            op = ex.plan.ops[i]
+            try:
+                _target(op, ex)[...] = _source(op, ex)
+            except Exception as e:
+                raise ExecutionError(f"op {i} (copy of {op.tensor!r} box {op.box}, device {op.src_device} -> "
+                                     f"{op.dst_device}): {type(e).__name__}: {e}") from e  # fmt: skip
+
+    def _network(self, ex: _Execution, m: Message) -> int:
+        ops = [ex.plan.ops[i] for i in m.ops]
+        if m.src_host == self.host:
+            payload = pack(ops, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays)
+            self._ucx().send(self._endpoint(m.dst_host), payload, tag=m.id, message_id=m.id)
+            return payload.nbytes
+        nbytes = sum(_target(op, ex).nbytes for op in ops)
+        buffer = np.empty(nbytes, dtype=np.uint8)
+        got = self._ucx().recv(self._endpoint(m.src_host), buffer, tag=m.id)
+        if got.message_id != m.id or got.data.nbytes != nbytes:
+            raise ExecutionError(
+                f"received message {got.message_id} of {got.data.nbytes} B, expected {m.id} of {nbytes} B"
+            )
+        unpack(ops, ex.dst, ex.dst_arrays, buffer)
+        return 0
+
+    def _endpoint(self, host: str) -> Any:
+        if host not in self.endpoints:
+            raise ExecutionError(f"not connected to host {host!r} (connected: {sorted(self.endpoints)})")
+        return self.endpoints[host]
+
+
+def _source(op: CopyOp, ex: _Execution) -> np.ndarray:
+    ptc, arrays = (ex.src, ex.src_arrays) if op.src_side == "src" else (ex.dst, ex.dst_arrays)
+    return region(
+        arrays[(op.src_subtensor, op.src_device)], ptc.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box
+    )
+
+
+def _target(op: CopyOp, ex: _Execution) -> np.ndarray:
+    array = ex.dst_arrays[(op.dst_subtensor, op.dst_device)]
+    return region(array, ex.dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
+
+
+# ---- the process -------------------------------------------------------------------------
+COMMANDS = ("address", "connect", "load", "prepare", "values", "run_round", "commit", "abort", "fetch", "exists")
+
+
+def serve(conn: Any, host: str, timeout: float = 30.0) -> None:
+    """The agent process's main loop: run commands from `conn` until `stop` or EOF."""
+    agent = Agent(host, timeout)
+    try:
+        while True:
+            try:
+                name, kwargs = conn.recv()
+            except (EOFError, OSError):
+                return
+            if name == "stop":
+                conn.send(("ok", None))
+                return
+            try:
+                if name not in COMMANDS:
+                    raise ExecutionError(f"unknown agent command {name!r}")
+                result = getattr(agent, name)(**kwargs)
+                reply: tuple[str, Any] = ("ok", result)
+            except Exception as e:
+                detail = (
+                    str(e)
+                    if isinstance(e, ExecutionError)
+                    else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+                )
+                reply = ("err", f"{name} failed: {detail}")
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, OSError):
+                return
+    finally:
+        agent.stop()

@@ -1,0 +1,263 @@
+"""`Runtime`: drives one agent per host through a plan, round by round, and commits atomically.
+
+`Runtime.local(hosts)` starts one agent process per host name (`spawn` context), collects their
+UCX worker addresses and connects every agent to every other. `execute(plan, src, dst, job,
+src_tag, dst_tag)` then:
+
+1. sends every agent the plan and both PTCs once (`prepare`: checks, zeroed dst arrays under
+   the staging tag `/job/<job>/.staging-<dst_tag>`);
+2. gathers the src values that value ops copy from other hosts;
+3. runs each round on all agents in parallel and waits for all of them (a barrier per round);
+4. commits on every agent (a store rename of staging to the dst tag) only if every agent
+   finished every round.
+
+On any failure (an agent raised, died, or missed the deadline) it aborts everywhere (staging
+deleted; the src tag is never written) and raises `ExecutionError` listing each failed host with
+its reason, in the order the failures arrived, so the first one is the cause and later ones are
+usually peers timing out on it. An agent that misses a deadline is killed: its reply would
+arrive out of order. Device -> host comes from the PTCs' topology; every host there needs an agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import time
+from collections.abc import Iterable, Mapping
+from multiprocessing.connection import wait
+from typing import Any
+
+import numpy as np
+
+from tenplex.compiler.ops import ValueOp
+from tenplex.compiler.plan import Plan, plan_to_json
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.ptc import PTC
+from tenplex.ir.serialize import ptc_to_json
+from tenplex.runtime.agent import Instance, serve, tag_path
+
+
+class _Failed(Exception):
+    def __init__(self, failures: list[tuple[str, str]]):
+        super().__init__("; ".join(f"host {h!r}: {t}" for h, t in failures))
+        self.failures = failures
+
+
+class AgentHandle:
+    """The runtime's end of one agent process."""
+
+    def __init__(self, host: str, proc: Any, conn: Any):
+        self.host, self.proc, self.conn = host, proc, conn
+        self.dead: str | None = None  # why it can no longer be used
+
+    def mark_dead(self, why: str) -> None:
+        self.dead = why
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+
+class Runtime:
+    def __init__(self, agents: Mapping[str, AgentHandle], round_timeout: float = 600.0):
+        self.agents = dict(agents)
+        self.round_timeout = round_timeout
+
+    @classmethod
+    def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
+              start_timeout: float = 60.0) -> Runtime:  # fmt: skip
+        """One agent process per host on this machine, all connected (UCX shared memory).
+        `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier."""
+        hosts = list(dict.fromkeys(hosts))
+        ctx = mp.get_context("spawn")
+        handles: dict[str, AgentHandle] = {}
+        rt = cls(handles, round_timeout)
+        try:
+            for host in hosts:
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=serve, args=(child, host, timeout), name=f"tenplex-agent-{host}", daemon=True)
+                proc.start()
+                child.close()
+                handles[host] = AgentHandle(host, proc, parent)
+            rt.agents = handles
+            addresses = rt._all({h: ("address", {}) for h in hosts}, start_timeout)
+            rt._all({h: ("connect", {"peers": addresses}) for h in hosts}, start_timeout)
+        except BaseException as e:
+            rt.close()
+            if isinstance(e, _Failed):
+                raise ExecutionError(f"starting agents failed: {e}") from None
+            raise
+        return rt
+
+    # ---- single-agent calls ------------------------------------------------------------
+    def call(self, host: str, name: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Run one command on one agent; raises ExecutionError naming the host on failure."""
+        try:
+            return self._all({host: (name, kwargs)}, timeout or self.round_timeout)[host]
+        except _Failed as e:
+            raise ExecutionError(str(e)) from None
+
+    def load(self, job: str, tag: str, ptc: PTC, arrays: Mapping[Instance, np.ndarray],
+             values: Mapping[tuple[str, int], dict] | None = None) -> None:  # fmt: skip
+        """Split a state by the host of each device (from `ptc.topology`) and load it."""
+        host_of = ptc.topology.host_of
+        per_host: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in self.agents}
+        for (sid, d), a in arrays.items():
+            per_host[self._host(host_of(d))][0][(sid, d)] = a
+        for (pid, d), v in (values or {}).items():
+            per_host[self._host(host_of(d))][1][(pid, d)] = v
+        calls = {h: ("load", {"job": job, "tag": tag, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
+        try:
+            self._all(calls, self.round_timeout)
+        except _Failed as e:
+            raise ExecutionError(f"loading {tag_path(job, tag)} failed: {e}") from None
+
+    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
+        """The state under a tag, merged over all agents (copies)."""
+        arrays: dict = {}
+        values: dict = {}
+        for host in self.agents:
+            a, v = self.call(host, "fetch", job=job, tag=tag)
+            arrays.update(a)
+            values.update(v)
+        return arrays, values
+
+    def exists(self, job: str, tag: str) -> dict[str, bool]:
+        """Whether `/job/<job>/<tag>` exists, per host."""
+        return {h: self.call(h, "exists", path=tag_path(job, tag)) for h in self.agents}
+
+    # ---- execution ---------------------------------------------------------------------
+    def execute(self, plan: Plan, src: PTC, dst: PTC, job: str, src_tag: str, dst_tag: str) -> dict[str, int]:
+        """Run `plan` from `src_tag` to `dst_tag` on all agents; returns bytes sent per host.
+
+        Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
+        dst tag or its staging tag and the src tag is unchanged.
+        """
+        host_of = src.topology.host_of
+        needed = set(src.topology.hosts) | {h for m in plan.messages for h in (m.src_host, m.dst_host)}
+        missing = sorted(needed - set(self.agents))
+        if missing:
+            raise ExecutionError(f"no agent for host(s) {missing} (agents: {sorted(self.agents)})")
+        hosts = sorted(self.agents)
+        docs = {"plan": plan_to_json(plan), "src": ptc_to_json(src), "dst": ptc_to_json(dst)}
+        sent = dict.fromkeys(hosts, 0)
+        try:
+            self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, **docs}) for h in hosts})
+            values = self._gather_values(plan, host_of, job, src_tag)
+            rounds = range(max((m.round for m in plan.messages), default=0) + 1)
+            for r in rounds:
+                kwargs = {h: {"round": r, "values": values.get(h, {}) if r == 0 else None} for h in hosts}
+                for h, n in self._all({h: ("run_round", kwargs[h]) for h in hosts}).items():
+                    sent[h] += n
+            self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
+        except _Failed as e:
+            self._abort(job, dst_tag)
+            raise ExecutionError(f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)}) failed "
+                                 f"and nothing was committed: {e}") from None  # fmt: skip
+        return sent
+
+    def _gather_values(self, plan: Plan, host_of: Any, job: str, src_tag: str) -> dict[str, dict[int, Any]]:
+        """{dst host: {op id: value}} for value ops that copy a src value."""
+        wanted: dict[str, list] = {}
+        for i, op in enumerate(plan.ops):
+            if isinstance(op, ValueOp) and op.src_partition is not None:
+                wanted.setdefault(host_of(op.src_device), []).append((i, op.src_partition, op.src_device, op.name))
+        got: dict[int, Any] = {}
+        if wanted:
+            for part in self._all(
+                {h: ("values", {"job": job, "tag": src_tag, "wanted": w}) for h, w in wanted.items()}
+            ).values():
+                got.update(part)
+        out: dict[str, dict[int, Any]] = {}
+        for i, v in got.items():
+            out.setdefault(host_of(plan.ops[i].dst_device), {})[i] = v
+        return out
+
+    def _abort(self, job: str, dst_tag: str) -> None:
+        live = [h for h, a in self.agents.items() if a.dead is None]
+        with contextlib.suppress(_Failed):  # agents that cannot abort were killed by `_all`, staging with them
+            self._all({h: ("abort", {"job": job, "dst_tag": dst_tag}) for h in live}, min(self.round_timeout, 30.0))
+
+    # ---- the barrier -------------------------------------------------------------------
+    def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None) -> dict[str, Any]:
+        """Send each host its command, wait for every reply (or death, or the deadline).
+
+        Raises _Failed with (host, reason) in arrival order if any host failed; hosts that
+        missed the deadline are killed.
+        """
+        deadline = time.monotonic() + (self.round_timeout if timeout is None else timeout)
+        failures: list[tuple[str, str]] = []
+        results: dict[str, Any] = {}
+        waiting: dict[Any, AgentHandle] = {}
+        for host, (name, kwargs) in calls.items():
+            agent = self._agent(host)
+            if agent.dead is not None:
+                failures.append((host, f"agent unavailable ({agent.dead})"))
+                continue
+            try:
+                agent.conn.send((name, kwargs))
+                waiting[agent.conn] = agent
+            except (BrokenPipeError, OSError, EOFError) as e:
+                agent.mark_dead(f"pipe broken: {e}")
+                failures.append((host, f"{name}: agent process died (exit code {agent.proc.exitcode})"))
+        names = {h: c[0] for h, c in calls.items()}
+        sentinels = {a.proc.sentinel: a for a in waiting.values()}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for agent in waiting.values():
+                    agent.mark_dead(f"missed the deadline of {names[agent.host]}")
+                    failures.append((agent.host, f"{names[agent.host]}: no reply within the deadline; agent killed"))
+                break
+            ready = wait([*waiting, *(s for s, a in sentinels.items() if a.conn in waiting)], timeout=left)
+            for obj in ready:
+                agent = waiting.get(obj) or sentinels.get(obj)
+                if agent is None or agent.conn not in waiting:
+                    continue
+                try:
+                    status, payload = agent.conn.recv() if agent.conn.poll() else ("dead", None)
+                except (EOFError, OSError):
+                    status, payload = "dead", None
+                del waiting[agent.conn]
+                if status == "ok":
+                    results[agent.host] = payload
+                elif status == "err":
+                    failures.append((agent.host, str(payload)))
+                else:
+                    agent.proc.join(5)
+                    agent.mark_dead(f"died (exit code {agent.proc.exitcode})")
+                    failures.append(
+                        (agent.host, f"{names[agent.host]}: agent process died (exit code {agent.proc.exitcode})")
+                    )
+        if failures:
+            raise _Failed(failures)
+        return results
+
+    def _agent(self, host: str) -> AgentHandle:
+        if host not in self.agents:
+            raise ExecutionError(f"no agent for host {host!r} (agents: {sorted(self.agents)})")
+        return self.agents[host]
+
+    def _host(self, host: str) -> str:
+        return self._agent(host).host
+
+    # ---- shutdown ----------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every agent (asking first, killing after `timeout`). Idempotent."""
+        for agent in self.agents.values():
+            if agent.dead is None and agent.proc.is_alive():
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    agent.conn.send(("stop", {}))
+        deadline = time.monotonic() + timeout
+        for agent in self.agents.values():
+            agent.proc.join(max(0.0, deadline - time.monotonic()))
+            if agent.proc.is_alive():
+                agent.proc.kill()
+                agent.proc.join(5)
+            agent.dead = agent.dead or "closed"
+            agent.conn.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,141 @@
+"""`Runtime.execute` on two emulated hosts: one agent process each, UCX between them.
+
+Every test has a hard timeout; agents are always stopped (or killed) in `finally` via the
+context manager; UCX waits inside agents are bounded by a short timeout so failure cases end fast.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from tenplex.compiler.compile import compile_plan
+from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.ir.box import Box
+from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.arrays import arange_tensors, materialize_all
+from tenplex.runtime.transport.ucx import ucx_available
+
+_REASON = ucx_available()
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(_REASON is not None, reason=f"ucxx cannot be imported: {_REASON}"),
+]
+
+SRC, DST = "gpt-tiny:tp2,pp1,dp1@2x1", "gpt-tiny:tp1,pp1,dp2@2x1"
+HOSTS = ["h0", "h1"]
+JOB = "j"
+
+
+@pytest.fixture(scope="module")
+def case():
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec(SRC), ptc_from_spec(DST)
+    plan = compile_plan(src, dst)
+    tensors = arange_tensors(src)
+    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
+              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    return src, dst, plan, tensors, materialize_all(src, tensors), values
+
+
+def _runtime(src, arrays, values, timeout: float = 20.0):
+    from tenplex.runtime.runtime import Runtime
+
+    rt = Runtime.local(HOSTS, timeout=timeout, round_timeout=30.0, start_timeout=30.0)
+    try:
+        rt.load(JOB, "v0", src, arrays, values)
+    except BaseException:
+        rt.close()
+        raise
+    return rt
+
+
+def _assert_src_intact(rt, arrays, values) -> None:
+    got_arrays, got_values = rt.fetch(JOB, "v0")
+    assert got_arrays.keys() == arrays.keys()
+    assert all(got_arrays[k].tobytes() == a.tobytes() for k, a in arrays.items())
+    assert got_values == values
+
+
+def _assert_nothing_committed(rt) -> None:
+    assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, False)
+    assert rt.exists(JOB, ".staging-v1") == dict.fromkeys(HOSTS, False)
+
+
+@pytest.mark.timeout(60)
+def test_execute_matches_oracle_and_commits_only_at_the_end(case):
+    src, dst, plan, tensors, arrays, values = case
+    assert plan.stats.network_bytes > 0
+    assert {m.src_host != m.dst_host for m in plan.messages} == {True, False}  # network and local
+    assert any(isinstance(op, FillOp) for op in plan.ops) and any(isinstance(op, ValueOp) for op in plan.ops)
+    with _runtime(src, arrays, values) as rt:
+        _assert_nothing_committed(rt)
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert sum(sent.values()) == plan.stats.network_bytes
+        assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
+        assert rt.exists(JOB, ".staging-v1") == dict.fromkeys(HOSTS, False)
+        got, got_values = rt.fetch(JOB, "v1")
+        want = materialize_all(dst.with_allocation(plan.allocation), tensors)
+        assert got.keys() == want.keys()
+        for key, expected in want.items():
+            assert got[key].dtype == expected.dtype and got[key].shape == expected.shape, key
+            assert got[key].tobytes() == expected.tobytes(), key
+        # every dst value: copied from src where the op says so, else the op's value
+        for op in plan.ops:
+            if isinstance(op, ValueOp):
+                expected_value = values[(op.src_partition, op.src_device)][op.name] if op.src_partition else op.value
+                assert got_values[(op.dst_partition, op.dst_device)][op.name] == expected_value
+        _assert_src_intact(rt, arrays, values)
+        with pytest.raises(ExecutionError, match="already exists"):  # no silent overwrite of a tag
+            rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
+
+
+@pytest.mark.timeout(60)
+def test_killed_agent_names_host_and_commits_nothing(case):
+    src, dst, plan, _, arrays, values = case
+    with _runtime(src, arrays, values) as rt:
+        victim = rt.agents["h1"].proc
+        victim.kill()
+        victim.join(10)
+        with pytest.raises(ExecutionError, match=r"host 'h1': prepare: agent process died") as info:
+            rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert "nothing was committed" in str(info.value)
+        assert rt.call("h0", "exists", path=f"/job/{JOB}/v1") is False
+        assert rt.call("h0", "exists", path=f"/job/{JOB}/.staging-v1") is False
+        a0, v0 = rt.call("h0", "fetch", job=JOB, tag="v0")
+        assert a0 and all(a0[k].tobytes() == arrays[k].tobytes() for k in a0)
+        assert v0 == {k: v for k, v in values.items() if k in {(p, d) for p, d in v0}}
+
+
+@pytest.mark.timeout(60)
+def test_bad_op_mid_round_names_host_and_message_and_keeps_src(case):
+    src, dst, plan, _, arrays, values = case
+    local = next(m for m in plan.messages if m.src_host == m.dst_host == "h1")
+    i = local.ops[0]
+    op = plan.ops[i]
+    assert isinstance(op, CopyOp)
+    far = Box(tuple(s + 10**6 for s in op.box.start), tuple(e + 10**6 for e in op.box.stop))
+    ops = list(plan.ops)
+    ops[i] = attrs.evolve(op, box=far)  # outside its pieces: fails on h1 in round 0
+    bad = attrs.evolve(plan, ops=tuple(ops))
+    with _runtime(src, arrays, values, timeout=3.0) as rt:
+        with pytest.raises(ExecutionError) as info:
+            rt.execute(bad, src, dst, JOB, "v0", "v1")
+        text = str(info.value)
+        first = text.split("nothing was committed: ")[1].split("; host ")[0]  # the cause comes first
+        assert first.startswith("host 'h1': run_round failed: ") and f"message {local.id} " in first, text
+        assert f"op {i} (copy of {op.tensor!r}" in first and "outside piece" in first, text
+        _assert_nothing_committed(rt)
+        _assert_src_intact(rt, arrays, values)
+
+
+@pytest.mark.timeout(60)
+def test_missing_agent_for_a_host_is_rejected_before_anything_runs(case):
+    src, dst, plan, _, _, _ = case
+    from tenplex.runtime.runtime import Runtime
+
+    rt = Runtime({}, round_timeout=1.0)
+    with pytest.raises(ExecutionError, match=r"no agent for host\(s\) \['h0', 'h1'\]"):
+        rt.execute(plan, src, dst, JOB, "v0", "v1")
