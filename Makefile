@@ -12,8 +12,8 @@ $(VENV)/.stamp: pyproject.toml
 	touch $@
 
 deps: $(VENV)/.stamp
-# FUSE tests need libfuse3 (a later issue); hook for it:
-#	command -v fusermount3 >/dev/null || apt-get install -y fuse3
+	@command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3) >/dev/null 2>&1 \
+		|| echo "warning: could not install fuse3; the FUSE tests will be skipped"
 
 lint: deps
 	$(VENV)/bin/ruff check $(SRC)

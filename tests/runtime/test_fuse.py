@@ -1,0 +1,222 @@
+"""FUSE view: listing, numpy.load (plain and mmap) per dtype, a large array read in chunks, JSON
+values, writes through the mount, malformed writes, deletes and renames. Every test mounts a
+real store at a tmp_path and unmounts it in teardown; the module skips without FUSE.
+
+numpy's own file I/O on the mount runs in a child process (`_child`): in the serving process it
+would hold the GIL that the FUSE thread needs (see `mount`). Python file I/O is safe in-process."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tenplex.runtime.fuse import DTYPE_XATTR, NpyFile, mount, parse_npy
+from tenplex.runtime.fuse import fuse_unavailable_reason as _reason
+from tenplex.runtime.store import TensorStore
+
+REASON = _reason()
+if os.geteuid() != 0 and REASON is None:
+    REASON = "mounting FUSE in tests needs root"
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(REASON is not None, reason=f"FUSE unavailable: {REASON}")]
+
+P = "/job/j/t/0"
+ARRAYS = {
+    "w_f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "w_bf16": (np.arange(10) % 7).astype(ml_dtypes.bfloat16).reshape(2, 5),
+    "mask": np.arange(9).reshape(3, 3) % 2 == 0,
+    "ids": np.arange(-5, 5, dtype=np.int64),
+    "scalar": np.array(3.5, dtype=np.float64),
+    "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+}
+
+
+@pytest.fixture
+def store():
+    s = TensorStore()
+    for name, a in ARRAYS.items():
+        s.put(f"{P}/{name}", a)
+    s.put(f"{P}/step", 7)
+    s.put(f"{P}/cfg/opt", {"lr": 0.1, "betas": [0.9, 0.95], "name": "adam"})
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def mnt(store, tmp_path):
+    d = tmp_path / "mnt"
+    d.mkdir()
+    with mount(store, str(d)) as m:
+        yield m
+    assert not os.path.ismount(d)
+
+
+def _child(code: str, *args: object) -> None:
+    """Run `code` in a fresh Python with `numpy as np` imported and `args` in `argv`."""
+    script = "import sys, numpy as np\nargv = sys.argv[1:]\n" + code
+    r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _load(path: str) -> np.ndarray:
+    return np.load(io.BytesIO(Path(path).read_bytes()))
+
+
+def _expected(name: str) -> np.ndarray:
+    a = ARRAYS[name]
+    return a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a
+
+
+def test_listing_mirrors_the_store(mnt):
+    assert sorted(os.listdir(mnt)) == ["job"]
+    assert sorted(os.listdir(f"{mnt}{P}")) == sorted([f"{n}.npy" for n in ARRAYS] + ["step.json", "cfg"])
+    assert os.listdir(f"{mnt}{P}/cfg") == ["opt.json"]
+    assert os.path.isdir(f"{mnt}{P}/cfg") and os.path.isfile(f"{mnt}{P}/step.json")
+
+
+def test_numpy_load_equals_the_stored_array(mnt, tmp_path):
+    copy = """
+for name in argv[2:]:
+    for mode in (None, "r"):
+        a = np.load(f"{argv[0]}/{name}.npy", mmap_mode=mode)
+        np.save(f"{argv[1]}/{name}-{mode}.npy", a)
+"""
+    _child(copy, f"{mnt}{P}", tmp_path, *ARRAYS)
+    for name in ARRAYS:
+        want = _expected(name)
+        assert os.path.getsize(f"{mnt}{P}/{name}.npy") == len(_npy_bytes(ARRAYS[name]))
+        for mode in (None, "r"):
+            got = np.load(tmp_path / f"{name}-{mode}.npy")
+            assert got.dtype == want.dtype and got.shape == want.shape, (name, mode)
+            np.testing.assert_array_equal(got, want)
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    f = NpyFile.from_leaf(a)
+    return f.read(f.size, 0)
+
+
+def test_files_are_byte_identical_to_np_save(store, mnt, tmp_path):
+    store.put("/f", np.asfortranarray(ARRAYS["w_f32"]), copy=False)  # served with fortran_order
+    for name in (f"{P}/w_f32", f"{P}/scalar", "/f"):
+        np.save(tmp_path / "ref.npy", store.get(name))
+        with open(f"{mnt}{name}.npy", "rb") as f:
+            assert f.read() == (tmp_path / "ref.npy").read_bytes()
+
+
+def test_bfloat16_is_raw_bits_with_a_dtype_xattr(mnt):
+    path = f"{mnt}{P}/w_bf16.npy"
+    assert os.getxattr(path, DTYPE_XATTR) == b"bfloat16"
+    np.testing.assert_array_equal(_load(path).view(ml_dtypes.bfloat16), ARRAYS["w_bf16"])
+
+
+def test_strided_view_is_served_in_c_order(store, tmp_path):
+    base = np.arange(64, dtype=np.int16).reshape(8, 8)
+    store.put("/s", base[::2, 1::3], copy=False)
+    (tmp_path / "m").mkdir()
+    with mount(store, str(tmp_path / "m")) as m:
+        np.testing.assert_array_equal(_load(f"{m}/s.npy"), base[::2, 1::3])
+
+
+def test_large_array_read_in_chunks(store, tmp_path):
+    big = np.arange(16 * 2**20, dtype=np.float32)  # 64 MiB
+    store.put("/big", big, copy=False)
+    (tmp_path / "m").mkdir()
+    with mount(store, str(tmp_path / "m")) as m:
+        with open(f"{m}/big.npy", "rb") as f:
+            f.seek(len(NpyFile.from_leaf(big).header))
+            for start in range(0, big.size, 2**20):
+                assert np.array_equal(np.frombuffer(f.read(4 * 2**20), np.float32), big[start : start + 2**20]), start
+        check = """
+want = np.arange(16 * 2**20, dtype=np.float32)
+for mode in ("r", None):
+    got = np.load(argv[0], mmap_mode=mode)
+    for start in range(0, want.size, 2**21):
+        assert np.array_equal(got[start : start + 2**21], want[start : start + 2**21]), (mode, start)
+"""
+        _child(check, f"{m}/big.npy")
+
+
+def test_values_are_json_files(mnt):
+    with open(f"{mnt}{P}/step.json") as f:
+        assert json.load(f) == 7
+    with open(f"{mnt}{P}/cfg/opt.json") as f:
+        assert json.load(f) == {"lr": 0.1, "betas": [0.9, 0.95], "name": "adam"}
+
+
+def test_np_save_through_the_mount_stores_the_array(store, mnt):
+    a = np.arange(24, dtype=np.float16).reshape(2, 3, 4)
+    os.mkdir(f"{mnt}{P}/new")
+    assert os.listdir(f"{mnt}{P}/new") == []
+    save = """
+np.save(argv[0], np.arange(24, dtype=np.float16).reshape(2, 3, 4))
+np.save(argv[1], np.asfortranarray(np.ones((3, 2), np.int8)))
+"""
+    _child(save, f"{mnt}{P}/new/x.npy", f"{mnt}{P}/ids.npy")  # a new file and an overwrite
+    assert store.get(f"{P}/new/x").dtype == np.float16
+    np.testing.assert_array_equal(store.get(f"{P}/new/x"), a)
+    np.testing.assert_array_equal(_load(f"{mnt}{P}/new/x.npy"), a)
+    np.testing.assert_array_equal(store.get(f"{P}/ids"), np.ones((3, 2), np.int8))
+
+
+def test_raw_bits_written_over_bfloat16_keep_the_dtype(store, mnt):
+    _child("np.save(argv[0], np.load(argv[0]) + 0)", f"{mnt}{P}/w_bf16.npy")  # read-modify-write
+    assert store.get(f"{P}/w_bf16").dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(store.get(f"{P}/w_bf16"), ARRAYS["w_bf16"])
+
+
+def test_json_written_through_the_mount_is_stored(store, mnt):
+    with open(f"{mnt}{P}/epoch.json", "w") as f:
+        json.dump({"epoch": 3}, f)
+    assert store.get(f"{P}/epoch") == {"epoch": 3}
+
+
+@pytest.mark.parametrize("content", [b"", b"not a npy file", _npy_bytes(np.zeros(4, np.float32))[:-3]])
+def test_malformed_write_stores_nothing(store, mnt, content):
+    with pytest.raises(OSError) as e, open(f"{mnt}{P}/bad.npy", "wb") as f:
+        f.write(content)
+    assert e.value.errno == errno.EINVAL
+    assert not store.exists(f"{P}/bad")
+    assert "bad.npy" not in os.listdir(f"{mnt}{P}")
+
+
+def test_other_file_names_cannot_be_created(mnt):
+    with pytest.raises(PermissionError):
+        open(f"{mnt}{P}/notes.txt", "w").close()
+
+
+def test_missing_file_raises_file_not_found(mnt):
+    with pytest.raises(FileNotFoundError):
+        Path(f"{mnt}{P}/nope.npy").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        Path(f"{mnt}{P}/step.npy").read_bytes()  # a value is only step.json
+    with pytest.raises(FileNotFoundError):
+        os.listdir(f"{mnt}/job/other")
+
+
+def test_delete_and_rename_map_to_the_store(store, mnt):
+    os.unlink(f"{mnt}{P}/ids.npy")
+    assert not store.exists(f"{P}/ids")
+    os.rename(f"{mnt}{P}/mask.npy", f"{mnt}{P}/mask2.npy")
+    np.testing.assert_array_equal(store.get(f"{P}/mask2"), ARRAYS["mask"])
+    with pytest.raises(OSError) as e:
+        os.rmdir(f"{mnt}{P}/cfg")
+    assert e.value.errno == errno.ENOTEMPTY
+    os.unlink(f"{mnt}{P}/cfg/opt.json")
+    os.rmdir(f"{mnt}{P}/cfg")
+    assert not store.exists(f"{P}/cfg")
+
+
+def test_parse_npy_rejects_object_arrays():
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+    with pytest.raises(ValueError, match="object arrays"):
+        parse_npy(f.getvalue() + bytes(8))
