@@ -259,6 +259,22 @@ def spec(spec: str | None, list_presets: bool, output: str | None) -> None:
     _write(_presets() if list_presets else dumps(load_state(spec)), output)
 
 
+@cli.command("reshard")
+@click.argument("src_dir", type=click.Path(file_okay=False))
+@click.option("--to", "dst", required=True, metavar="DST", help="Target layout: a PTC JSON file or a model spec.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
+@click.option("--central", is_flag=True, help="Route every byte through worker w0 (reference plan).")
+def reshard_cmd(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
+    """Reshard the checkpoint directory SRC_DIR (ptc.json + <partition>/<path>.npy) to DST's layout."""
+    from tenplex.runtime.reshard import reshard
+
+    result = reshard(src_dir, load_state(dst), out_dir, workers=workers, central=central)
+    click.echo(result.summary())
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console-script entry point."""
     cli.main(args=argv, prog_name="tenplex")
