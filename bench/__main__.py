@@ -1,4 +1,7 @@
-"""`python -m bench [--quick] [--only compile|bytes] [--timeout S] [--jobs N] [--out DIR]`.
+"""`python -m bench [--quick] [--only compile|bytes|runtime] [--timeout S] [--jobs N] [--out DIR]`.
+
+`--only runtime` runs the agent runtime's reshard throughput (`bench/runtime.py`, ≥ 2 GB of
+state; not part of the default run) and writes bench/results/runtime.{md,json}.
 
 Exit status 1 when a plan's network bytes differ from the lower bound or a case fails with an
 error; a timeout is reported (loudly) but does not fail the run.
@@ -21,7 +24,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="small cases (gpt-1.3b, 8 layers for the bytes table), under 30 s"
     )
-    p.add_argument("--only", choices=["compile", "bytes"], help="run one of the two tables")
+    p.add_argument(
+        "--only",
+        choices=["compile", "bytes", "runtime"],
+        help="run one table (runtime: agent reshard throughput, only when asked for)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case (default 300)")
     p.add_argument(
         "--jobs",
@@ -40,6 +47,13 @@ def _progress(row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     info = report.machine_info()
+    if args.only == "runtime":
+        from bench import runtime
+
+        print("runtime reshard (one process per case):", file=sys.stderr)
+        rows, paths = runtime.run(args.quick, args.timeout, args.out, info, ROOT)
+        print("wrote " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths))
+        return _verdict(rows)
     compile_rows, bytes_rows = [], []
     if args.only in (None, "compile"):
         print("compile + verify (one core, one process per case):", file=sys.stderr)

@@ -7,8 +7,13 @@
 2. A small GPT reconfigured step by step ((2,2,1) → (1,2,2) → (4,1,1) on one host, then out to
    a second host), each plan compiled, verified and executed in-process by the numpy executor
    from `arange` sources, every byte compared with the source tensors (`check_execution`).
-3. The Graphviz DOT of the last plan in `demo-out/plan.dot`, rendered to PNG when `dot` is on
-   PATH.
+3. The same chain (2,2,1) → (1,2,2) → (4,1,1) executed by two local agent processes over UCX
+   (`Runtime.local`; the 4 devices re-homed alternately onto hosts w0 and w1), each step's dst
+   state fetched and compared with the oracle byte for byte; per step the bytes moved (between
+   workers / local), the plan's lower bound, the wall time and the time of a numpy memcpy of
+   the same bytes in this process. Skipped (with a line saying why) when ucxx cannot be imported.
+4. The Graphviz DOT of the last plan of part 2 in `demo-out/plan.dot`, rendered to PNG when
+   `dot` is on PATH.
 
 Exit status 0 when every plan verifies, moves exactly the network lower bound, and executes to
 the oracle byte for byte; 1 otherwise (the failing case is named in the output).
@@ -33,8 +38,10 @@ import attrs
 from tenplex.compiler import CompileOptions, Plan, compile_plan, network_lower_bound
 from tenplex.compiler.emit import human_bytes, human_seconds, plural, table, to_dot, to_text
 from tenplex.frontends.spec import ptc_from_spec
-from tenplex.ir.errors import TenplexError
+from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.ptc import PTC
+from tenplex.ir.topology import Device, Topology
+from tenplex.runtime.arrays import arange_tensors, materialize_all
 from tenplex.runtime.oracle import check_execution
 
 PAPER_MODELS = ("gpt-1.3b", "gpt-2.7b", "gpt-6.7b")
@@ -43,6 +50,8 @@ PAPER_DSTS = (((4, 2, 2), "4x4"), ((4, 4, 1), "4x4"), ((8, 2, 1), "4x4"))
 SMALL_MODEL = "gpt-tiny:layers=8,hidden=256,heads=8,ffn=1024,vocab=4096"
 SMALL_STEPS = (((2, 2, 1), "1x4"), ((1, 2, 2), "1x4"), ((4, 1, 1), "1x4"), ((4, 1, 2), "2x4"))
 QUICK_MODEL = "gpt-tiny"
+AGENT_STEPS = SMALL_STEPS[:3]  # (2,2,1) -> (1,2,2) -> (4,1,1) on one host's 4 devices
+AGENT_WORKERS = 2
 
 
 def spec(model: str, tpd: tuple[int, int, int], cluster: str) -> str:
@@ -141,6 +150,107 @@ def run_steps(model: str, steps: Sequence) -> tuple[list[Step], PTC, PTC]:
     return out, *last
 
 
+def on_workers(ptc: PTC, workers: int) -> PTC:
+    """`ptc` with device k on host `w{k % workers}` (allocation unchanged): one host's devices
+    spread over `workers` local agent processes, as `tenplex.runtime.reshard.rehome` does."""
+    topo = Topology(tuple(Device(d.id, f"w{d.id % workers}") for d in ptc.topology.devices), ptc.topology.links)
+    return PTC(ptc.tensors, ptc.subtensors, ptc.partitions, ptc.allocation, topo)
+
+
+def memcpy_seconds(nbytes: int, repeat: int = 3) -> float:
+    """Best time of a numpy copy of `nbytes` between two already-touched buffers (this process)."""
+    if nbytes <= 0:
+        return 0.0
+    import numpy as np
+
+    a, b = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@attrs.frozen
+class AgentStep:
+    """One step executed by agents: bytes from the plan, seconds of `Runtime.execute`."""
+
+    src: tuple[tuple[int, int, int], str]
+    dst: tuple[tuple[int, int, int], str]
+    network: int = 0  # between workers
+    local: int = 0  # within a worker (host + same-device copies)
+    bound: int = 0
+    sent: int = 0  # bytes the agents report sending
+    seconds: float = 0.0
+    memcpy: float = 0.0
+    checked_bytes: int = 0
+    error: str = ""
+
+    @property
+    def moved(self) -> int:
+        return self.network + self.local
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.network == self.bound == self.sent and self.checked_bytes > 0
+
+
+def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
+                    timeout: float = 30.0) -> tuple[list[AgentStep], str]:  # fmt: skip
+    """Run the chain on `workers` local agents (one `Runtime.local` for all steps, the dst of
+    one step the src of the next). Returns (steps, skip reason); the reason is "" unless ucxx
+    cannot be imported, and then no step is run."""
+    from tenplex.runtime.transport.ucx import ucx_available
+
+    reason = ucx_available()
+    if reason is not None:
+        return [], reason
+    from tenplex.runtime.runtime import Runtime
+
+    out: list[AgentStep] = []
+    src = on_workers(ptc_from_spec(spec(model, *steps[0])), workers)
+    tensors = arange_tensors(src)
+    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
+              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    job = f"demo-{os.getpid()}"
+    try:
+        with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeout, round_timeout=4 * timeout,
+                           start_timeout=4 * timeout) as rt:  # fmt: skip
+            rt.load(job, "s0", src, materialize_all(src, tensors), values)
+            for i, (before, after) in enumerate(zip(steps, steps[1:])):
+                try:
+                    dst = on_workers(ptc_from_spec(spec(model, *after)), workers)
+                    plan = compile_plan(src, dst)
+                    placed = dst.with_allocation(plan.allocation)
+                    t0 = time.perf_counter()
+                    sent = rt.execute(plan, src, dst, job, f"s{i}", f"s{i + 1}")
+                    seconds = time.perf_counter() - t0
+                    got, _ = rt.fetch(job, f"s{i + 1}")
+                    checked = _compare(got, materialize_all(placed, tensors))
+                except TenplexError as e:
+                    out.append(AgentStep(before, after, error=f"{type(e).__name__}: {e}"))
+                    break
+                st = plan.stats
+                local = st.host_bytes + st.device_bytes
+                out.append(AgentStep(before, after, st.network_bytes, local, st.network_lower_bound_bytes,
+                                     sum(sent.values()), seconds, memcpy_seconds(st.network_bytes + local), checked))  # fmt: skip
+                src = placed
+    except TenplexError as e:  # starting the agents failed
+        out.append(AgentStep(steps[0], steps[1], error=f"{type(e).__name__}: {e}"))
+    return out, ""
+
+
+def _compare(got: dict, want: dict) -> int:
+    """Bytes compared; raises ExecutionError on the first dst instance that differs."""
+    if got.keys() != want.keys():
+        raise ExecutionError(f"agents hold instances {sorted(got)[:4]}, the oracle {sorted(want)[:4]}")
+    for key, expected in want.items():
+        if got[key].dtype != expected.dtype or got[key].tobytes() != expected.tobytes():
+            raise ExecutionError(f"sub-tensor {key[0]!r} on device {key[1]} differs from the oracle")
+    return sum(a.nbytes for a in want.values())
+
+
 class Printer:
     """Tables through rich when it is importable and the output is a stream; plain text otherwise."""
 
@@ -188,7 +298,8 @@ def pct_saved(ours: int, theirs: int) -> str:
     return f"{100 * (theirs - ours) / theirs:.0f}%" if theirs else "-"
 
 
-def headline(p: Printer, cases: list[Case], steps: list[Step]) -> None:
+def headline(p: Printer, cases: list[Case], steps: list[Step], agents: list[AgentStep] | None = None,
+             skipped: str = "") -> None:  # fmt: skip
     ok_cases = sum(c.ok for c in cases)
     ours, ref = sum(c.network for c in cases), sum(c.reference for c in cases)
     ok_steps = sum(s.ok for s in steps)
@@ -198,6 +309,13 @@ def headline(p: Printer, cases: list[Case], steps: list[Step]) -> None:
            f"{human_bytes(ours)} over the network vs {human_bytes(ref)} for reference Tenplex ({pct_saved(ours, ref)} less)")  # fmt: skip
     p.line(f"  small GPT:   {ok_steps}/{len(steps)} reconfigurations executed in-process, "
            f"{human_bytes(checked)} of dst state equal to the source byte for byte")  # fmt: skip
+    if skipped:
+        p.line(f"  agents:      skipped (ucxx cannot be imported: {skipped})")
+    elif agents is not None:
+        moved, secs = sum(a.moved for a in agents), sum(a.seconds for a in agents)
+        p.line(f"  agents:      {sum(a.ok for a in agents)}/{len(AGENT_STEPS) - 1} reconfigurations executed by "
+               f"{AGENT_WORKERS} agent processes over UCX, {human_bytes(moved)} moved in {human_seconds(secs)}, "
+               f"dst state equal to the source byte for byte")  # fmt: skip
 
 
 def show_cases(p: Printer, cases: list[Case]) -> None:
@@ -235,11 +353,34 @@ def show_steps(p: Printer, model: str, steps: list[Step]) -> None:
             rows, align="lrrrrrl")  # fmt: skip
 
 
+def show_agents(p: Printer, model: str, agents: list[AgentStep], skipped: str) -> None:
+    p.line(f"3. {model}: the same reconfigurations executed by {AGENT_WORKERS} local agent processes over UCX "
+           f"(the 4 devices alternately on hosts w0, w1), checked against the source", style="bold")  # fmt: skip
+    if skipped:
+        p.line(f"  skipped: ucxx cannot be imported ({skipped})")
+        return
+    rows = []
+    for a in agents:
+        move = f"{tpd_text(a.src[0])} -> {tpd_text(a.dst[0])}"
+        if a.error:
+            rows.append([move, "FAILED", "", "", "", "", "", a.error[:70]])
+            continue
+        ratio = f"{a.memcpy / a.seconds:.2f}x" if a.seconds > 0 else "-"
+        rows.append([move, human_bytes(a.network), human_bytes(a.local), human_bytes(a.bound),
+                     f"{a.seconds * 1e3:.0f} ms", f"{a.memcpy * 1e3:.1f} ms", ratio,
+                     f"ok, {human_bytes(a.checked_bytes)}" if a.ok else "MISMATCH"])  # fmt: skip
+    p.table(["T,P,D", "network", "local", "lower bound", "wall", "memcpy", "memcpy/wall", "checked"],
+            rows, align="lrrrrrrl")  # fmt: skip
+    p.line("  network: bytes between the workers; local: within one (host + same-device copies); wall:")
+    p.line("  Runtime.execute (prepare, rounds, commit); memcpy: one numpy copy of network + local bytes in")
+    p.line("  this process (the memcpy bound); memcpy/wall = 1.00x would match it.")
+
+
 def write_dot(p: Printer, plan: Plan, src: PTC, dst: PTC, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "plan.dot"
     path.write_text(to_dot(plan, src, dst))
-    p.line(f"3. Graphviz: wrote {path} (the last plan above)", style="bold")
+    p.line(f"4. Graphviz: wrote {path} (the last plan of part 2)", style="bold")
     if shutil.which("dot") is None:
         p.line(f"  'dot' is not on PATH: PNG skipped (with graphviz: dot -Tpng {path} -o {path.with_suffix('.png')})")
         return
@@ -274,15 +415,20 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     with p.status(f"compiling {len(models) * len(dsts)} paper cases and the small GPT ..."):
         cases = run_cases(models, dsts, args.jobs)
         steps, src, dst = run_steps(small, SMALL_STEPS)
-    headline(p, cases, steps)
+    with p.status(f"executing {len(AGENT_STEPS) - 1} reconfigurations on {AGENT_WORKERS} local agents ..."):
+        agents, skipped = run_agent_steps(small, AGENT_STEPS)
+    headline(p, cases, steps, agents, skipped)
     p.line()
     show_cases(p, cases)
     p.line()
     show_steps(p, small, steps)
+    p.line()
+    show_agents(p, small, agents, skipped)
     if steps[-1].plan is not None:
         p.line()
         show_last(p, steps[-1], src, dst, args.out)
     ok = all(c.ok for c in cases) and all(s.ok for s in steps) and len(steps) == len(SMALL_STEPS) - 1
+    ok = ok and (bool(skipped) or (all(a.ok for a in agents) and len(agents) == len(AGENT_STEPS) - 1))
     p.line()
     p.line(
         f"demo {'OK' if ok else 'FAILED'} in {human_seconds(time.perf_counter() - t0)}",

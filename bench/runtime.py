@@ -1,0 +1,179 @@
+"""`python -m bench --only runtime`: reshard throughput of the agent runtime on one host.
+
+N = 2 agent processes (`Runtime.local`, UCX shared memory between them), a GPT-style model
+whose bf16 weights + fp32 Adam state are ≥ 2 GB, resharded TP2 → PP2 (every device keeps half
+of what it needs and gets the other half from the other agent). Per case: seconds of
+`Runtime.execute`, GB/s of the bytes the plan moves (between agents + local), a numpy memcpy of
+the same bytes in one process (GB/s) and the ratio (goal ≥ 0.5× memcpy); the in-process numpy
+executor on the same plan for comparison. Every dst byte of both runs is checked against the
+source. Each case runs in a fresh subprocess (`python -m bench.runtime SRC DST`) under a
+timeout; results go to bench/results/runtime.{md,json} (runtime-quick.* with --quick).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+GOAL_RATIO = 0.5
+WORKERS = 2
+MODEL = "gpt-tiny:layers=8,hidden=1280,heads=16,ffn=5120,vocab=8192"  # 2.35 GB of model + Adam state
+QUICK_MODEL = "gpt-tiny:layers=8,hidden=256,heads=8,ffn=1024,vocab=4096"  # ~100 MB
+MOVES = (("tp2,pp1,dp1@1x2", "tp1,pp2,dp1@1x2"),)
+HEADERS = ["case", "status", "state", "network", "local", "agents s", "agents GB/s", "memcpy GB/s",
+           "agents/memcpy", "in-process s", "in-process GB/s", "checked"]  # fmt: skip
+
+
+def cases(quick: bool) -> list[tuple[str, str, str]]:
+    model = QUICK_MODEL if quick else MODEL
+    return [(f"{model.split(':')[0]}{'-quick' if quick else ''} {a.split('@')[0]} -> {b.split('@')[0]}",
+             f"{model},{a}", f"{model},{b}") for a, b in MOVES]  # fmt: skip
+
+
+# ---- one case, in a fresh process ------------------------------------------------------
+def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, Any]:
+    import numpy as np
+
+    from tenplex.compiler import compile_plan
+    from tenplex.demo import memcpy_seconds, on_workers
+    from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.ir.errors import ExecutionError
+    from tenplex.runtime.arrays import arange_tensors, materialize, materialize_all
+    from tenplex.runtime.executor import Executor, State
+    from tenplex.runtime.runtime import Runtime
+    from tenplex.runtime.transport.local import LocalTransport
+
+    src = on_workers(ptc_from_spec(src_spec), workers)
+    dst = on_workers(ptc_from_spec(dst_spec), workers)
+    t0 = time.perf_counter()
+    plan = compile_plan(src, dst)
+    compile_s = time.perf_counter() - t0
+    placed = dst.with_allocation(plan.allocation)
+    st = plan.stats
+    moved = st.network_bytes + st.host_bytes + st.device_bytes
+    tensors = arange_tensors(src)
+    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
+              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    state_bytes = sum(a.nbytes for a in tensors.values())
+
+    def check(got: dict) -> int:
+        want_keys = {(s.id, d) for s in placed.subtensors for d in placed.devices_of_subtensor(s.id)}
+        if set(got) != want_keys:
+            raise ExecutionError(f"dst instances differ: {sorted(set(got) ^ want_keys)[:4]}")
+        n = 0
+        for s in placed.subtensors:
+            want = materialize(placed, tensors, s)
+            for d in placed.devices_of_subtensor(s.id):
+                if got[(s.id, d)].tobytes() != want.tobytes():
+                    raise ExecutionError(f"sub-tensor {s.id!r} on device {d} differs from the oracle")
+                n += want.nbytes
+        return n
+
+    job = "bench"
+    with Runtime.local([f"w{i}" for i in range(workers)], timeout=120.0, round_timeout=600.0,
+                       start_timeout=120.0) as rt:  # fmt: skip
+        arrays = materialize_all(src, tensors)
+        t0 = time.perf_counter()
+        rt.load(job, "src", src, arrays, values)
+        load_s = time.perf_counter() - t0
+        del arrays
+        gc.collect()
+        t0 = time.perf_counter()
+        sent = rt.execute(plan, src, dst, job, "src", "dst")
+        agents_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got, _ = rt.fetch(job, "dst")
+        fetch_s = time.perf_counter() - t0
+    checked = check(got)
+    del got
+    gc.collect()
+    arrays = materialize_all(src, tensors)
+    t0 = time.perf_counter()
+    state = Executor(plan, src, dst, LocalTransport()).run(State(arrays, values))
+    inproc_s = time.perf_counter() - t0
+    del arrays
+    check(state.arrays)
+    del state
+    gc.collect()
+    memcpy_s = memcpy_seconds(moved)
+    return {
+        "workers": workers, "state_bytes": state_bytes, "moved_bytes": moved, "network_bytes": st.network_bytes,
+        "local_bytes": st.host_bytes + st.device_bytes, "network_lower_bound_bytes": st.network_lower_bound_bytes,
+        "sent_bytes": sum(sent.values()), "equal": st.network_bytes == st.network_lower_bound_bytes, "messages": len(plan.messages), "ops": len(plan.ops),
+        "compile_s": compile_s, "load_s": load_s, "fetch_s": fetch_s, "agents_s": agents_s, "inproc_s": inproc_s,
+        "memcpy_s": memcpy_s, "agents_gbps": moved / agents_s / 1e9, "inproc_gbps": moved / inproc_s / 1e9,
+        "memcpy_gbps": moved / memcpy_s / 1e9, "ratio": memcpy_s / agents_s, "inproc_ratio": memcpy_s / inproc_s,
+        "checked_bytes": checked, "numpy": np.__version__,
+    }  # fmt: skip
+
+
+# ---- the driver --------------------------------------------------------------------------
+def run_case(name: str, src: str, dst: str, timeout_s: float, root: Path) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": name, "src": src, "dst": dst}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "bench.runtime", src, dst], cwd=root, capture_output=True,
+                              text=True, timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "wall_s": time.perf_counter() - start, "timeout_s": timeout_s}
+    row["wall_s"] = time.perf_counter() - start
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return {**row, "status": "error", "error": err}
+    return {**row, "status": "ok", **json.loads(lines[-1])}
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    from bench.report import fmt_bytes
+
+    if r["status"] != "ok":
+        return [r["name"], r["status"], *[""] * (len(HEADERS) - 3), r.get("error", "")[:80]]
+    return [r["name"], "ok", fmt_bytes(r["state_bytes"]), fmt_bytes(r["network_bytes"]), fmt_bytes(r["local_bytes"]),
+            f"{r['agents_s']:.2f}", f"{r['agents_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.2f}x",
+            f"{r['inproc_s']:.2f}", f"{r['inproc_gbps']:.2f}", fmt_bytes(r["checked_bytes"]) + " x2"]  # fmt: skip
+
+
+def markdown(info: dict[str, Any], rows: list[dict]) -> str:
+    from bench.report import md_table
+
+    return "\n".join([
+        "# Runtime benchmark (`python -m bench --only runtime`)", "",
+        f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
+        f"One host, {WORKERS} agent processes (`Runtime.local`, UCX between them). GB/s = bytes the plan moves "
+        "(between agents + local copies) / seconds of `Runtime.execute` (prepare, rounds, commit). memcpy: "
+        f"one `np.copyto` of the same number of bytes in one process. Goal: agents ≥ {GOAL_RATIO}× memcpy. "
+        "In-process: the numpy executor (`Executor` + `LocalTransport`) on the same plan. 'checked': dst "
+        "bytes compared with the source oracle, for both runs.", "",
+        md_table(HEADERS, [row_cells(r) for r in rows]), "",
+        "\n".join(f"- {r['name']}: `{r['src']}` → `{r['dst']}`" for r in rows), "",
+    ])  # fmt: skip
+
+
+def run(
+    quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any], root: Path
+) -> tuple[list[dict], list[Path]]:
+    from bench.report import text_table
+
+    rows = []
+    for name, src, dst in cases(quick):
+        rows.append(run_case(name, src, dst, timeout_s, root))
+        r = rows[-1]
+        print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
+    print(f"\nRuntime: reshard on one host, {WORKERS} agent processes vs numpy memcpy (goal >= {GOAL_RATIO}x)")
+    print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "runtime-quick" if quick else "runtime"
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps({"machine": info, "runtime": rows}, indent=2, sort_keys=True) + "\n")
+    paths[1].write_text(markdown(info, rows))
+    return rows, paths
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(*sys.argv[1:3])))
