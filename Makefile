@@ -14,6 +14,8 @@ $(VENV)/.stamp: pyproject.toml
 deps: $(VENV)/.stamp
 	@command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3) >/dev/null 2>&1 \
 		|| echo "warning: could not install fuse3; the FUSE tests will be skipped"
+	@command -v tc >/dev/null || (apt-get update -qq && apt-get install -y -qq iproute2) >/dev/null 2>&1 \
+		|| echo "warning: could not install iproute2; the network-namespace tests will be skipped"
 
 lint: deps
 	$(VENV)/bin/ruff check $(SRC)
