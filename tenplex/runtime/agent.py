@@ -37,8 +37,8 @@ from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_from_json
-from tenplex.runtime.arrays import region, view
-from tenplex.runtime.executor import pack, unpack
+from tenplex.runtime.arrays import view
+from tenplex.runtime.executor import pack, source_region, target_region, unpack
 from tenplex.runtime.store import TensorStore
 
 Instance = tuple[str, int]  # (sub-tensor id, device)
@@ -279,15 +279,11 @@ class Agent:
 
 
 def _source(op: CopyOp, ex: _Execution) -> np.ndarray:
-    ptc, arrays = (ex.src, ex.src_arrays) if op.src_side == "src" else (ex.dst, ex.dst_arrays)
-    return region(
-        arrays[(op.src_subtensor, op.src_device)], ptc.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box
-    )
+    return source_region(op, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays)
 
 
 def _target(op: CopyOp, ex: _Execution) -> np.ndarray:
-    array = ex.dst_arrays[(op.dst_subtensor, op.dst_device)]
-    return region(array, ex.dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
+    return target_region(op, ex.dst, ex.dst_arrays)
 
 
 # ---- the process -------------------------------------------------------------------------

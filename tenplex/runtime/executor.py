@@ -70,7 +70,7 @@ class Executor:
         try:
             if m.src_host == m.dst_host:  # same host: copy region to region, no buffer
                 for op in ops:
-                    _target(op, self.dst, out.arrays)[...] = _source(op, self.src, self.dst, src_state.arrays, out.arrays)
+                    target_region(op, self.dst, out.arrays)[...] = source_region(op, self.src, self.dst, src_state.arrays, out.arrays)
                 return
             payload = pack(ops, self.src, self.dst, src_state.arrays, out.arrays)
             received = self.transport.deliver(m, payload)
@@ -79,19 +79,21 @@ class Executor:
             raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}, ops {list(m.ops)[:4]}...) failed: {e!r}") from e
 
 
-def _source(op: CopyOp, src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping) -> np.ndarray:
+def source_region(op: CopyOp, src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping) -> np.ndarray:
+    """The view a copy reads: its box in the src state, or in a dst array for a forward."""
     ptc, arrays = (src, src_arrays) if op.src_side == "src" else (dst, dst_arrays)
     piece = ptc.subtensor_map[op.src_subtensor].pieces[op.src_piece]
     return region(arrays[(op.src_subtensor, op.src_device)], piece, op.box)
 
 
-def _target(op: CopyOp, dst: PTC, dst_arrays: Mapping) -> np.ndarray:
+def target_region(op: CopyOp, dst: PTC, dst_arrays: Mapping) -> np.ndarray:
+    """The view a copy writes: its box in its dst piece."""
     return region(dst_arrays[(op.dst_subtensor, op.dst_device)], dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
 
 
 def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping) -> np.ndarray:
     """One contiguous byte buffer holding every op's region, in op order."""
-    parts = [_source(op, src, dst, src_arrays, dst_arrays) for op in ops]
+    parts = [source_region(op, src, dst, src_arrays, dst_arrays) for op in ops]
     out = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
     at = 0
     for p in parts:
@@ -103,7 +105,7 @@ def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays:
 def unpack(ops: list[CopyOp], dst: PTC, dst_arrays: Mapping, buffer: np.ndarray) -> None:
     at = 0
     for op in ops:
-        target = _target(op, dst, dst_arrays)
+        target = target_region(op, dst, dst_arrays)
         n = target.nbytes
         if at + n > buffer.nbytes:
             raise ExecutionError(f"message buffer of {buffer.nbytes} bytes is too short for op writing {op.tensor!r} box {op.box}")
