@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import runtime
 
         print("runtime reshard (one process per case):", file=sys.stderr)
-        rows, paths = runtime.run(args.quick, args.timeout, args.out, info, ROOT)
+        rows, paths = runtime.run(args.quick, args.timeout, args.out, info)
         print("wrote " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths))
         return _verdict(rows)
     compile_rows, bytes_rows = [], []

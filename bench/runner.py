@@ -19,14 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_case(kind: str, case: Case, timeout_s: float) -> dict[str, Any]:
     """The worker's JSON result plus name/src/dst/status/wall_s; status is ok|timeout|error."""
-    row: dict[str, Any] = {"name": case.name, "src": case.src, "dst": case.dst}
-    cmd = [sys.executable, "-m", "bench.worker", kind, case.src, case.dst]
+    row = {"name": case.name, "src": case.src, "dst": case.dst}
+    return run_json(["bench.worker", kind, case.src, case.dst], row, timeout_s)
+
+
+def run_json(module_argv: list[str], row: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run `python -m <module_argv>` in a fresh process; `row` plus its last stdout line (JSON),
+    `wall_s` and `status` (ok | timeout | error, with the last stderr line)."""
     start = time.perf_counter()
     try:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-m", *module_argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout_s)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**row, "status": "timeout", "wall_s": time.perf_counter() - start, "timeout_s": timeout_s}
-    row["wall_s"] = time.perf_counter() - start
+    row = {**row, "wall_s": time.perf_counter() - start}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,20 +112,10 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
 
 
 # ---- the driver --------------------------------------------------------------------------
-def run_case(name: str, src: str, dst: str, timeout_s: float, root: Path) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": name, "src": src, "dst": dst}
-    start = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "bench.runtime", src, dst], cwd=root, capture_output=True,
-                              text=True, timeout=timeout_s)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {**row, "status": "timeout", "wall_s": time.perf_counter() - start, "timeout_s": timeout_s}
-    row["wall_s"] = time.perf_counter() - start
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        return {**row, "status": "error", "error": err}
-    return {**row, "status": "ok", **json.loads(lines[-1])}
+def run_case(name: str, src: str, dst: str, timeout_s: float) -> dict[str, Any]:
+    from bench.runner import run_json
+
+    return run_json(["bench.runtime", src, dst], {"name": name, "src": src, "dst": dst}, timeout_s)
 
 
 def row_cells(r: dict[str, Any]) -> list[str]:
@@ -156,13 +145,13 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
 
 
 def run(
-    quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any], root: Path
+    quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]
 ) -> tuple[list[dict], list[Path]]:
     from bench.report import text_table
 
     rows = []
     for name, src, dst in cases(quick):
-        rows.append(run_case(name, src, dst, timeout_s, root))
+        rows.append(run_case(name, src, dst, timeout_s))
         r = rows[-1]
         print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
     print(f"\nRuntime: reshard on one host, {WORKERS} agent processes vs numpy memcpy (goal >= {GOAL_RATIO}x)")

@@ -21,6 +21,16 @@ _LLAMA: dict[str, Any] = {
 }  # fmt: skip
 _GPT_1_3B = {**_GPT, "num_layers": 24, "hidden": 2048, "heads": 16, "ffn_hidden": 8192}
 
+_LLAMA_TINY = {
+    **_LLAMA,
+    "num_layers": 4,
+    "hidden": 64,
+    "heads": 4,
+    "query_groups": 2,
+    "ffn_hidden": 128,
+    "vocab": 1000,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt-1.3b": _GPT_1_3B,
     "gpt-3-xl": _GPT_1_3B,
@@ -66,25 +76,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vocab": 1000,
         "max_position": 64,
     },
-    "llama-tiny": {
-        **_LLAMA,
-        "num_layers": 4,
-        "hidden": 64,
-        "heads": 4,
-        "query_groups": 2,
-        "ffn_hidden": 128,
-        "vocab": 1000,
-    },
-    "moe-tiny": {
-        **_LLAMA,
-        "num_layers": 4,
-        "hidden": 64,
-        "heads": 4,
-        "query_groups": 2,
-        "ffn_hidden": 128,
-        "vocab": 1000,
-        "num_experts": 4,
-    },
+    "llama-tiny": _LLAMA_TINY,
+    "moe-tiny": {**_LLAMA_TINY, "num_experts": 4},
 }
 
 MODEL_FIELDS = tuple(a.name for a in attrs.fields(ModelSpec))

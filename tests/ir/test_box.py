@@ -276,3 +276,16 @@ def test_overlap_volume_equals_the_intersection_volume(a, b):
     y = Box((min(b[0], b[1]), min(b[2], b[3])), (max(b[0], b[1]), max(b[2], b[3])))
     inter = x.intersect(y)
     assert x.overlap_volume(y) == (inter.volume if inter else 0)
+
+
+@given(st.lists(st.integers(1, 5), min_size=0, max_size=3), st.integers(1, 40))
+def test_split_box_cuts_row_major_consecutive_parts_within_the_limit(shape, limit):
+    from tenplex.ir.box import split_box
+
+    box = Box.from_shape(shape).translate([1] * len(shape))
+    parts = split_box(box, limit)
+    assert all(p.volume <= limit for p in parts)
+    assert sum(p.volume for p in parts) == box.volume and disjoint_union(parts) == sorted(parts)
+    flat = np.arange(box.volume).reshape(box.shape) if shape else np.arange(1).reshape(())
+    order = [flat[p.relative_to(box.start).to_slices() + (Ellipsis,)].ravel() for p in parts]
+    assert np.concatenate(order).tolist() == list(range(box.volume))  # consecutive in row-major order
