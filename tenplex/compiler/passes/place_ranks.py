@@ -18,7 +18,6 @@ from collections import defaultdict
 
 import attrs
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from tenplex.compiler.cost import held_by_host, host_lower_bounds
 from tenplex.compiler.program import Program
@@ -141,6 +140,7 @@ def _assign(weights: np.ndarray) -> list[int]:
     """Max-weight perfect assignment rows -> columns; the identity wins ties."""
     if weights.size == 0:
         return []
+    from scipy.optimize import linear_sum_assignment  # here: importing scipy costs ~0.4 s per process
     scale = max(1.0, float(weights.max()) / 1e9)  # keep the tie-break bonus above float precision
     bonus = 0.5 / len(weights)
     rows, cols = linear_sum_assignment(weights / scale + bonus * np.eye(len(weights)), maximize=True)
