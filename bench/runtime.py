@@ -85,6 +85,7 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
         t0 = time.perf_counter()
         sent = rt.execute(plan, src, dst, job, "src", "dst")
         agents_s = time.perf_counter() - t0
+        phases = {"runtime": dict(rt.phases), **rt.host_seconds}
         t0 = time.perf_counter()
         got, _ = rt.fetch(job, "dst")
         fetch_s = time.perf_counter() - t0
@@ -105,7 +106,7 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
         "local_bytes": st.host_bytes + st.device_bytes, "network_lower_bound_bytes": st.network_lower_bound_bytes,
         "sent_bytes": sum(sent.values()), "equal": st.network_bytes == st.network_lower_bound_bytes, "messages": len(plan.messages), "ops": len(plan.ops),
         "compile_s": compile_s, "load_s": load_s, "fetch_s": fetch_s, "agents_s": agents_s, "inproc_s": inproc_s,
-        "memcpy_s": memcpy_s, "agents_gbps": moved / agents_s / 1e9, "inproc_gbps": moved / inproc_s / 1e9,
+        "memcpy_s": memcpy_s, "phases": phases, "agents_gbps": moved / agents_s / 1e9, "inproc_gbps": moved / inproc_s / 1e9,
         "memcpy_gbps": moved / memcpy_s / 1e9, "ratio": memcpy_s / agents_s, "inproc_ratio": memcpy_s / inproc_s,
         "checked_bytes": checked, "numpy": np.__version__,
     }  # fmt: skip

@@ -275,6 +275,9 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, workers: int, central: boo
     click.echo(result.summary())
 
 
+from tenplex.data.cli import dataset as _dataset; cli.add_command(_dataset)  # noqa: E402, E702, I001
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console-script entry point."""
     cli.main(args=argv, prog_name="tenplex")

@@ -25,8 +25,10 @@ deletes staging. The src tag is only ever read.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,7 +39,8 @@ from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_from_json
-from tenplex.runtime.arrays import view
+from tenplex.runtime import parts
+from tenplex.runtime.arrays import np_dtype, view
 from tenplex.runtime.executor import pack, source_region, target_region, unpack
 from tenplex.runtime.store import TensorStore
 
@@ -84,6 +87,15 @@ class _Execution:
         self.src_arrays: dict[Instance, np.ndarray] = {}
         self.dst_arrays: dict[Instance, np.ndarray] = {}
         self.rounds_done: set[int] = set()
+        self.seconds: dict[str, float] = {}  # time per activity: local, pack, exchange, unpack
+
+    @contextlib.contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
 class Agent:
@@ -93,6 +105,7 @@ class Agent:
         self.peer: Any = None
         self.endpoints: dict[str, Any] = {}
         self.execution: _Execution | None = None
+        self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
 
     def _ucx(self) -> Any:
         if self.peer is None:
@@ -145,7 +158,9 @@ class Agent:
                 if d in mine:
                     path = array_path(job, ex.staging, d, st.id)
                     self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
-                    ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
+                    array = self.store.read(path, Box.from_shape(st.shape), writable=True)
+                    array.fill(0)  # fault its pages in now: UCX writing into untouched pages is ~2x slower
+                    ex.dst_arrays[(st.id, d)] = array
         self.execution = ex
         return sum(a.nbytes for a in ex.dst_arrays.values())
 
@@ -168,25 +183,30 @@ class Agent:
             self._fills_and_values(ex, values or {})
         sent = 0
         messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
-        for m in messages:
-            if m.src_host == m.dst_host == self.host:
-                self._guard(ex, m, lambda m=m: self._local(ex, m))
-        for m in messages:
-            if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host):
-                sent += self._guard(ex, m, lambda m=m: self._network(ex, m))
+        with ex.timed("local"):
+            for m in messages:
+                if m.src_host == m.dst_host == self.host:
+                    self._guard(ex, m, lambda m=m: self._local(ex, m))
+        sent = self._network(
+            ex, [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
+        )
         ex.rounds_done.add(round)
         return sent
 
-    def commit(self, job: str, dst_tag: str) -> None:
+    def commit(self, job: str, dst_tag: str) -> dict[str, float]:
+        """Make the dst tag visible (rename staging); returns the execution's seconds per activity."""
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):
             raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
         self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
         self.execution = None
+        self.scratch.release()
+        return ex.seconds
 
     def abort(self, job: str, dst_tag: str) -> bool:
         """Drop the staging tag (if any); True if there was one."""
         self.execution = None
+        self.scratch.release()
         path = tag_path(job, staging_tag(dst_tag))
         if self.store.exists(path):
             self.store.delete(path)
@@ -256,21 +276,54 @@ class Agent:
                 raise ExecutionError(f"op {i} (copy of {op.tensor!r} box {op.box}, device {op.src_device} -> "
                                      f"{op.dst_device}): {type(e).__name__}: {e}") from e  # fmt: skip
 
-    def _network(self, ex: _Execution, m: Message) -> int:
-        ops = [ex.plan.ops[i] for i in m.ops]
-        if m.src_host == self.host:
-            payload = pack(ops, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays)
-            self._ucx().send(self._endpoint(m.dst_host), payload, tag=m.id, message_id=m.id)
-            return payload.nbytes
-        nbytes = sum(_target(op, ex).nbytes for op in ops)
-        buffer = np.empty(nbytes, dtype=np.uint8)
-        got = self._ucx().recv(self._endpoint(m.src_host), buffer, tag=m.id)
-        if got.message_id != m.id or got.data.nbytes != nbytes:
-            raise ExecutionError(
-                f"received message {got.message_id} of {got.data.nbytes} B, expected {m.id} of {nbytes} B"
-            )
-        unpack(ops, ex.dst, ex.dst_arrays, buffer)
-        return 0
+    def _network(self, ex: _Execution, messages: list[Message]) -> int:
+        """Exchange this round's network messages with every peer at once; returns bytes sent.
+
+        Direct parts go from src views into dst views; the rest of a message is packed into and
+        unpacked from the scratch pool (see `parts`)."""
+        if not messages:
+            return 0
+        sends: list = []
+        recvs: list = []
+        expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, packed buffer, ops, bytes)
+        with ex.timed("pack"):
+            layout = [(m, *parts.split([(i, ex.plan.ops[i]) for i in m.ops], ex.src, ex.dst)) for m in messages]
+            with ex.timed("scratch"):
+                self.scratch.reserve(sum(_nbytes(ops, ex) for _, _, ops in layout))
+            for m, directs, packed in layout:
+                outgoing = m.src_host == self.host
+                ep = self._endpoint(m.dst_host if outgoing else m.src_host)
+                region = _source if outgoing else _target
+                for i, op in directs:
+                    view_ = self._guard(ex, m, lambda op=op, region=region: region(op, ex))
+                    (sends if outgoing else recvs).append((ep, view_, parts.DIRECT | i))
+                    if not outgoing:
+                        expect.append((m, None, [op], view_.nbytes))
+                if packed:
+                    buffer = self.scratch.take(_nbytes(packed, ex))
+                    if outgoing:
+                        self._guard(
+                            ex, m, lambda p=packed, b=buffer: pack(p, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays, b)
+                        )
+                        sends.append((ep, buffer, m.id))
+                    else:
+                        recvs.append((ep, buffer, m.id))
+                        expect.append((m, buffer, packed, buffer.nbytes))
+        try:
+            with ex.timed("exchange"):
+                got = self._ucx().exchange(sends, recvs)
+        except Exception as e:
+            ids = [m.id for m in messages]
+            raise ExecutionError(f"round {messages[0].round}: exchanging messages {ids[:8]}{'...' if len(ids) > 8 else ''}"
+                                 f" with peers failed: {type(e).__name__}: {e}") from e  # fmt: skip
+        with ex.timed("unpack"):
+            for (m, buffer, ops, nbytes), received in zip(expect, got):
+                if received.data.nbytes != nbytes:
+                    raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}): received "
+                                         f"{received.data.nbytes} B for ops {ops[:1]}..., expected {nbytes} B")  # fmt: skip
+                if buffer is not None:
+                    self._guard(ex, m, lambda ops=ops, buffer=buffer: unpack(ops, ex.dst, ex.dst_arrays, buffer))
+        return sum(p.nbytes for _, p, _ in sends)
 
     def _endpoint(self, host: str) -> Any:
         if host not in self.endpoints:
@@ -284,6 +337,11 @@ def _source(op: CopyOp, ex: _Execution) -> np.ndarray:
 
 def _target(op: CopyOp, ex: _Execution) -> np.ndarray:
     return target_region(op, ex.dst, ex.dst_arrays)
+
+
+def _nbytes(ops: list[CopyOp], ex: _Execution) -> int:
+    """Bytes of the ops' boxes (their packed size)."""
+    return sum(op.box.volume * np_dtype(ex.dst.tensor_map[op.tensor].dtype).itemsize for op in ops)
 
 
 # ---- the process -------------------------------------------------------------------------

@@ -91,10 +91,16 @@ def target_region(op: CopyOp, dst: PTC, dst_arrays: Mapping) -> np.ndarray:
     return region(dst_arrays[(op.dst_subtensor, op.dst_device)], dst.subtensor_map[op.dst_subtensor].pieces[op.dst_piece], op.box)
 
 
-def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping) -> np.ndarray:
-    """One contiguous byte buffer holding every op's region, in op order."""
+def pack(ops: list[CopyOp], src: PTC, dst: PTC, src_arrays: Mapping, dst_arrays: Mapping,
+         out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """One contiguous byte buffer holding every op's region, in op order (`out`, if given, must
+    be a uint8 buffer of exactly that size)."""
     parts = [source_region(op, src, dst, src_arrays, dst_arrays) for op in ops]
-    out = np.empty(sum(p.nbytes for p in parts), dtype=np.uint8)
+    total = sum(p.nbytes for p in parts)
+    if out is None:
+        out = np.empty(total, dtype=np.uint8)
+    elif out.nbytes != total:
+        raise ExecutionError(f"pack buffer has {out.nbytes} bytes but the ops take {total}")
     at = 0
     for p in parts:
         out[at : at + p.nbytes].view(p.dtype).reshape(p.shape)[...] = p

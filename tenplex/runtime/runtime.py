@@ -43,6 +43,20 @@ class _Failed(Exception):
         self.failures = failures
 
 
+class _Clock:
+    """Records seconds since the previous lap into `phases` (cleared first)."""
+
+    def __init__(self, phases: dict[str, float]):
+        self.phases = phases
+        phases.clear()
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
+
+
 class AgentHandle:
     """The runtime's end of one agent process."""
 
@@ -61,6 +75,8 @@ class Runtime:
     def __init__(self, agents: Mapping[str, AgentHandle], round_timeout: float = 600.0):
         self.agents = dict(agents)
         self.round_timeout = round_timeout
+        self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
+        self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
@@ -140,15 +156,19 @@ class Runtime:
         hosts = sorted(self.agents)
         docs = {"plan": plan_to_json(plan), "src": ptc_to_json(src), "dst": ptc_to_json(dst)}
         sent = dict.fromkeys(hosts, 0)
+        clock = _Clock(self.phases)
         try:
             self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, **docs}) for h in hosts})
             values = self._gather_values(plan, host_of, job, src_tag)
+            clock.lap("prepare")
             rounds = range(max((m.round for m in plan.messages), default=0) + 1)
             for r in rounds:
                 kwargs = {h: {"round": r, "values": values.get(h, {}) if r == 0 else None} for h in hosts}
                 for h, n in self._all({h: ("run_round", kwargs[h]) for h in hosts}).items():
                     sent[h] += n
-            self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
+            clock.lap("rounds")
+            self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
+            clock.lap("commit")
         except _Failed as e:
             self._abort(job, dst_tag)
             raise ExecutionError(f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)}) failed "

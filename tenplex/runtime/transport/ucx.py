@@ -85,6 +85,10 @@ def ucx_available() -> str | None:
     return None
 
 
+class _Timeout(TransportError):
+    """A wait reached its deadline."""
+
+
 class Received(NamedTuple):
     message_id: int
     data: np.ndarray  # a view of the first nbytes of the out buffer (or the out object itself)
@@ -147,13 +151,13 @@ class UcxPeer:
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TransportError(f"{what}: timed out (peer {self.name!r})")
+                raise _Timeout(f"{what}: timed out (peer {self.name!r})")
             self._worker.progress_worker_event(epoll_timeout=max(1, min(_POLL_MS, int(left * 1000))))
 
     def _wait(self, reqs: list, keep: list, deadline: float, what: str, peer: str) -> None:
         try:
             self._progress_until(lambda: all(r.completed for r in reqs), deadline, what)
-        except TransportError:
+        except _Timeout:
             self._abandon(keep)
             raise TransportError(f"{what}: no progress from peer {peer!r} before the timeout; it may be dead") from None
         for r in reqs:
@@ -183,8 +187,10 @@ class UcxPeer:
     def listen(self, port: int = 0) -> int:
         """Start a TCP listener (all interfaces; port 0 picks a free one); returns the port."""
         if self._listener is None:
+
             def on_request(conn_request: int) -> None:
                 self._pending.append(self._listener.create_endpoint_from_conn_request(conn_request, True))
+
             self._listener = self._api.UCXListener.create(worker=self._worker, port=port, cb_func=on_request)
         return int(self._listener.port)
 
@@ -224,8 +230,9 @@ class UcxPeer:
         return ep
 
     # ---- messages ----------------------------------------------------------------------
-    def send(self, ep: UcxEndpoint, buffer: Any, tag: int = 0, message_id: int | None = None,
-             timeout: float | None = None) -> int:
+    def send(
+        self, ep: UcxEndpoint, buffer: Any, tag: int = 0, message_id: int | None = None, timeout: float | None = None
+    ) -> int:
         """Send `buffer` (zero copy) as one message; returns its message id."""
         check_user_tag(tag)
         self._check_open(ep)
@@ -239,8 +246,13 @@ class UcxPeer:
         reqs = [ep._ep.tag_send(A(header), T(make_tag(HDR, self.id, tag)))]
         if arr.nbytes:
             reqs.append(ep._ep.tag_send(arr, T(make_tag(DATA, self.id, self._seq))))
-        self._wait(reqs, [header, arr, payload], self._deadline(timeout),
-                   f"send of message {message_id} ({arr.nbytes} B, tag {tag})", ep.remote_name)
+        self._wait(
+            reqs,
+            [header, arr, payload],
+            self._deadline(timeout),
+            f"send of message {message_id} ({arr.nbytes} B, tag {tag})",
+            ep.remote_name,
+        )
         return message_id
 
     def recv(self, source: UcxEndpoint | None, out: Any, tag: int = 0, timeout: float | None = None) -> Received:
@@ -261,7 +273,9 @@ class UcxPeer:
         view = _as_bytes(out, True, f"recv from {peer!r}")
         capacity = A(view).nbytes
         if nbytes > capacity:
-            raise TransportError(f"message {message_id} from peer {peer!r} has {nbytes} B; the out buffer holds {capacity} B")
+            raise TransportError(
+                f"message {message_id} from peer {peer!r} has {nbytes} B; the out buffer holds {capacity} B"
+            )
         if isinstance(view, np.ndarray):
             view = view[:nbytes]
         if nbytes:
@@ -269,6 +283,81 @@ class UcxPeer:
             req = self._worker.tag_recv(arr, T(make_tag(DATA, sender, seq)), M(FULL_MASK))
             self._wait([req], [arr, view], deadline, f"recv of message {message_id} ({nbytes} B)", peer)
         return Received(message_id, view, peer)
+
+    def exchange(self, sends: list[tuple[UcxEndpoint, Any, int]], recvs: list[tuple[UcxEndpoint, Any, int]],
+                 timeout: float | None = None) -> list[Received]:  # fmt: skip
+        """Post every send `(ep, buffer, message id)` and receive `(ep, out, message id)` at once
+        and progress them together until all complete (one deadline for the whole batch).
+
+        The message id is also the tag: each receive matches exactly the send with the same id
+        from that peer. Returns the receives in order. Sends and receives overlap with each
+        other and across peers, so a host exchanging with several peers keeps every link busy.
+        """
+        A, T, M = self._Array, self._api.UCXXTag, self._api.UCXXTagMask
+        deadline = self._deadline(timeout)
+        keep: list = []
+        reqs: list = []
+        for ep, buffer, message_id in sends:
+            check_user_tag(message_id)
+            self._check_open(ep)
+            arr = A(_as_bytes(buffer, False, f"send of message {message_id} to {ep.remote_name!r}"))
+            self._seq += 1
+            header = np.frombuffer(pack_header(self.id, message_id, arr.nbytes, self._seq), dtype=np.uint8).copy()
+            keep += [arr, header]
+            reqs.append(ep._ep.tag_send(A(header), T(make_tag(HDR, self.id, message_id))))
+            if arr.nbytes:
+                reqs.append(ep._ep.tag_send(arr, T(make_tag(DATA, self.id, self._seq))))
+        pending = []  # [header request, header, ep, out, message id], until the payload is posted
+        for ep, out, message_id in recvs:
+            check_user_tag(message_id)
+            self._check_open(ep)
+            header = np.zeros(HEADER_SIZE, dtype=np.uint8)
+            req = self._worker.tag_recv(A(header), T(make_tag(HDR, ep.remote_id, message_id)), M(FULL_MASK))
+            keep.append(header)
+            pending.append([req, header, ep, out, message_id])
+        results: list[Received | None] = [None] * len(recvs)
+
+        def post_payloads() -> bool:
+            for i, item in enumerate(pending):
+                req, header, ep, out, message_id = item
+                if item[0] is None or not req.completed:
+                    continue
+                try:
+                    req.check_error()
+                except Exception as e:
+                    raise TransportError(f"recv of message {message_id} from peer {ep.remote_name!r} failed: "
+                                         f"{type(e).__name__}: {e}") from e  # fmt: skip
+                _, got_id, nbytes, seq = unpack_header(header.tobytes())
+                view = _as_bytes(out, True, f"recv of message {message_id} from {ep.remote_name!r}")
+                if got_id != message_id or nbytes > A(view).nbytes:
+                    raise TransportError(f"message {got_id} of {nbytes} B from peer {ep.remote_name!r} does not fit "
+                                         f"the receive of message {message_id} ({A(view).nbytes} B)")  # fmt: skip
+                if isinstance(view, np.ndarray):
+                    view = view[:nbytes]
+                if nbytes:
+                    arr = A(view)
+                    keep.append(arr)
+                    reqs.append(self._worker.tag_recv(arr, T(make_tag(DATA, ep.remote_id, seq)), M(FULL_MASK)))
+                results[i] = Received(message_id, view, ep.remote_name)
+                item[0] = None
+            return all(item[0] is None for item in pending) and all(r.completed for r in reqs)
+
+        what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
+        try:
+            self._progress_until(post_payloads, deadline, what)
+        except TransportError as e:
+            self._abandon(keep + reqs)
+            if not isinstance(e, _Timeout):
+                raise
+            waiting = [item[4] for item in pending if item[0] is not None]
+            raise TransportError(f"{what}: timed out (peer {self.name!r}); headers still missing for messages "
+                                 f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
+        for r in reqs:
+            try:
+                r.check_error()
+            except Exception as e:
+                raise TransportError(f"{what} failed: {type(e).__name__}: {e}") from e
+        return results  # type: ignore[return-value]
 
     # ---- closing -----------------------------------------------------------------------
     def _check_open(self, ep: UcxEndpoint) -> None:
@@ -285,7 +374,10 @@ class UcxPeer:
         A, T = self._Array, self._api.UCXXTag
         mine = np.frombuffer(pack_header(self.id, 0, 0, 0), dtype=np.uint8).copy()
         theirs = np.zeros(HEADER_SIZE, dtype=np.uint8)
-        reqs = [self._worker.tag_recv(A(theirs), T(make_tag(FIN, ep.remote_id, 0))), ep._ep.tag_send(A(mine), T(make_tag(FIN, self.id, 0)))]
+        reqs = [
+            self._worker.tag_recv(A(theirs), T(make_tag(FIN, ep.remote_id, 0))),
+            ep._ep.tag_send(A(mine), T(make_tag(FIN, self.id, 0))),
+        ]
         try:
             self._wait(reqs, [mine, theirs], self._deadline(timeout), "acknowledged close", ep.remote_name)
         finally:
