@@ -1,10 +1,11 @@
 """A per-host agent: owns the host's `TensorStore` and `UcxPeer` and executes its share of a plan.
 
-An agent runs in its own process (`serve`, started with the `spawn` context by `Runtime.local`)
-and obeys commands sent by the runtime over a multiprocessing Pipe. A command is
-`(name, kwargs)`; every reply is `("ok", result)` or `("err", text)`, the text naming the
-command and, where known, the message and op that failed (the runtime adds the host). Commands: `address`, `connect`, `load`,
-`prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`, `exists`, `stop`.
+The agent obeys commands from a runtime; `agent_main` runs it as a process (spawned by
+`Runtime.local`, or `tenplex agent` listening for runtimes). A command is `(name, kwargs)`;
+every reply is `("ok", result)` or `("err", text)`, the text naming the command and, where
+known, the message and op that failed (the runtime adds the host). Commands: `name`,
+`address`, `connect`, `load`, `prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`,
+`delete_tag`, `exists`, `rest_url`, `stop`.
 
 Store layout (one store per host):
 
@@ -15,19 +16,20 @@ Store layout (one store per host):
 
 Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories. Execution:
 `prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
-dst tag does not, and creates zeroed dst arrays under the staging tag. `run_round(r)` runs fills
-and values first (round 0), then the round's messages touching this host: local ones region to
-region, network ones in one global order (by message id) shared by all hosts, each a blocking
-send (packed buffer) or recv (into a buffer, then unpacked). A common order makes the blocking
-exchange deadlock-free. `commit` renames staging to the dst tag in one store step; `abort`
-deletes staging. The src tag is only ever read.
+dst tag does not, and creates zeroed dst arrays (pages touched) under the staging tag.
+`run_round(r)` runs fills and values first (round 0), then the round's messages touching this
+host: local ones region to region, then every network message of the round posted at once to
+all peers (`UcxPeer.exchange`: no ordering between them, so no deadlock and every link busy),
+direct parts zero-copy and the rest through the scratch pool (`parts`). The plan's schedule
+bounds a round's bytes per host, and so the scratch pool. `commit` renames staging to the dst
+tag in one store step; `abort` deletes staging. The src tag is only ever read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -82,12 +84,15 @@ class _Execution:
     def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, plan: Plan, src: PTC, dst: PTC):
         self.host, self.job, self.src_tag, self.dst_tag = host, job, src_tag, dst_tag
         self.plan, self.src, self.dst = plan, src, dst.with_allocation(plan.allocation)
-        self.host_of = src.topology.host_of
+        self.topology = src.topology.union(dst.topology)
+        self.host_of = self.topology.host_of
         self.staging = staging_tag(dst_tag)
         self.src_arrays: dict[Instance, np.ndarray] = {}
         self.dst_arrays: dict[Instance, np.ndarray] = {}
         self.rounds_done: set[int] = set()
         self.seconds: dict[str, float] = {}  # time per activity: local, pack, exchange, unpack
+        self.first_round: dict[Instance, int] = {}  # dst array -> the first round that writes it
+        self.prefaulter: parts.Prefaulter | None = None
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:
@@ -98,14 +103,26 @@ class _Execution:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
+def node_id() -> str:
+    """This machine and network namespace: agents with equal ids can use shared memory."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return f"{boot}/net:{os.stat('/proc/self/ns/net').st_ino}"
+
+
 class Agent:
-    def __init__(self, host: str, timeout: float = 30.0):
+    """One host's store and UCX worker. `ucx_ip` (with `ucx_port`, 0 = any) opens a UCX TCP
+    listener on that address for agents on other nodes."""
+
+    def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0):
         self.host, self.timeout = host, timeout
+        self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
         self.store = TensorStore()
         self.peer: Any = None
         self.endpoints: dict[str, Any] = {}
         self.execution: _Execution | None = None
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
+        self.rest: Any = None
 
     def _ucx(self) -> Any:
         if self.peer is None:
@@ -115,14 +132,41 @@ class Agent:
         return self.peer
 
     # ---- commands --------------------------------------------------------------------
-    def address(self) -> bytes:
-        return self._ucx().address
+    def name(self) -> str:
+        return self.host
 
-    def connect(self, peers: Mapping[str, bytes]) -> list[str]:
+    def address(self) -> dict[str, Any]:
+        """How peers reach this agent: {"worker": UCX worker address, "node": machine and network
+        namespace, "tcp": [ip, port] of the UCX listener or None}."""
+        peer = self._ucx()
+        tcp = [self.ucx_ip, peer.listen(self.ucx_port)] if self.ucx_ip is not None else None
+        return {"worker": peer.address, "node": node_id(), "tcp": tcp}
+
+    def connect(self, peers: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Connect to every other agent in `peers` ({host: its `address()`}); returns {host: mode}.
+
+        Same node: shared memory (worker address, both directions). Other nodes: UCX over TCP; an
+        agent dials the hosts named after it and then accepts the ones named before it, so the
+        dialling order has no cycle and every pair connects once."""
+        me = node_id()
+        remote = sorted(h for h, a in peers.items() if h != self.host and h not in self.endpoints and a["node"] != me)
         for host, addr in sorted(peers.items()):
-            if host != self.host and host not in self.endpoints:
-                self.endpoints[host] = self._ucx().connect(addr)
-        return sorted(self.endpoints)
+            if host != self.host and host not in self.endpoints and addr["node"] == me:
+                self.endpoints[host] = self._ucx().connect(addr["worker"])
+        for host in (h for h in remote if h > self.host):
+            if peers[host]["tcp"] is None:
+                raise ExecutionError(
+                    f"agent {host!r} is on another node but has no UCX TCP listener (start it with --ucx-ip)"
+                )
+            self.endpoints[host] = self._ucx().connect_tcp(*peers[host]["tcp"])
+        for _ in (h for h in remote if h < self.host):
+            if self.ucx_ip is None:
+                raise ExecutionError(f"agent {self.host!r} must accept TCP peers but has no UCX listener (--ucx-ip)")
+            ep = self._ucx().accept()
+            if ep.remote_name not in remote or ep.remote_name in self.endpoints:
+                raise ExecutionError(f"agent {self.host!r} accepted an unexpected peer {ep.remote_name!r}")
+            self.endpoints[ep.remote_name] = ep
+        return {h: ep.mode for h, ep in sorted(self.endpoints.items())}
 
     def load(self, job: str, tag: str, arrays: Mapping[Instance, np.ndarray], values: Mapping | None = None) -> int:
         """Put a state into `/job/<job>/<tag>` (replacing it); returns the bytes stored."""
@@ -137,12 +181,13 @@ class Agent:
 
     def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict) -> int:
         """Parse the plan, check inputs, create zeroed dst arrays under staging; returns dst bytes."""
+        self._finish()
         ex = _Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
         if self.store.exists(tag_path(job, dst_tag)):
             raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
         if self.store.exists(tag_path(job, ex.staging)):
             self.store.delete(tag_path(job, ex.staging))
-        mine = set(ex.src.topology.devices_on(self.host))
+        mine = set(ex.topology.devices_on(self.host))
         for i, op in enumerate(ex.plan.ops):
             if isinstance(op, CopyOp) and op.src_side == "src" and op.src_device in mine:
                 key = (op.src_subtensor, op.src_device)
@@ -158,9 +203,11 @@ class Agent:
                 if d in mine:
                     path = array_path(job, ex.staging, d, st.id)
                     self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
-                    array = self.store.read(path, Box.from_shape(st.shape), writable=True)
-                    array.fill(0)  # fault its pages in now: UCX writing into untouched pages is ~2x slower
-                    ex.dst_arrays[(st.id, d)] = array
+                    ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
+        ex.first_round = _first_rounds(ex)
+        # UCX writing into untouched pages is ~2x slower: fault them in ahead of their round
+        ordered = sorted(ex.dst_arrays, key=lambda k: ex.first_round.get(k, 0))
+        ex.prefaulter = parts.Prefaulter([(k, ex.dst_arrays[k]) for k in ordered])
         self.execution = ex
         return sum(a.nbytes for a in ex.dst_arrays.values())
 
@@ -179,6 +226,8 @@ class Agent:
         ex = self._execution()
         if round in ex.rounds_done:
             raise ExecutionError(f"round {round} already ran")
+        if ex.prefaulter is not None:
+            ex.prefaulter.claim(k for k, r in ex.first_round.items() if r <= round)
         if round == 0:
             self._fills_and_values(ex, values or {})
         sent = 0
@@ -198,20 +247,25 @@ class Agent:
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):
             raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
+        self._finish()
         self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
-        self.execution = None
-        self.scratch.release()
         return ex.seconds
 
     def abort(self, job: str, dst_tag: str) -> bool:
         """Drop the staging tag (if any); True if there was one."""
-        self.execution = None
-        self.scratch.release()
+        self._finish()
         path = tag_path(job, staging_tag(dst_tag))
         if self.store.exists(path):
             self.store.delete(path)
             return True
         return False
+
+    def _finish(self) -> None:
+        """Forget the current execution and stop its prefaulter. The scratch pool (at most one
+        round's packed bytes) is kept for the next execution: its pages are already touched."""
+        if self.execution is not None and self.execution.prefaulter is not None:
+            self.execution.prefaulter.stop()
+        self.execution = None
 
     def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
         """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition, device): values})."""
@@ -230,10 +284,32 @@ class Agent:
                 values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
         return arrays, values
 
+    def delete_tag(self, job: str, tag: str) -> bool:
+        """Delete `/job/<job>/<tag>` if present; True if it was."""
+        if self.store.exists(tag_path(job, tag)):
+            self.store.delete(tag_path(job, tag))
+            return True
+        return False
+
     def exists(self, path: str) -> bool:
         return self.store.exists(path)
 
+    def serve_rest(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
+        """Serve this agent's store over the REST API (`rest.serve`) from a thread; returns its URL."""
+        from tenplex.runtime.rest import serve
+
+        if self.rest is None:
+            self.rest = serve(self.store, host, port, token)
+        return self.rest.url
+
+    def rest_url(self) -> str | None:
+        return None if self.rest is None else self.rest.url
+
     def stop(self) -> None:
+        self._finish()
+        self.scratch.release()
+        if self.rest is not None:
+            self.rest.stop()
         if self.peer is not None:
             self.peer.shutdown()
         self.store.close()
@@ -339,42 +415,21 @@ def _target(op: CopyOp, ex: _Execution) -> np.ndarray:
     return target_region(op, ex.dst, ex.dst_arrays)
 
 
+def _first_rounds(ex: _Execution) -> dict[Instance, int]:
+    """The first round writing each of this host's dst arrays (0 for arrays with fills)."""
+    first: dict[Instance, int] = {}
+    for m in ex.plan.messages:
+        for i in m.ops:
+            op = ex.plan.ops[i]
+            key = (op.dst_subtensor, op.dst_device)
+            if key in ex.dst_arrays:
+                first[key] = min(first.get(key, m.round), m.round)
+    for op in ex.plan.ops:
+        if isinstance(op, FillOp) and (op.dst_subtensor, op.dst_device) in ex.dst_arrays:
+            first[(op.dst_subtensor, op.dst_device)] = 0
+    return first
+
+
 def _nbytes(ops: list[CopyOp], ex: _Execution) -> int:
     """Bytes of the ops' boxes (their packed size)."""
     return sum(op.box.volume * np_dtype(ex.dst.tensor_map[op.tensor].dtype).itemsize for op in ops)
-
-
-# ---- the process -------------------------------------------------------------------------
-COMMANDS = ("address", "connect", "load", "prepare", "values", "run_round", "commit", "abort", "fetch", "exists")
-
-
-def serve(conn: Any, host: str, timeout: float = 30.0) -> None:
-    """The agent process's main loop: run commands from `conn` until `stop` or EOF."""
-    agent = Agent(host, timeout)
-    try:
-        while True:
-            try:
-                name, kwargs = conn.recv()
-            except (EOFError, OSError):
-                return
-            if name == "stop":
-                conn.send(("ok", None))
-                return
-            try:
-                if name not in COMMANDS:
-                    raise ExecutionError(f"unknown agent command {name!r}")
-                result = getattr(agent, name)(**kwargs)
-                reply: tuple[str, Any] = ("ok", result)
-            except Exception as e:
-                detail = (
-                    str(e)
-                    if isinstance(e, ExecutionError)
-                    else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-                )
-                reply = ("err", f"{name} failed: {detail}")
-            try:
-                conn.send(reply)
-            except (BrokenPipeError, OSError):
-                return
-    finally:
-        agent.stop()

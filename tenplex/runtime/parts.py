@@ -99,3 +99,42 @@ class Scratch:
         """Drop the pool's memory."""
         self._buffer = np.empty(0, dtype=np.uint8)
         self._at = 0
+
+
+class Prefaulter:
+    """Touches the pages of arrays in a background thread, in the order they will be written,
+    so that page faults overlap with earlier rounds' transfers instead of slowing them.
+
+    `claim(keys)` must be called before anything writes those arrays: it waits for a chunk in
+    progress and then the thread never touches them again (an array it did not reach stays
+    zero-filled and untouched; that is only slower, never wrong). `stop()` claims everything.
+    """
+
+    CHUNK = 16 << 20
+
+    def __init__(self, arrays: list[tuple[object, np.ndarray]]):
+        import threading
+
+        self._order = [
+            (k, a.reshape(-1).view(np.uint8)) for k, a in arrays if a.nbytes and not isinstance(a, np.memmap)
+        ]
+        self._claimed: set = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="tenplex-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for key, flat in self._order:
+            for at in range(0, flat.nbytes, self.CHUNK):
+                with self._lock:
+                    if key in self._claimed:
+                        break
+                    flat[at : at + self.CHUNK] = 0  # numpy releases the GIL for the fill
+
+    def claim(self, keys: object) -> None:
+        with self._lock:
+            self._claimed.update(keys)  # type: ignore[call-overload]
+
+    def stop(self) -> None:
+        self.claim(k for k, _ in self._order)
+        self._thread.join()

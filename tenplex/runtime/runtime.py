@@ -29,12 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.compiler.central import CentralPlan
 from tenplex.compiler.ops import ValueOp
 from tenplex.compiler.plan import Plan, plan_to_json
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_to_json
-from tenplex.runtime.agent import Instance, serve, tag_path
+from tenplex.runtime.agent import Instance, tag_path
+from tenplex.runtime.agent_main import serve
 
 
 class _Failed(Exception):
@@ -58,7 +60,8 @@ class _Clock:
 
 
 class AgentHandle:
-    """The runtime's end of one agent process."""
+    """The runtime's end of one agent: a process it started (`proc`) or a `tenplex agent` it
+    connected to (`proc` None; only the connection is ours)."""
 
     def __init__(self, host: str, proc: Any, conn: Any):
         self.host, self.proc, self.conn = host, proc, conn
@@ -66,9 +69,16 @@ class AgentHandle:
 
     def mark_dead(self, why: str) -> None:
         self.dead = why
+        if self.proc is None:
+            with contextlib.suppress(OSError):
+                self.conn.close()  # the agent sees EOF and aborts what it was doing
+            return
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(5)
+
+    def exit_code(self) -> str:
+        return "connection lost" if self.proc is None else f"exit code {self.proc.exitcode}"
 
 
 class Runtime:
@@ -77,6 +87,7 @@ class Runtime:
         self.round_timeout = round_timeout
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
+        self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
@@ -95,14 +106,43 @@ class Runtime:
                 child.close()
                 handles[host] = AgentHandle(host, proc, parent)
             rt.agents = handles
-            addresses = rt._all({h: ("address", {}) for h in hosts}, start_timeout)
-            rt._all({h: ("connect", {"peers": addresses}) for h in hosts}, start_timeout)
+            rt._link(start_timeout)
         except BaseException as e:
             rt.close()
             if isinstance(e, _Failed):
                 raise ExecutionError(f"starting agents failed: {e}") from None
             raise
         return rt
+
+    @classmethod
+    def connect(cls, agents: Mapping[str, str], token: str | None = None, round_timeout: float = 600.0,
+                start_timeout: float = 60.0) -> Runtime:  # fmt: skip
+        """Connect to running `tenplex agent`s ({host: control address}) and link them to each other
+        (shared memory on one node, UCX over TCP between nodes). Closing the runtime leaves them running.
+
+        Raises: ExecutionError naming the host that cannot be reached or that has another name."""
+        from tenplex.runtime.agent_main import connect
+
+        rt = cls({}, round_timeout)
+        try:
+            for host, address in agents.items():
+                rt.agents[host] = AgentHandle(host, None, connect(address, token, start_timeout))
+            names = rt._all({h: ("name", {}) for h in rt.agents}, start_timeout)
+            wrong = {h: n for h, n in names.items() if n != h}
+            if wrong:
+                raise ExecutionError(f"agents answer with other names than asked: {wrong}")
+            rt._link(start_timeout)
+        except BaseException as e:
+            rt.close()
+            if isinstance(e, _Failed):
+                raise ExecutionError(f"connecting to agents failed: {e}") from None
+            raise
+        return rt
+
+    def _link(self, timeout: float) -> None:
+        hosts = list(self.agents)
+        addresses = self._all({h: ("address", {}) for h in hosts}, timeout)
+        self.links = self._all({h: ("connect", {"peers": addresses}) for h in hosts}, timeout)
 
     # ---- single-agent calls ------------------------------------------------------------
     def call(self, host: str, name: str, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -148,8 +188,9 @@ class Runtime:
         Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
         dst tag or its staging tag and the src tag is unchanged.
         """
-        host_of = src.topology.host_of
-        needed = set(src.topology.hosts) | {h for m in plan.messages for h in (m.src_host, m.dst_host)}
+        topology = src.topology.union(dst.topology)
+        host_of = topology.host_of
+        needed = set(topology.hosts) | {h for m in plan.messages for h in (m.src_host, m.dst_host)}
         missing = sorted(needed - set(self.agents))
         if missing:
             raise ExecutionError(f"no agent for host(s) {missing} (agents: {sorted(self.agents)})")
@@ -174,6 +215,29 @@ class Runtime:
             raise ExecutionError(f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)}) failed "
                                  f"and nothing was committed: {e}") from None  # fmt: skip
         return sent
+
+    def execute_central(self, central: CentralPlan, src: PTC, dst: PTC, job: str, src_tag: str,
+                        dst_tag: str) -> dict[str, int]:  # fmt: skip
+        """The centralized baseline (`compile_central`): gather into a hidden tag on the central
+        host, scatter from it to `dst_tag`, then drop the hidden tag. Same guarantees as `execute`;
+        `phases` holds both executions' sums."""
+        mid_tag = f".central-{dst_tag}"
+        phases: dict[str, float] = {}
+        try:
+            gathered = self.execute(central.gather, src, central.mid, job, src_tag, mid_tag)
+            phases.update({f"gather {k}": v for k, v in self.phases.items()})
+            scattered = self.execute(central.scatter, central.mid, dst, job, mid_tag, dst_tag)
+            phases.update({f"scatter {k}": v for k, v in self.phases.items()})
+        finally:
+            self.drop(job, mid_tag)
+            self.phases = phases
+        return {h: gathered.get(h, 0) + scattered.get(h, 0) for h in self.agents}
+
+    def drop(self, job: str, tag: str) -> None:
+        """Delete `/job/<job>/<tag>` on every live agent that has it."""
+        live = [h for h, a in self.agents.items() if a.dead is None]
+        with contextlib.suppress(_Failed):
+            self._all({h: ("delete_tag", {"job": job, "tag": tag}) for h in live}, min(self.round_timeout, 60.0))
 
     def _gather_values(self, plan: Plan, host_of: Any, job: str, src_tag: str) -> dict[str, dict[int, Any]]:
         """{dst host: {op id: value}} for value ops that copy a src value."""
@@ -218,9 +282,9 @@ class Runtime:
                 waiting[agent.conn] = agent
             except (BrokenPipeError, OSError, EOFError) as e:
                 agent.mark_dead(f"pipe broken: {e}")
-                failures.append((host, f"{name}: agent process died (exit code {agent.proc.exitcode})"))
+                failures.append((host, f"{name}: agent process died ({agent.exit_code()})"))
         names = {h: c[0] for h, c in calls.items()}
-        sentinels = {a.proc.sentinel: a for a in waiting.values()}
+        sentinels = {a.proc.sentinel: a for a in waiting.values() if a.proc is not None}
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -243,11 +307,10 @@ class Runtime:
                 elif status == "err":
                     failures.append((agent.host, str(payload)))
                 else:
-                    agent.proc.join(5)
-                    agent.mark_dead(f"died (exit code {agent.proc.exitcode})")
-                    failures.append(
-                        (agent.host, f"{names[agent.host]}: agent process died (exit code {agent.proc.exitcode})")
-                    )
+                    if agent.proc is not None:
+                        agent.proc.join(5)
+                    agent.mark_dead(f"died ({agent.exit_code()})")
+                    failures.append((agent.host, f"{names[agent.host]}: agent process died ({agent.exit_code()})"))
         if failures:
             raise _Failed(failures)
         return results
@@ -264,11 +327,15 @@ class Runtime:
     def close(self, timeout: float = 5.0) -> None:
         """Stop every agent (asking first, killing after `timeout`). Idempotent."""
         for agent in self.agents.values():
-            if agent.dead is None and agent.proc.is_alive():
+            if agent.dead is None and agent.proc is not None and agent.proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
                     agent.conn.send(("stop", {}))
         deadline = time.monotonic() + timeout
         for agent in self.agents.values():
+            if agent.proc is None:
+                agent.dead = agent.dead or "closed"
+                agent.conn.close()
+                continue
             agent.proc.join(max(0.0, deadline - time.monotonic()))
             if agent.proc.is_alive():
                 agent.proc.kill()

@@ -48,6 +48,22 @@ def _child_sender(conn, mode: str) -> None:
     conn.send("closed")
 
 
+def _child_exchanger(conn) -> None:
+    """Sends messages 10..12 and receives 20..22 from the parent, all posted at once."""
+    peer = UcxPeer("xchild", timeout=WAIT)
+    conn.send(peer.address)
+    ep = peer.connect(_pipe_recv(conn))
+    outs = [np.zeros(n, dtype=np.uint8) for n in SIZES]
+    got = peer.exchange([(ep, pattern(n, i), 10 + i) for i, n in enumerate(SIZES)],
+                        [(ep, out, 20 + i) for i, out in enumerate(outs)])  # fmt: skip
+    ok = all(
+        np.array_equal(g.data, pattern(n, 50 + i)) and g.message_id == 20 + i
+        for i, (g, n) in enumerate(zip(got, SIZES))
+    )
+    conn.send(ok)
+    peer.close(ep)
+
+
 def _child_idle(conn) -> None:
     peer = UcxPeer("doomed-child", timeout=WAIT)
     conn.send(peer.address)
@@ -117,6 +133,50 @@ def test_tcp_listener_on_loopback():
             _receive_all(peer, ep, conn)
         proc.join(WAIT)
         assert proc.exitcode == 0
+    finally:
+        _stop(proc)
+
+
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_exchange_posts_both_directions_at_once_and_matches_by_message_id():
+    proc, conn = _start(_child_exchanger)
+    try:
+        with UcxPeer("parent", timeout=WAIT) as peer:
+            child_address = _pipe_recv(conn)
+            conn.send(peer.address)
+            ep = peer.connect(child_address)
+            # receives listed in the reverse order of the sends: matching is by id, not arrival
+            outs = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(SIZES)}
+            got = peer.exchange([(ep, pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)],
+                                [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))])  # fmt: skip
+            for g, i in zip(got, reversed(range(len(SIZES)))):
+                assert g.message_id == 10 + i and np.shares_memory(g.data, outs[i])
+                assert np.array_equal(g.data, pattern(SIZES[i], i))
+            assert _pipe_recv(conn) is True
+            peer.close(ep)
+        proc.join(WAIT)
+        assert proc.exitcode == 0
+    finally:
+        _stop(proc)
+
+
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_exchange_into_a_too_small_buffer_names_the_message():
+    proc, conn = _start(_child_exchanger)
+    try:
+        with UcxPeer("parent", timeout=5.0) as peer:
+            child_address = _pipe_recv(conn)
+            conn.send(peer.address)
+            ep = peer.connect(child_address)
+            with pytest.raises(
+                TransportError,
+                match=r"message 11 of 1048576 B from peer .xchild. does not fit the receive of message 11 \(16 B\)",
+            ):
+                peer.exchange([], [(ep, np.zeros(1, np.uint8), 10), (ep, np.zeros(16, np.uint8), 11)])
     finally:
         _stop(proc)
 
