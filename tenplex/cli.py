@@ -266,12 +266,22 @@ def spec(spec: str | None, list_presets: bool, output: str | None) -> None:
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
-@click.option("--central", is_flag=True, help="Route every byte through worker w0 (reference plan).")
+@click.option("--central", is_flag=True, help="Baseline: gather everything on worker w0, then scatter.")
 def reshard_cmd(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
     """Reshard the checkpoint directory SRC_DIR (ptc.json + <partition>/<path>.npy) to DST's layout."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from tenplex.runtime.reshard import reshard
 
-    result = reshard(src_dir, load_state(dst), out_dir, workers=workers, central=central)
+    columns = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("rounds", total=None)
+
+        def on_round(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        result = reshard(src_dir, load_state(dst), out_dir, workers=workers, central=central, on_round=on_round)
     click.echo(result.summary())
 
 

@@ -5,7 +5,7 @@ The agent obeys commands from a runtime; `agent_main` runs it as a process (spaw
 every reply is `("ok", result)` or `("err", text)`, the text naming the command and, where
 known, the message and op that failed (the runtime adds the host). Commands: `name`,
 `address`, `connect`, `load`, `prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`,
-`delete_tag`, `exists`, `rest_url`, `stop`.
+`delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
 
 Store layout (one store per host):
 
@@ -283,6 +283,20 @@ class Agent:
             else:
                 values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
         return arrays, values
+
+    def memory(self, reset_peak: bool = False) -> dict[str, int]:
+        """This process's resident bytes now and at peak (Linux VmRSS/VmHWM); `reset_peak`
+        restarts the peak from now (/proc/self/clear_refs), to measure one execution."""
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        fields = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(rest.split()[0]) * 1024
+        return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
 
     def delete_tag(self, job: str, tag: str) -> bool:
         """Delete `/job/<job>/<tag>` if present; True if it was."""

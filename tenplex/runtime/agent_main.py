@@ -27,7 +27,7 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import Agent
 
 COMMANDS = ("name", "address", "connect", "load", "prepare", "values", "run_round", "commit", "abort", "fetch",
-            "delete_tag", "exists", "rest_url")  # fmt: skip
+            "delete_tag", "exists", "memory", "rest_url")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 
 

@@ -16,10 +16,11 @@ informative only.
 `reshard(src_dir, dst, out_dir, workers=N)` reads SRC, re-homes both PTCs onto N local workers
 and runs the compiled plan: src partition i (sorted by id; first replica only) goes on device i,
 the dst allocation is renumbered onto devices 0..D-1 (old ids in order), and device k lives on
-host `w{k % N}` in one topology shared by both PTCs. With `central=True` every src partition
-sits on worker `w0` (device i*N) and the plan uses the reference source choice, so all bytes are
-routed from one host. workers == 1 runs in-process (executor + local transport); workers >= 2
-starts one agent process per worker (`Runtime.local`, UCX). OUT_DIR is written into a temporary
+host `w{k % N}` in one topology shared by both PTCs. With `central=True` the state is gathered
+on the host of device 0 and scattered from there (`compile_central`: the paper's
+Tenplex-Central baseline), so every byte that changes workers goes through that one. workers
+== 1 runs in-process (executor + local transport); workers >= 2 starts one agent process per
+worker (`Runtime.local`, UCX). OUT_DIR is written into a temporary
 directory beside it and renamed at the end: it is complete or absent, never partial, and an
 existing OUT_DIR is an error.
 """
@@ -31,14 +32,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import attrs
 import numpy as np
 
-from tenplex.compiler import CompileOptions, Plan, compile_plan
+from tenplex.compiler import Plan, compile_plan
+from tenplex.compiler.central import compile_central
 from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.serialize import dumps, load_ptc, read_json
@@ -154,31 +156,31 @@ class ReshardResult:
     out_dir: str
     workers: int
     central: bool
-    plan: Plan
-    bytes_moved: int  # bytes that crossed devices (host links + network), from the plan
+    plans: tuple[Plan, ...]  # the plan, or the central baseline's gather and scatter plans
+    bytes_moved: int  # bytes that crossed devices (host links + network), from the plans
     network_bytes: int  # bytes between workers
     seconds: float
-    verified: bool  # plan checked by the compiler's verifier and OUT_DIR re-read and validated
+    verified: bool  # plans checked by the compiler's verifier and OUT_DIR re-read and validated
 
     def summary(self) -> str:
         from tenplex.compiler.emit import human_bytes
 
-        mode = "central (reference plan through w0)" if self.central else "direct"
+        mode = "central (gathered on w0, then scattered)" if self.central else "peer to peer"
         checked = "plan verified, output re-read and validated" if self.verified else "not verified"
+        messages = sum(len(p.messages) for p in self.plans)
         return (f"tenplex: resharded into {self.out_dir} with {self.workers} worker(s), {mode}: "
                 f"{human_bytes(self.bytes_moved)} moved between devices ({human_bytes(self.network_bytes)} "
-                f"between workers) in {len(self.plan.messages)} messages, {self.seconds:.2f}s; {checked}.")  # fmt: skip
+                f"between workers) in {messages} messages, {self.seconds:.2f}s; {checked}.")  # fmt: skip
 
 
-def rehome(src: PTC, dst: PTC, workers: int, central: bool = False) -> tuple[PTC, PTC]:
+def rehome(src: PTC, dst: PTC, workers: int) -> tuple[PTC, PTC]:
     """Both PTCs on `workers` local hosts (see the module docstring)."""
     if workers < 1:
         raise CheckpointError(f"workers must be >= 1, got {workers}")
-    stride = workers if central else 1
-    src_alloc = Allocation({p.id: (i * stride,) for i, p in enumerate(src.partitions)})
+    src_alloc = Allocation({p.id: (i,) for i, p in enumerate(src.partitions)})
     renum = {d: i for i, d in enumerate(dst.allocation.devices)}
     dst_alloc = Allocation({pid: tuple(renum[d] for d in devs) for pid, devs in dst.allocation.items})
-    n = max((len(src.partitions) - 1) * stride + 1, len(renum))
+    n = max(len(src.partitions), len(renum))
     topo = Topology(tuple(Device(k, f"w{k % workers}") for k in range(n)), src.topology.links)
     return _with(src, src_alloc, topo), _with(dst, dst_alloc, topo)
 
@@ -188,8 +190,10 @@ def _with(ptc: PTC, alloc: Allocation, topo: Topology) -> PTC:
 
 
 def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *, workers: int = 1,
-            central: bool = False, timeout: float = 30.0, round_timeout: float = 600.0) -> ReshardResult:  # fmt: skip
+            central: bool = False, timeout: float = 30.0, round_timeout: float = 600.0,
+            on_round: Callable[[int, int], None] | None = None) -> ReshardResult:  # fmt: skip
     """Reshard the checkpoint in `src_dir` to `dst`'s layout into `out_dir` (complete or absent).
+    `on_round(done, total)` is called after each round (progress).
 
     Raises CheckpointError (bad src, existing out_dir), CompileError, ExecutionError."""
     start = time.monotonic()
@@ -198,12 +202,12 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
     orig_src, arrays, values = read_checkpoint(src_dir)
     _relative_paths(dst)  # fail before any work if dst cannot be written
-    src, dst_h = rehome(orig_src, dst, workers, central)
-    plan = compile_plan(src, dst_h, CompileOptions(baseline="reference") if central else None)
+    src, dst_h = rehome(orig_src, dst, workers)
+    steps = _steps(src, dst_h, central)
     src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
     src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
-    got_arrays, got_values = _execute(plan, src, dst_h, src_arrays, src_values, workers, timeout, round_timeout)
-    placed = dst_h.with_allocation(plan.allocation)
+    got_arrays, got_values = _execute(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
+    placed = dst_h.with_allocation(steps[-1][0].allocation)
     first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
     try:
         out_arrays = {st.id: got_arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
@@ -211,26 +215,47 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     except KeyError as e:
         raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
     _write_dir(dst, out_arrays, out_values, out)
-    stats = plan.stats
-    return ReshardResult(str(out), workers, central, plan, stats.host_bytes + stats.network_bytes,
-                         stats.network_bytes, time.monotonic() - start, True)  # fmt: skip
+    plans = tuple(plan for plan, _, _ in steps)
+    return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
+                         sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
 
 
-def _execute(plan: Plan, src: PTC, dst: PTC, arrays: dict, values: dict, workers: int, timeout: float,
-             round_timeout: float) -> tuple[dict, dict]:  # fmt: skip
+Step = tuple[Plan, PTC, PTC]  # (plan, its src, its dst)
+
+
+def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
+    """The plans to run in order: one, or the central baseline's gather then scatter."""
+    if not central:
+        return [(compile_plan(src, dst), src, dst)]
+    c = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
+    return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
+
+
+def _execute(steps: list[Step], arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,
+             on_round: Callable[[int, int], None] | None) -> tuple[dict, dict]:  # fmt: skip
     if workers == 1:
         from tenplex.runtime.executor import Executor, State
         from tenplex.runtime.transport.local import LocalTransport
 
-        state = Executor(plan, src, dst, LocalTransport()).run(State(arrays, values))
+        state = State(arrays, values)
+        for plan, src, dst in steps:
+            state = Executor(plan, src, dst, LocalTransport()).run(state)
         return state.arrays, state.values
     from tenplex.runtime.runtime import Runtime
 
     job = f"reshard-{os.getpid()}"
+    tags = ["src", *(f".step-{i}" for i in range(1, len(steps))), "dst"]
+    total = sum(plan.stats.rounds for plan, _, _ in steps)
     with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeout, round_timeout=round_timeout,
                        start_timeout=max(60.0, timeout)) as rt:  # fmt: skip
-        rt.load(job, "src", src, arrays, values)
-        rt.execute(plan, src, dst, job, "src", "dst")
+        rt.load(job, "src", steps[0][1], arrays, values)
+        done = 0
+        for (plan, src, dst), a, b in zip(steps, tags, tags[1:]):
+            progress = None if on_round is None else lambda r, _, done=done: on_round(done + r, total)
+            rt.execute(plan, src, dst, job, a, b, on_round=progress)
+            done += plan.stats.rounds
+            if a != "src":
+                rt.drop(job, a)
         return rt.fetch(job, "dst")
 
 

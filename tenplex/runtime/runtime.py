@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -182,8 +182,10 @@ class Runtime:
         return {h: self.call(h, "exists", path=tag_path(job, tag)) for h in self.agents}
 
     # ---- execution ---------------------------------------------------------------------
-    def execute(self, plan: Plan, src: PTC, dst: PTC, job: str, src_tag: str, dst_tag: str) -> dict[str, int]:
+    def execute(self, plan: Plan, src: PTC, dst: PTC, job: str, src_tag: str, dst_tag: str,
+                on_round: Callable[[int, int], None] | None = None) -> dict[str, int]:  # fmt: skip
         """Run `plan` from `src_tag` to `dst_tag` on all agents; returns bytes sent per host.
+        `on_round(done, total)` is called after each round (progress).
 
         Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
         dst tag or its staging tag and the src tag is unchanged.
@@ -207,6 +209,8 @@ class Runtime:
                 kwargs = {h: {"round": r, "values": values.get(h, {}) if r == 0 else None} for h in hosts}
                 for h, n in self._all({h: ("run_round", kwargs[h]) for h in hosts}).items():
                     sent[h] += n
+                if on_round is not None:
+                    on_round(r + 1, len(rounds))
             clock.lap("rounds")
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
             clock.lap("commit")
@@ -232,6 +236,13 @@ class Runtime:
             self.drop(job, mid_tag)
             self.phases = phases
         return {h: gathered.get(h, 0) + scattered.get(h, 0) for h in self.agents}
+
+    def memory(self, reset_peak: bool = False) -> dict[str, dict[str, int]]:
+        """Per host: {"rss", "peak"} resident bytes of its agent (`reset_peak` restarts the peak)."""
+        try:
+            return self._all({h: ("memory", {"reset_peak": reset_peak}) for h in self.agents}, 30.0)
+        except _Failed as e:
+            raise ExecutionError(f"reading agent memory failed: {e}") from None
 
     def drop(self, job: str, tag: str) -> None:
         """Delete `/job/<job>/<tag>` on every live agent that has it."""

@@ -101,7 +101,10 @@ def test_emulated_hosts_p2p_and_central_over_tcp():
         assert all(mode == "tcp" for links in rt.links.values() for mode in links.values())
         assert sorted(rt.links) == names and all(len(v) == 3 for v in rt.links.values())
         rt.load(JOB, "v0", src, materialize_all(src, tensors), values)
+        before = rt.memory(reset_peak=True)
         sent = rt.execute(plan, src, dst, JOB, "v0", "p2p")
+        after = rt.memory()
+        assert all(0 < before[h]["rss"] <= after[h]["peak"] for h in names)
         assert sum(sent.values()) == plan.stats.network_bytes
         _assert_oracle(rt, "p2p", dst, plan.allocation, tensors)
         sent = rt.execute_central(central, src, dst, JOB, "v0", "central")

@@ -88,9 +88,13 @@ def test_reshard_one_worker_matches_oracle(case, tmp_path):
 @pytest.mark.parametrize("central", [False, True], ids=["direct", "central"])
 def test_reshard_two_workers_matches_oracle(case, tmp_path, central):
     _, dst, tensors, a = case
-    result = reshard(a, dst, tmp_path / "b", workers=2, central=central, **FAST)
+    rounds: list[tuple[int, int]] = []
+    result = reshard(a, dst, tmp_path / "b", workers=2, central=central, on_round=lambda d, t: rounds.append((d, t)), **FAST)
     _assert_oracle(tmp_path / "b", dst, tensors)
     assert result.network_bytes > 0
+    assert len(result.plans) == (2 if central else 1) and ("gathered on w0" in result.summary()) == central
+    total = sum(p.stats.rounds for p in result.plans)
+    assert rounds == [(k, total) for k in range(1, total + 1)]
 
 
 @pytest.mark.timeout(60)
