@@ -50,6 +50,9 @@ PAPER_DSTS = (((4, 2, 2), "4x4"), ((4, 4, 1), "4x4"), ((8, 2, 1), "4x4"))
 SMALL_MODEL = "gpt-tiny:layers=8,hidden=256,heads=8,ffn=1024,vocab=4096"
 SMALL_STEPS = (((2, 2, 1), "1x4"), ((1, 2, 2), "1x4"), ((4, 1, 1), "1x4"), ((4, 1, 2), "2x4"))
 QUICK_MODEL = "gpt-tiny"
+HOSTS_MODEL = "gpt-tiny:layers=4,hidden=512,heads=8,ffn=2048,vocab=8192"
+HOSTS_MOVES = (("(2,2,1)->(2,2,2)", "tp2,pp2,dp1@2x2", "tp2,pp2,dp2@4x2"),
+               ("(2,2,1)->(2,4,1)", "tp2,pp2,dp1@2x2", "tp2,pp4,dp1@4x2"))  # fmt: skip
 AGENT_STEPS = SMALL_STEPS[:3]  # (2,2,1) -> (1,2,2) -> (4,1,1) on one host's 4 devices
 AGENT_WORKERS = 2
 
@@ -417,6 +420,12 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         steps, src, dst = run_steps(small, SMALL_STEPS)
     with p.status(f"executing {len(AGENT_STEPS) - 1} reconfigurations on {AGENT_WORKERS} local agents ..."):
         agents, skipped = run_agent_steps(small, AGENT_STEPS)
+    hosts, hosts_skipped = [], "not in --quick"
+    if not args.quick:
+        from tenplex.demo_hosts import run_hosts
+
+        with p.status("emulated hosts: peer-to-peer vs central over shaped links ..."):
+            hosts, hosts_skipped = run_hosts(HOSTS_MODEL, HOSTS_MOVES)
     headline(p, cases, steps, agents, skipped)
     p.line()
     show_cases(p, cases)
@@ -424,11 +433,16 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     show_steps(p, small, steps)
     p.line()
     show_agents(p, small, agents, skipped)
+    p.line()
+    from tenplex.demo_hosts import hosts_ok, show_hosts
+
+    show_hosts(p, HOSTS_MODEL, hosts, hosts_skipped)
     if steps[-1].plan is not None:
         p.line()
         show_last(p, steps[-1], src, dst, args.out)
     ok = all(c.ok for c in cases) and all(s.ok for s in steps) and len(steps) == len(SMALL_STEPS) - 1
     ok = ok and (bool(skipped) or (all(a.ok for a in agents) and len(agents) == len(AGENT_STEPS) - 1))
+    ok = ok and hosts_ok(hosts, hosts_skipped)
     p.line()
     p.line(
         f"demo {'OK' if ok else 'FAILED'} in {human_seconds(time.perf_counter() - t0)}",

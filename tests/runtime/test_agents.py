@@ -148,3 +148,17 @@ def test_tcp_control_with_a_token_and_a_wrong_token(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(netns_unavailable_reason() is not None, reason=f"{netns_unavailable_reason()}")
+def test_run_hosts_compares_p2p_with_central_and_leaves_no_tags():
+    from tenplex.demo_hosts import hosts_ok, run_hosts
+
+    rows, skipped = run_hosts("gpt-tiny", [("pp", "tp1,pp2,dp1@2x1", "tp1,pp4,dp1@4x1")])
+    assert skipped == "" and hosts_ok(rows, skipped), rows
+    (row,) = rows
+    assert row["equal"] and row["p2p_network_bytes"] < row["central_network_bytes"]
+    assert row["checked_bytes"] > 0 and row["bound_s"] > 0 and row["p2p_s"] > 0 and row["central_s"] > 0
+    assert set(row["p2p_phases"]) == {"prepare", "rounds", "commit"}
