@@ -7,16 +7,9 @@ known, the message and op that failed (the runtime adds the host). Commands: `na
 `address`, `connect`, `load`, `prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`,
 `delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
 
-Store layout (one store per host):
-
-    /job/<job>/<tag>/<device>/<subtensor id>               array of a sub-tensor instance
-    /job/<job>/<tag>/<device>/.values/<partition>/<name>   typed value of a partition instance
-    /job/<job>/<tag>/.manifest                             {"host", "devices"} (dst tags only)
-    /job/<job>/.staging-<dst tag>/...                      the dst tag being built
-
-Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories. Execution:
+Store layout: `store_layout`. Execution (`rounds`):
 `prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
-dst tag does not, and creates zeroed dst arrays (pages touched) under the staging tag.
+dst tag does not, creates zeroed dst arrays under the staging tag and starts the prefaulter.
 `run_round(r)` runs fills and values first (round 0), then the round's messages touching this
 host: local ones region to region, then every network message of the round posted at once to
 all peers (`UcxPeer.exchange`: no ordering between them, so no deadlock and every link busy),
@@ -27,80 +20,23 @@ tag in one store step; `abort` deletes staging. The src tag is only ever read.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
-from tenplex.compiler.plan import Message, Plan, plan_from_json
+from tenplex.compiler.ops import CopyOp
+from tenplex.compiler.plan import plan_from_json
 from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
-from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_from_json
-from tenplex.runtime import parts
-from tenplex.runtime.arrays import np_dtype, view
-from tenplex.runtime.executor import pack, source_region, target_region, unpack
+from tenplex.runtime import parts, rounds
+from tenplex.runtime.rounds import Execution
 from tenplex.runtime.store import TensorStore
+from tenplex.runtime.store_layout import Instance, array_path, parse_leaf, staging_tag, tag_path, value_path
 
-Instance = tuple[str, int]  # (sub-tensor id, device)
-
-
-# ---- store layout ------------------------------------------------------------------------
-def tag_path(job: str, tag: str) -> str:
-    return f"/job/{job}/{tag}"
-
-
-def staging_tag(dst_tag: str) -> str:
-    return f".staging-{dst_tag}"
-
-
-def array_path(job: str, tag: str, device: int, subtensor: str) -> str:
-    return f"{tag_path(job, tag)}/{device}/{subtensor}"
-
-
-def value_path(job: str, tag: str, device: int, partition: str, name: str) -> str:
-    return f"{tag_path(job, tag)}/{device}/.values/{partition}/{name}"
-
-
-def parse_leaf(job: str, tag: str, path: str) -> tuple[str, Any] | None:
-    """("array", (subtensor, device)) or ("value", (partition, device, name)) for a leaf of a tag."""
-    rest = path[len(tag_path(job, tag)) + 1 :].split("/")
-    if len(rest) < 2 or not rest[0].isdigit():
-        return None
-    device = int(rest[0])
-    if rest[1] == ".values":
-        return "value", ("/".join(rest[2:-1]), device, rest[-1])
-    return "array", ("/".join(rest[1:]), device)
-
-
-# ---- the agent ---------------------------------------------------------------------------
-class _Execution:
-    """One plan being executed by this host: parsed plan, PTCs, and views of its arrays."""
-
-    def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, plan: Plan, src: PTC, dst: PTC):
-        self.host, self.job, self.src_tag, self.dst_tag = host, job, src_tag, dst_tag
-        self.plan, self.src, self.dst = plan, src, dst.with_allocation(plan.allocation)
-        self.topology = src.topology.union(dst.topology)
-        self.host_of = self.topology.host_of
-        self.staging = staging_tag(dst_tag)
-        self.src_arrays: dict[Instance, np.ndarray] = {}
-        self.dst_arrays: dict[Instance, np.ndarray] = {}
-        self.rounds_done: set[int] = set()
-        self.seconds: dict[str, float] = {}  # time per activity: local, pack, exchange, unpack
-        self.first_round: dict[Instance, int] = {}  # dst array -> the first round that writes it
-        self.prefaulter: parts.Prefaulter | None = None
-
-    @contextlib.contextmanager
-    def timed(self, what: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+__all__ = ["Agent", "Instance", "node_id", "tag_path"]
 
 
 def node_id() -> str:
@@ -120,7 +56,7 @@ class Agent:
         self.store = TensorStore()
         self.peer: Any = None
         self.endpoints: dict[str, Any] = {}
-        self.execution: _Execution | None = None
+        self.execution: Execution | None = None
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
         self.rest: Any = None
 
@@ -182,7 +118,7 @@ class Agent:
     def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict) -> int:
         """Parse the plan, check inputs, create zeroed dst arrays under staging; returns dst bytes."""
         self._finish()
-        ex = _Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
+        ex = Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
         if self.store.exists(tag_path(job, dst_tag)):
             raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
         if self.store.exists(tag_path(job, ex.staging)):
@@ -204,7 +140,7 @@ class Agent:
                     path = array_path(job, ex.staging, d, st.id)
                     self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
                     ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
-        ex.first_round = _first_rounds(ex)
+        ex.first_round = rounds.first_rounds(ex)
         # UCX writing into untouched pages is ~2x slower: fault them in ahead of their round
         ordered = sorted(ex.dst_arrays, key=lambda k: ex.first_round.get(k, 0))
         ex.prefaulter = parts.Prefaulter([(k, ex.dst_arrays[k]) for k in ordered])
@@ -229,16 +165,14 @@ class Agent:
         if ex.prefaulter is not None:
             ex.prefaulter.claim(k for k, r in ex.first_round.items() if r <= round)
         if round == 0:
-            self._fills_and_values(ex, values or {})
-        sent = 0
+            rounds.fills_and_values(ex, self.store, values or {})
         messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
         with ex.timed("local"):
             for m in messages:
                 if m.src_host == m.dst_host == self.host:
-                    self._guard(ex, m, lambda m=m: self._local(ex, m))
-        sent = self._network(
-            ex, [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
-        )
+                    rounds.guard(m, lambda m=m: rounds.local(ex, m))
+        remote = [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
+        sent = rounds.network(ex, remote, self._ucx(), self._endpoint, self.scratch) if remote else 0
         ex.rounds_done.add(round)
         return sent
 
@@ -329,121 +263,12 @@ class Agent:
         self.store.close()
 
     # ---- execution -------------------------------------------------------------------
-    def _execution(self) -> _Execution:
+    def _execution(self) -> Execution:
         if self.execution is None:
             raise ExecutionError("no prepared execution (prepare first)")
         return self.execution
-
-    def _guard(self, ex: _Execution, m: Message, fn: Any) -> Any:
-        try:
-            return fn()
-        except Exception as e:
-            ops = list(m.ops)
-            raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}, round {m.round}, ops {ops[:4]}"
-                                 f"{'...' if len(ops) > 4 else ''}) failed: {type(e).__name__}: {e}") from e  # fmt: skip
-
-    def _fills_and_values(self, ex: _Execution, values: Mapping[int, Any]) -> None:
-        for i, op in enumerate(ex.plan.ops):
-            if isinstance(op, (FillOp, ValueOp)) and ex.host_of(op.dst_device) == self.host:
-                try:
-                    if isinstance(op, FillOp):
-                        view(ex.dst_arrays[(op.dst_subtensor, op.dst_device)], op.box)[...] = op.value
-                    else:
-                        value = op.value if op.src_partition is None else values[i]
-                        path = value_path(ex.job, ex.staging, op.dst_device, op.dst_partition, op.name)
-                        self.store.put(path, value, replace=True)
-                except Exception as e:
-                    raise ExecutionError(
-                        f"op {i} ({type(op).__name__} on device {op.dst_device}) failed: {type(e).__name__}: {e}"
-                    ) from e
-
-    def _local(self, ex: _Execution, m: Message) -> None:
-        for i in m.ops:
-            op = ex.plan.ops[i]
-            try:
-                _target(op, ex)[...] = _source(op, ex)
-            except Exception as e:
-                raise ExecutionError(f"op {i} (copy of {op.tensor!r} box {op.box}, device {op.src_device} -> "
-                                     f"{op.dst_device}): {type(e).__name__}: {e}") from e  # fmt: skip
-
-    def _network(self, ex: _Execution, messages: list[Message]) -> int:
-        """Exchange this round's network messages with every peer at once; returns bytes sent.
-
-        Direct parts go from src views into dst views; the rest of a message is packed into and
-        unpacked from the scratch pool (see `parts`)."""
-        if not messages:
-            return 0
-        sends: list = []
-        recvs: list = []
-        expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, packed buffer, ops, bytes)
-        with ex.timed("pack"):
-            layout = [(m, *parts.split([(i, ex.plan.ops[i]) for i in m.ops], ex.src, ex.dst)) for m in messages]
-            with ex.timed("scratch"):
-                self.scratch.reserve(sum(_nbytes(ops, ex) for _, _, ops in layout))
-            for m, directs, packed in layout:
-                outgoing = m.src_host == self.host
-                ep = self._endpoint(m.dst_host if outgoing else m.src_host)
-                region = _source if outgoing else _target
-                for i, op in directs:
-                    view_ = self._guard(ex, m, lambda op=op, region=region: region(op, ex))
-                    (sends if outgoing else recvs).append((ep, view_, parts.DIRECT | i))
-                    if not outgoing:
-                        expect.append((m, None, [op], view_.nbytes))
-                if packed:
-                    buffer = self.scratch.take(_nbytes(packed, ex))
-                    if outgoing:
-                        self._guard(
-                            ex, m, lambda p=packed, b=buffer: pack(p, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays, b)
-                        )
-                        sends.append((ep, buffer, m.id))
-                    else:
-                        recvs.append((ep, buffer, m.id))
-                        expect.append((m, buffer, packed, buffer.nbytes))
-        try:
-            with ex.timed("exchange"):
-                got = self._ucx().exchange(sends, recvs)
-        except Exception as e:
-            ids = [m.id for m in messages]
-            raise ExecutionError(f"round {messages[0].round}: exchanging messages {ids[:8]}{'...' if len(ids) > 8 else ''}"
-                                 f" with peers failed: {type(e).__name__}: {e}") from e  # fmt: skip
-        with ex.timed("unpack"):
-            for (m, buffer, ops, nbytes), received in zip(expect, got):
-                if received.data.nbytes != nbytes:
-                    raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}): received "
-                                         f"{received.data.nbytes} B for ops {ops[:1]}..., expected {nbytes} B")  # fmt: skip
-                if buffer is not None:
-                    self._guard(ex, m, lambda ops=ops, buffer=buffer: unpack(ops, ex.dst, ex.dst_arrays, buffer))
-        return sum(p.nbytes for _, p, _ in sends)
 
     def _endpoint(self, host: str) -> Any:
         if host not in self.endpoints:
             raise ExecutionError(f"not connected to host {host!r} (connected: {sorted(self.endpoints)})")
         return self.endpoints[host]
-
-
-def _source(op: CopyOp, ex: _Execution) -> np.ndarray:
-    return source_region(op, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays)
-
-
-def _target(op: CopyOp, ex: _Execution) -> np.ndarray:
-    return target_region(op, ex.dst, ex.dst_arrays)
-
-
-def _first_rounds(ex: _Execution) -> dict[Instance, int]:
-    """The first round writing each of this host's dst arrays (0 for arrays with fills)."""
-    first: dict[Instance, int] = {}
-    for m in ex.plan.messages:
-        for i in m.ops:
-            op = ex.plan.ops[i]
-            key = (op.dst_subtensor, op.dst_device)
-            if key in ex.dst_arrays:
-                first[key] = min(first.get(key, m.round), m.round)
-    for op in ex.plan.ops:
-        if isinstance(op, FillOp) and (op.dst_subtensor, op.dst_device) in ex.dst_arrays:
-            first[(op.dst_subtensor, op.dst_device)] = 0
-    return first
-
-
-def _nbytes(ops: list[CopyOp], ex: _Execution) -> int:
-    """Bytes of the ops' boxes (their packed size)."""
-    return sum(op.box.volume * np_dtype(ex.dst.tensor_map[op.tensor].dtype).itemsize for op in ops)

@@ -35,8 +35,8 @@ from tenplex.compiler.plan import Plan, plan_to_json
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_to_json
-from tenplex.runtime.agent import Instance, tag_path
 from tenplex.runtime.agent_main import serve
+from tenplex.runtime.store_layout import Instance, tag_path
 
 
 class _Failed(Exception):

@@ -1,0 +1,168 @@
+"""One agent's share of a plan, round by round: the parsed execution and the three kinds of work.
+
+`Execution` holds what `Agent.prepare` parsed (plan, PTCs, views of this host's src and dst
+arrays, the prefaulter) and times each activity. A round runs `fills_and_values` (round 0),
+then `local` for each message within this host (region to region), then `network` for all the
+round's messages to and from other hosts at once (`UcxPeer.exchange`; direct parts zero-copy,
+the rest packed through the scratch pool, see `parts`). Every failure is an ExecutionError
+naming the op or message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.compiler.plan import Message, Plan
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.ptc import PTC
+from tenplex.runtime import parts
+from tenplex.runtime.arrays import np_dtype, view
+from tenplex.runtime.executor import pack, source_region, target_region, unpack
+from tenplex.runtime.store import TensorStore
+from tenplex.runtime.store_layout import Instance, staging_tag, value_path
+
+
+class Execution:
+    """One plan being executed by this host: parsed plan, PTCs, and views of its arrays."""
+
+    def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, plan: Plan, src: PTC, dst: PTC):
+        self.host, self.job, self.src_tag, self.dst_tag = host, job, src_tag, dst_tag
+        self.plan, self.src, self.dst = plan, src, dst.with_allocation(plan.allocation)
+        self.topology = src.topology.union(dst.topology)
+        self.host_of = self.topology.host_of
+        self.staging = staging_tag(dst_tag)
+        self.src_arrays: dict[Instance, np.ndarray] = {}
+        self.dst_arrays: dict[Instance, np.ndarray] = {}
+        self.rounds_done: set[int] = set()
+        self.seconds: dict[str, float] = {}  # time per activity: local, pack, exchange, unpack
+        self.first_round: dict[Instance, int] = {}  # dst array -> the first round that writes it
+        self.prefaulter: parts.Prefaulter | None = None
+
+    @contextlib.contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+
+
+def guard(m: Message, fn: Callable[[], Any]) -> Any:
+    """`fn()`, with any failure re-raised as an ExecutionError naming message `m`."""
+    try:
+        return fn()
+    except Exception as e:
+        ops = list(m.ops)
+        raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}, round {m.round}, ops {ops[:4]}"
+                             f"{'...' if len(ops) > 4 else ''}) failed: {type(e).__name__}: {e}") from e  # fmt: skip
+
+
+def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
+    """Round 0: this host's fill ops, and its value ops (`values`: {op id: src value} gathered by the runtime)."""
+    for i, op in enumerate(ex.plan.ops):
+        if isinstance(op, (FillOp, ValueOp)) and ex.host_of(op.dst_device) == ex.host:
+            try:
+                if isinstance(op, FillOp):
+                    view(ex.dst_arrays[(op.dst_subtensor, op.dst_device)], op.box)[...] = op.value
+                else:
+                    value = op.value if op.src_partition is None else values[i]
+                    path = value_path(ex.job, ex.staging, op.dst_device, op.dst_partition, op.name)
+                    store.put(path, value, replace=True)
+            except Exception as e:
+                raise ExecutionError(
+                    f"op {i} ({type(op).__name__} on device {op.dst_device}) failed: {type(e).__name__}: {e}"
+                ) from e
+
+
+def local(ex: Execution, m: Message) -> None:
+    """A message within this host: each op region to region."""
+    for i in m.ops:
+        op = ex.plan.ops[i]
+        try:
+            _target(op, ex)[...] = _source(op, ex)
+        except Exception as e:
+            raise ExecutionError(f"op {i} (copy of {op.tensor!r} box {op.box}, device {op.src_device} -> "
+                                 f"{op.dst_device}): {type(e).__name__}: {e}") from e  # fmt: skip
+
+
+def network(ex: Execution, messages: list[Message], peer: Any, endpoint: Callable[[str], Any],
+            scratch: parts.Scratch) -> int:  # fmt: skip
+    """Exchange this round's network messages with every peer at once; returns bytes sent.
+
+    Direct parts go from src views into dst views; the rest of a message is packed into and
+    unpacked from the scratch pool (see `parts`)."""
+    if not messages:
+        return 0
+    sends: list = []
+    recvs: list = []
+    expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, packed buffer, ops, bytes)
+    with ex.timed("pack"):
+        layout = [(m, *parts.split([(i, ex.plan.ops[i]) for i in m.ops], ex.src, ex.dst)) for m in messages]
+        with ex.timed("scratch"):
+            scratch.reserve(sum(_nbytes(ops, ex) for _, _, ops in layout))
+        for m, directs, packed in layout:
+            outgoing = m.src_host == ex.host
+            ep = endpoint(m.dst_host if outgoing else m.src_host)
+            region = _source if outgoing else _target
+            for i, op in directs:
+                view_ = guard(m, lambda op=op, region=region: region(op, ex))
+                (sends if outgoing else recvs).append((ep, view_, parts.DIRECT | i))
+                if not outgoing:
+                    expect.append((m, None, [op], view_.nbytes))
+            if packed:
+                buffer = scratch.take(_nbytes(packed, ex))
+                if outgoing:
+                    guard(m, lambda p=packed, b=buffer: pack(p, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays, b))
+                    sends.append((ep, buffer, m.id))
+                else:
+                    recvs.append((ep, buffer, m.id))
+                    expect.append((m, buffer, packed, buffer.nbytes))
+    try:
+        with ex.timed("exchange"):
+            got = peer.exchange(sends, recvs)
+    except Exception as e:
+        ids = [m.id for m in messages]
+        raise ExecutionError(f"round {messages[0].round}: exchanging messages {ids[:8]}{'...' if len(ids) > 8 else ''}"
+                             f" with peers failed: {type(e).__name__}: {e}") from e  # fmt: skip
+    with ex.timed("unpack"):
+        for (m, buffer, ops, nbytes), received in zip(expect, got):
+            if received.data.nbytes != nbytes:
+                raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}): received "
+                                     f"{received.data.nbytes} B for ops {ops[:1]}..., expected {nbytes} B")  # fmt: skip
+            if buffer is not None:
+                guard(m, lambda ops=ops, buffer=buffer: unpack(ops, ex.dst, ex.dst_arrays, buffer))
+    return sum(p.nbytes for _, p, _ in sends)
+
+
+def _source(op: CopyOp, ex: Execution) -> np.ndarray:
+    return source_region(op, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays)
+
+
+def _target(op: CopyOp, ex: Execution) -> np.ndarray:
+    return target_region(op, ex.dst, ex.dst_arrays)
+
+
+def first_rounds(ex: Execution) -> dict[Instance, int]:
+    """The first round writing each of this host's dst arrays (0 for arrays with fills)."""
+    first: dict[Instance, int] = {}
+    for m in ex.plan.messages:
+        for i in m.ops:
+            op = ex.plan.ops[i]
+            key = (op.dst_subtensor, op.dst_device)
+            if key in ex.dst_arrays:
+                first[key] = min(first.get(key, m.round), m.round)
+    for op in ex.plan.ops:
+        if isinstance(op, FillOp) and (op.dst_subtensor, op.dst_device) in ex.dst_arrays:
+            first[(op.dst_subtensor, op.dst_device)] = 0
+    return first
+
+
+def _nbytes(ops: list[CopyOp], ex: Execution) -> int:
+    """Bytes of the ops' boxes (their packed size)."""
+    return sum(op.box.volume * np_dtype(ex.dst.tensor_map[op.tensor].dtype).itemsize for op in ops)
