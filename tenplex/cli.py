@@ -310,6 +310,7 @@ def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | Non
 from tenplex.data.cli import dataset as _dataset; cli.add_command(_dataset)  # noqa: E402, E702, I001
 
 
+from tenplex.runtime.store_cli import store as _store; cli.add_command(_store)  # noqa: E402, E702, I001
 
 
 def main(argv: list[str] | None = None) -> None:

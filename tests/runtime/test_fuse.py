@@ -1,25 +1,30 @@
 """FUSE view: listing, numpy.load (plain and mmap) per dtype, a large array read in chunks, JSON
-values, writes through the mount, malformed writes, deletes and renames. Every test mounts a
-real store at a tmp_path and unmounts it in teardown; the module skips without FUSE.
+values, writes through the mount, malformed writes, deletes and renames, read-only mounts, the
+page cache kept across opens (and dropped after a rewrite), the tuned read-ahead, `load_npy`
+(O_DIRECT), and `read_into` against `read` byte for byte. Every test mounts a real store at a
+tmp_path and unmounts it in teardown; the module skips without FUSE.
 
 numpy's own file I/O on the mount runs in a child process (`_child`): in the serving process it
 would hold the GIL that the FUSE thread needs (see `mount`). Python file I/O is safe in-process."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tenplex.runtime.fuse import DTYPE_XATTR, NpyFile, mount, parse_npy
+from tenplex.runtime.fuse import DTYPE_XATTR, READ_AHEAD_KB, NpyFile, load_npy, mount, parse_npy, read_ahead_of
 from tenplex.runtime.fuse import fuse_unavailable_reason as _reason
 from tenplex.runtime.store import TensorStore
 
@@ -220,3 +225,78 @@ def test_parse_npy_rejects_object_arrays():
     np.lib.format.write_array_header_1_0(f, {"descr": "|O", "fortran_order": False, "shape": (1,)})
     with pytest.raises(ValueError, match="object arrays"):
         parse_npy(f.getvalue() + bytes(8))
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [ARRAYS["w_f32"], ARRAYS["fortran"], ARRAYS["scalar"], np.arange(64, dtype=np.int16).reshape(8, 8)[::2, 1::3],
+     np.zeros((0, 3), np.float32), {"lr": 0.1}],
+    ids=["c", "fortran", "0-d", "strided", "empty", "value"],
+)  # fmt: skip
+def test_read_into_serves_the_bytes_of_read(leaf):
+    f = NpyFile.from_leaf(leaf)
+    for offset in range(0, f.size + 2, 7):
+        for size in (1, 5, 64, f.size + 10):
+            buf = ctypes.create_string_buffer(size)
+            n = f.read_into(ctypes.addressof(buf), size, offset)
+            assert buf.raw[:n] == f.read(size, offset), (offset, size)
+
+
+def test_read_only_mount_refuses_changes(store, tmp_path):
+    (tmp_path / "m").mkdir()
+    with mount(store, str(tmp_path / "m"), read_only=True) as m:
+        np.testing.assert_array_equal(_load(f"{m}{P}/ids.npy"), ARRAYS["ids"])
+        changes = [
+            lambda: Path(f"{m}{P}/ids.npy").write_bytes(b""),
+            lambda: Path(f"{m}{P}/new.json").write_text("1"),
+            lambda: os.unlink(f"{m}{P}/ids.npy"),
+            lambda: os.mkdir(f"{m}{P}/d"),
+            lambda: os.rename(f"{m}{P}/ids.npy", f"{m}{P}/x.npy"),
+        ]
+        for i, change in enumerate(changes):
+            with pytest.raises(OSError) as e:
+                change()
+            assert e.value.errno == errno.EROFS, i
+    assert store.walk() == sorted(f"{P}/{n}" for n in [*ARRAYS, "step", "cfg/opt"])
+
+
+def test_kept_pages_are_dropped_after_a_rewrite(store, tmp_path):
+    store.put("/a", np.zeros(4096, np.float32))
+    (tmp_path / "m").mkdir()
+    read = "print(np.load(argv[0]).sum())"
+    with mount(store, str(tmp_path / "m"), keep_cache=True) as m:
+        assert _child_out(read, f"{m}/a.npy") == "0.0"  # now cached
+        Path(f"{m}/a.npy").write_bytes(_npy_bytes(np.ones(4096, np.float32)))  # same size, new bytes
+        assert _child_out(read, f"{m}/a.npy") == "4096.0"
+        assert _child_out(read, f"{m}/a.npy") == "4096.0"
+
+
+def _child_out(code: str, *args: object) -> str:
+    script = "import sys, numpy as np\nargv = sys.argv[1:]\n" + code
+    r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_mount_raises_the_read_ahead(mnt):
+    assert read_ahead_of(mnt) == READ_AHEAD_KB
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_load_npy_equals_numpy_load(mnt, tmp_path, name):
+    got = load_npy(f"{mnt}{P}/{name}.npy")  # O_DIRECT through FUSE (Python I/O: safe in-process)
+    want = _expected(name)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    np.save(tmp_path / "x.npy", want)
+    np.testing.assert_array_equal(load_npy(tmp_path / "x.npy"), want)  # O_DIRECT or its fallback
+
+
+def test_load_npy_rejects_a_truncated_file(tmp_path):
+    shm = tempfile.mkdtemp(dir="/dev/shm") if os.path.isdir("/dev/shm") else tmp_path  # tmpfs: O_DIRECT
+    try:
+        Path(shm, "t.npy").write_bytes(_npy_bytes(np.zeros(4, np.float32))[:-3])
+        with pytest.raises(ValueError, match="data bytes|could only read"):  # O_DIRECT or numpy.load
+            load_npy(Path(shm, "t.npy"))
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

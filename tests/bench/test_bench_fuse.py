@@ -1,0 +1,28 @@
+"""`python -m bench --only fuse --quick` end to end: every row measured (children read the mount
+served by this process), the tuned mount's read-ahead reported, fuse-quick.{md,json} written."""
+
+import json
+import os
+
+import pytest
+
+from bench.__main__ import main
+from tenplex.runtime.fuse import READ_AHEAD_KB, fuse_unavailable_reason
+
+REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
+pytestmark = [
+    pytest.mark.fuse,
+    pytest.mark.slow,
+    pytest.mark.skipif(REASON is not None, reason=f"FUSE unavailable: {REASON}"),
+]
+
+
+def test_quick_fuse_bench_writes_its_tables(tmp_path, capsys):
+    assert main(["--only", "fuse", "--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "fuse-quick.json").read_text())["fuse"]
+    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 12, rows
+    assert all(r["best_gbps"] > 0 and r["bytes"] == 32 << 20 for r in rows)
+    assert any(f"tuned (read-ahead {READ_AHEAD_KB} KiB)" in r["source"] for r in rows)
+    md = (tmp_path / "fuse-quick.md").read_text()
+    assert md.count("\n| ") == len(rows) + 1 and "load_npy" in md
+    assert "keep_cache re-read" in capsys.readouterr().out
