@@ -1,27 +1,31 @@
-"""How a network message travels: zero-copy parts and one packed remainder, from a scratch pool.
+"""How a network message travels: single-op parts without copies, one packed remainder, a scratch pool.
 
-A message is a list of copy ops between two hosts. An op whose region is contiguous both in its
-source array and in its target array is a *direct part*: UCX sends straight from the source view
-into the target view, with no copy on either side. The other ops are packed, in op order, into
-one buffer that the receiver unpacks. Both sides decide with `direct(op, src, dst)`, which looks
-only at shapes and boxes (never at data), so sender and receiver always agree on the parts.
+A message is a list of copy ops between two hosts. An op of at least `SINGLE_MIN` bytes whose
+region is contiguous in its source array or in its target array travels as its own UCX
+message (a *single*): the sender sends straight from the source view when that is contiguous
+(else packs it alone), the receiver receives straight into the target view when that is
+contiguous (else into a buffer it then unpacks). A single contiguous on both sides is never
+copied. The other ops are packed, in op order, into one buffer that the receiver unpacks.
+Both sides decide with `split(ops, src, dst)`, which looks only at shapes and boxes (never at
+data), so sender and receiver always agree on the parts.
 
-Tags: a direct part is tagged `DIRECT | op id`, the packed remainder with the message id. Op
-ids and message ids are unique within a plan, so tags never collide between two hosts.
+Tags: a single is tagged `SINGLE | op id`, the packed remainder with the message id. Op ids and
+message ids are unique within a plan, so tags never collide between two hosts.
 
 Pack and landing buffers come from a `Scratch` pool that is reused round after round: its pages
 are touched once, when it grows, instead of faulting in fresh memory for every message (a fresh
 destination roughly halves UCX shared-memory throughput on these machines).
 
 Invariants:
-- `direct` is true only when both regions are C-contiguous views (equal to numpy's flag);
+- `contiguous` equals numpy's C-contiguous flag of the region's view;
 - the packed buffer holds the packed ops' regions back to back, in op order;
-- a `Scratch` slice is valid until the next `reset`.
+- a `Scratch` slice is valid until the next `reserve`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +34,8 @@ from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import Piece
 
-DIRECT = 1 << 35  # tag bit of direct parts (user tags have 36 bits)
+SINGLE = 1 << 35  # tag bit of single-op parts (user tags have 36 bits)
+SINGLE_MIN = 64 << 10  # smaller ops are packed: one UCX message each would cost more than a copy
 
 
 def contiguous(local_shape: Sequence[int], piece: Piece, box: Box) -> bool:
@@ -49,23 +54,28 @@ def _row_major(shape: Sequence[int], box: Box) -> bool:
     return all(extents[j] == shape[j] for j in range(wide + 1, len(extents)))
 
 
-def direct(op: CopyOp, src: PTC, dst: PTC) -> bool:
-    """Whether `op` can go straight from its source view into its target view."""
-    sptc = src if op.src_side == "src" else dst
-    s = sptc.subtensor_map[op.src_subtensor]
-    d = dst.subtensor_map[op.dst_subtensor]
-    return contiguous(s.shape, s.pieces[op.src_piece], op.box) and contiguous(d.shape, d.pieces[op.dst_piece], op.box)
+class Single(NamedTuple):
+    op_id: int
+    op: CopyOp
+    src_contiguous: bool  # the sender sends its source view itself
+    dst_contiguous: bool  # the receiver receives into its target view itself
+    nbytes: int
 
 
-def split(ops: Sequence[tuple[int, CopyOp]], src: PTC, dst: PTC) -> tuple[list[tuple[int, CopyOp]], list[CopyOp]]:
-    """(direct (op id, op) pairs, packed ops) of a message, both in op order."""
-    directs, packed = [], []
+def split(ops: Sequence[tuple[int, CopyOp]], src: PTC, dst: PTC) -> tuple[list[Single], list[CopyOp]]:
+    """(singles, packed ops) of a message, both in op order (see the module docstring)."""
+    singles, packed = [], []
     for i, op in ops:
-        if direct(op, src, dst):
-            directs.append((i, op))
+        sptc = src if op.src_side == "src" else dst
+        s, d = sptc.subtensor_map[op.src_subtensor], dst.subtensor_map[op.dst_subtensor]
+        nbytes = op.box.volume * sptc.itemsizes[s.tensor]
+        src_c = contiguous(s.shape, s.pieces[op.src_piece], op.box)
+        dst_c = contiguous(d.shape, d.pieces[op.dst_piece], op.box)
+        if nbytes >= SINGLE_MIN and (src_c or dst_c):
+            singles.append(Single(i, op, src_c, dst_c, nbytes))
         else:
             packed.append(op)
-    return directs, packed
+    return singles, packed
 
 
 class Scratch:

@@ -95,34 +95,33 @@ def network(ex: Execution, messages: list[Message], peer: Any, endpoint: Callabl
             scratch: parts.Scratch) -> int:  # fmt: skip
     """Exchange this round's network messages with every peer at once; returns bytes sent.
 
-    Direct parts go from src views into dst views; the rest of a message is packed into and
-    unpacked from the scratch pool (see `parts`)."""
+    Single-op parts go from src views and into dst views where those are contiguous; the rest
+    is packed into and unpacked from the scratch pool (see `parts`)."""
     if not messages:
         return 0
     sends: list = []
     recvs: list = []
-    expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, packed buffer, ops, bytes)
+    expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, buffer to unpack, ops, bytes)
     with ex.timed("pack"):
         layout = [(m, *parts.split([(i, ex.plan.ops[i]) for i in m.ops], ex.src, ex.dst)) for m in messages]
         with ex.timed("scratch"):
-            scratch.reserve(sum(_nbytes(ops, ex) for _, _, ops in layout))
-        for m, directs, packed in layout:
+            scratch.reserve(
+                sum(_scratch_bytes(m.src_host == ex.host, singles, packed, ex) for m, singles, packed in layout)
+            )
+        for m, singles, packed in layout:
             outgoing = m.src_host == ex.host
             ep = endpoint(m.dst_host if outgoing else m.src_host)
-            region = _source if outgoing else _target
-            for i, op in directs:
-                view_ = guard(m, lambda op=op, region=region: region(op, ex))
-                (sends if outgoing else recvs).append((ep, view_, parts.DIRECT | i))
-                if not outgoing:
-                    expect.append((m, None, [op], view_.nbytes))
+            pieces = [(parts.SINGLE | sg.op_id, [sg.op], sg.src_contiguous if outgoing else sg.dst_contiguous, sg.nbytes)
+                      for sg in singles]  # fmt: skip
             if packed:
-                buffer = scratch.take(_nbytes(packed, ex))
+                pieces.append((m.id, packed, False, _nbytes(packed, ex)))
+            for tag, ops, in_place, nbytes in pieces:
                 if outgoing:
-                    guard(m, lambda p=packed, b=buffer: pack(p, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays, b))
-                    sends.append((ep, buffer, m.id))
+                    sends.append((ep, _outgoing(ex, m, ops, in_place, scratch, nbytes), tag))
                 else:
-                    recvs.append((ep, buffer, m.id))
-                    expect.append((m, buffer, packed, buffer.nbytes))
+                    buffer = guard(m, lambda op=ops[0]: _target(op, ex)) if in_place else scratch.take(nbytes)
+                    recvs.append((ep, buffer, tag))
+                    expect.append((m, None if in_place else buffer, ops, nbytes))
     try:
         with ex.timed("exchange"):
             got = peer.exchange(sends, recvs)
@@ -138,6 +137,22 @@ def network(ex: Execution, messages: list[Message], peer: Any, endpoint: Callabl
             if buffer is not None:
                 guard(m, lambda ops=ops, buffer=buffer: unpack(ops, ex.dst, ex.dst_arrays, buffer))
     return sum(p.nbytes for _, p, _ in sends)
+
+
+def _outgoing(ex: Execution, m: Message, ops: list[CopyOp], in_place: bool, scratch: parts.Scratch,
+              nbytes: int) -> np.ndarray:  # fmt: skip
+    """What a part sends: its one op's source view (in place), or the ops packed into scratch."""
+    if in_place:
+        return guard(m, lambda: _source(ops[0], ex))
+    buffer = scratch.take(nbytes)
+    guard(m, lambda: pack(ops, ex.src, ex.dst, ex.src_arrays, ex.dst_arrays, buffer))
+    return buffer
+
+
+def _scratch_bytes(outgoing: bool, singles: list[parts.Single], packed: list[CopyOp], ex: Execution) -> int:
+    """Scratch a message needs on this side: its packed ops, and singles not contiguous here."""
+    copied = sum(sg.nbytes for sg in singles if not (sg.src_contiguous if outgoing else sg.dst_contiguous))
+    return copied + _nbytes(packed, ex)
 
 
 def _source(op: CopyOp, ex: Execution) -> np.ndarray:

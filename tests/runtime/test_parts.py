@@ -85,3 +85,30 @@ def test_prefaulter_claim_waits_for_a_chunk_in_progress():
     # every chunk is either all zero (touched before the claim) or all one (never touched)
     chunks = big.reshape(-1, Prefaulter.CHUNK)
     assert all(c.min() == c.max() for c in chunks)
+
+
+def test_split_agrees_with_the_views_and_keeps_every_op_once():
+    from tenplex.compiler import CopyOp, compile_plan
+    from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.runtime.arrays import empty_local
+    from tenplex.runtime.executor import source_region, target_region
+    from tenplex.runtime.parts import SINGLE_MIN, split
+
+    src = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp2,pp1,dp1@2x1")
+    dst = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp1,pp2,dp1@2x1")
+    plan = compile_plan(src, dst)
+    placed = dst.with_allocation(plan.allocation)
+    src_arrays = {(s.id, d): empty_local(src, s) for s in src.subtensors for d in src.devices_of_subtensor(s.id)}
+    dst_arrays = {(s.id, d): empty_local(placed, s) for s in placed.subtensors for d in placed.devices_of_subtensor(s.id)}
+    kinds = set()
+    for m in plan.messages:
+        ops = [(i, plan.ops[i]) for i in m.ops if isinstance(plan.ops[i], CopyOp)]
+        singles, packed = split(ops, src, placed)
+        assert len(singles) + len(packed) == len(ops)
+        for sg in singles:
+            s_view = source_region(sg.op, src, placed, src_arrays, dst_arrays)
+            t_view = target_region(sg.op, placed, dst_arrays)
+            assert (sg.src_contiguous, sg.dst_contiguous) == (s_view.flags.c_contiguous, t_view.flags.c_contiguous)
+            assert sg.nbytes == s_view.nbytes >= SINGLE_MIN and (sg.src_contiguous or sg.dst_contiguous)
+            kinds.add((sg.src_contiguous, sg.dst_contiguous))
+    assert (True, True) in kinds and (True, False) in kinds  # whole rows, and column halves of row-parallel weights
