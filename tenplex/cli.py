@@ -25,10 +25,12 @@ import click
 
 from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, load_plan
 from tenplex.compiler.emit import EMITTERS, human_bytes, plural, table
+from tenplex.data.cli import dataset
 from tenplex.ir.errors import ParseError, TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import FORMAT as PTC_FORMAT
 from tenplex.ir.serialize import dumps, ptc_from_json, read_json, write_atomic
+from tenplex.runtime.store_cli import store
 
 EXIT_ERROR = 2
 EXECUTE_LIMIT = 256 << 20
@@ -307,10 +309,8 @@ def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | Non
     run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout)
 
 
-from tenplex.data.cli import dataset as _dataset; cli.add_command(_dataset)  # noqa: E402, E702, I001
-
-
-from tenplex.runtime.store_cli import store as _store; cli.add_command(_store)  # noqa: E402, E702, I001
+cli.add_command(dataset)
+cli.add_command(store)
 
 
 def main(argv: list[str] | None = None) -> None:
