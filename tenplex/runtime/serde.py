@@ -85,7 +85,7 @@ def save(state: Any, path: str | os.PathLike) -> None:
         root = _Writer(tmp).node(state, "state", "", None, set())
         doc = {"format": FORMAT, "version": VERSION, "root": root}
         _write_fsynced(tmp / MANIFEST, json.dumps(doc, allow_nan=False).encode())
-        _swap_in(tmp, path)
+        swap_in(tmp, path)
     finally:
         _remove(tmp)  # after a swap, tmp holds the replaced tree (or file)
 
@@ -258,7 +258,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _swap_in(tmp: Path, path: Path) -> None:
+def swap_in(tmp: Path, path: Path) -> None:
     """Make `tmp` appear at `path`; on return a replaced old tree (if any) is at `tmp`."""
     if not os.path.lexists(path):
         os.replace(tmp, path)

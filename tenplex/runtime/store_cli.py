@@ -147,7 +147,7 @@ def write_back(sd: StoreDir) -> None:
     """Replace STORE by the store's current state, atomically (module doc).
 
     Raises: StoreDirError naming the leaf or file; STORE is then unchanged."""
-    from tenplex.runtime.serde import _swap_in  # the same swap `tenplex.save` commits with
+    from tenplex.runtime.serde import swap_in  # the same swap `tenplex.save` commits with
     from tenplex.runtime.store import StoreError
 
     path = sd.path.resolve()
@@ -157,7 +157,7 @@ def write_back(sd: StoreDir) -> None:
         (_write_save if sd.kind == "save" else _write_checkpoint)(sd, tmp)
         _fsync_tree(tmp)
         open_dir(tmp).store.close()  # the new tree reads back in full
-        _swap_in(tmp, path)
+        swap_in(tmp, path)
     except (StoreError, TenplexError, OSError) as e:
         raise StoreDirError(f"{path}: write-back failed, left unchanged: {e}") from None
     finally:
