@@ -235,7 +235,13 @@ def verify(plan: str, src: str, dst: str, use_z3: bool, execute_limit: int) -> N
 @cli.command("inspect")
 @click.argument("ptc_or_spec")
 def inspect_cmd(ptc_or_spec: str) -> None:
-    """Describe a PTC: partitions, totals, and what deserves a look."""
+    """Describe a PTC, spec or checkpoint directory (tenplex, Megatron-LM, DCP): layout, totals,
+    and what deserves a look."""
+    if Path(ptc_or_spec).is_dir():
+        from tenplex.frameworks.formats import inspect
+
+        click.echo("\n".join(inspect(ptc_or_spec)))
+        return
     from tenplex.inspect import describe
 
     click.echo(describe(load_state(ptc_or_spec)), nl=False)
@@ -263,14 +269,33 @@ def spec(spec: str | None, list_presets: bool, output: str | None) -> None:
 
 @cli.command("reshard")
 @click.argument("src_dir", type=click.Path(file_okay=False))
-@click.option("--to", "dst", required=True, metavar="DST", help="Target layout: a PTC JSON file or a model spec.")
+@click.option("--to", "dst", required=True, metavar="DST",
+              help="Target layout: tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP), "
+                   "a PTC JSON file or a model spec.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
+@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+              help="Format of SRC_DIR (default: detected).")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+              help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
-@click.option("--central", is_flag=True, help="Baseline: gather everything on worker w0, then scatter.")
-def reshard_cmd(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
-    """Reshard the checkpoint directory SRC_DIR (ptc.json + <partition>/<path>.npy) to DST's layout."""
+@click.option("--central", is_flag=True, help="Baseline (tenplex format only): gather on worker w0, then scatter.")
+def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
+                central: bool) -> None:  # fmt: skip
+    """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
+    from tenplex.frameworks.formats import FormatError, convert, detect
+
+    src_fmt = src_fmt or detect(src_dir)
+    if src_fmt == "tenplex" and fmt in (None, "tenplex"):
+        _reshard_tenplex(src_dir, dst, out_dir, workers, central)
+        return
+    if central:
+        raise FormatError("--central applies to tenplex checkpoint directories only")
+    click.echo(convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers))
+
+
+def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -47,6 +47,13 @@ class MegatronReshardResult:
     seconds: float
     phases: tuple[tuple[str, float], ...] = ()  # seconds of read, compile, execute, write
 
+    def summary(self) -> str:
+        from tenplex.compiler.emit import human_bytes
+
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.phases)
+        return (f"tenplex: resharded Megatron {self.src} -> {self.dst} into {self.out_dir}: "
+                f"{human_bytes(self.bytes_moved)} moved between ranks, {self.seconds:.2f}s ({parts}); plan verified")  # fmt: skip
+
 
 def target_layout(meta: MegatronMeta, to: Any) -> ParallelConfig:
     """The fitted target layout of `meta.model` for `to` (see the module docstring).

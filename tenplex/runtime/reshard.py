@@ -214,7 +214,7 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
         out_values = {pid: got_values.get((pid, d), {}) for pid, d in first.items()}
     except KeyError as e:
         raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
-    _write_dir(dst, out_arrays, out_values, out)
+    write_checkpoint_dir(dst, out_arrays, out_values, out)
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
@@ -259,7 +259,7 @@ def _execute(steps: list[Step], arrays: dict, values: dict, workers: int, timeou
         return rt.fetch(job, "dst")
 
 
-def _write_dir(ptc: PTC, arrays: dict, values: dict, out: Path) -> None:
+def write_checkpoint_dir(ptc: PTC, arrays: dict, values: dict, out: Path) -> None:
     """Write into a temporary directory beside `out`, validate it, rename it to `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
