@@ -167,12 +167,12 @@ class Agent:
         if round == 0:
             rounds.fills_and_values(ex, self.store, values or {})
         messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
-        with ex.timed("local"):
-            for m in messages:
-                if m.src_host == m.dst_host == self.host:
-                    rounds.guard(m, lambda m=m: rounds.local(ex, m))
+        local = rounds.local(ex, [m for m in messages if m.src_host == m.dst_host == self.host])
         remote = [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
-        sent = rounds.network(ex, remote, self._ucx(), self._endpoint, self.scratch) if remote else 0
+        if remote:
+            sent = rounds.network(ex, remote, self._ucx(), self._endpoint, self.scratch, work=local)
+        else:
+            sent = sum(0 for _ in local)
         ex.rounds_done.add(round)
         return sent
 

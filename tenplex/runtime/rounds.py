@@ -80,25 +80,29 @@ def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any
                 ) from e
 
 
-def local(ex: Execution, m: Message) -> None:
-    """A message within this host: each op region to region."""
-    for i in m.ops:
-        op = ex.plan.ops[i]
-        try:
-            _target(op, ex)[...] = _source(op, ex)
-        except Exception as e:
-            raise ExecutionError(f"op {i} (copy of {op.tensor!r} box {op.box}, device {op.src_device} -> "
-                                 f"{op.dst_device}): {type(e).__name__}: {e}") from e  # fmt: skip
+def local(ex: Execution, messages: list[Message]) -> Iterator[None]:
+    """The messages within this host, one op (region to region) per step: a generator, so that
+    `network` can interleave the copies with the round's transfers."""
+    for m in messages:
+        for i in m.ops:
+            op = ex.plan.ops[i]
+            try:
+                with ex.timed("local"):
+                    _target(op, ex)[...] = _source(op, ex)
+            except Exception as e:
+                raise ExecutionError(f"message {m.id} ({m.src_host} -> {m.dst_host}, round {m.round}), op {i} (copy of "
+                                     f"{op.tensor!r} box {op.box}, device {op.src_device} -> {op.dst_device}): "
+                                     f"{type(e).__name__}: {e}") from e  # fmt: skip
+            yield
 
 
 def network(ex: Execution, messages: list[Message], peer: Any, endpoint: Callable[[str], Any],
-            scratch: parts.Scratch) -> int:  # fmt: skip
+            scratch: parts.Scratch, work: Iterator[None] | None = None) -> int:  # fmt: skip
     """Exchange this round's network messages with every peer at once; returns bytes sent.
 
     Single-op parts go from src views and into dst views where those are contiguous; the rest
-    is packed into and unpacked from the scratch pool (see `parts`)."""
-    if not messages:
-        return 0
+    is packed into and unpacked from the scratch pool (see `parts`). `work` (the round's local
+    copies) runs while the transfers progress."""
     sends: list = []
     recvs: list = []
     expect: list[tuple[Message, np.ndarray | None, list[CopyOp], int]] = []  # (message, buffer to unpack, ops, bytes)
@@ -124,7 +128,9 @@ def network(ex: Execution, messages: list[Message], peer: Any, endpoint: Callabl
                     expect.append((m, None if in_place else buffer, ops, nbytes))
     try:
         with ex.timed("exchange"):
-            got = peer.exchange(sends, recvs)
+            got = peer.exchange(sends, recvs, work=work)
+    except ExecutionError:
+        raise
     except Exception as e:
         ids = [m.id for m in messages]
         raise ExecutionError(f"round {messages[0].round}: exchanging messages {ids[:8]}{'...' if len(ids) > 8 else ''}"

@@ -149,8 +149,11 @@ def test_exchange_posts_both_directions_at_once_and_matches_by_message_id():
             ep = peer.connect(child_address)
             # receives listed in the reverse order of the sends: matching is by id, not arrival
             outs = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(SIZES)}
+            done: list[int] = []
+            work = (done.append(k) for k in range(50))  # other work between progress calls, all of it run
             got = peer.exchange([(ep, pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)],
-                                [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))])  # fmt: skip
+                                [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))], work=work)  # fmt: skip
+            assert done == list(range(50))
             for g, i in zip(got, reversed(range(len(SIZES)))):
                 assert g.message_id == 10 + i and np.shares_memory(g.data, outs[i])
                 assert np.array_equal(g.data, pattern(SIZES[i], i))

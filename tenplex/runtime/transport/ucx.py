@@ -35,6 +35,7 @@ import contextlib
 import os
 import secrets
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,6 +64,7 @@ __all__ = ["ANY", "Received", "TransportError", "UcxEndpoint", "UcxPeer", "ucx_a
 
 ANY = None  # `recv(ANY, ...)`: from any connected sender
 _POLL_MS = 100
+_DONE = object()
 _SEG = "512k"
 
 
@@ -147,12 +149,20 @@ class UcxPeer:
     def _deadline(self, timeout: float | None) -> float:
         return time.monotonic() + (self.timeout if timeout is None else timeout)
 
-    def _progress_until(self, done: Any, deadline: float, what: str) -> None:
+    def _progress_until(self, done: Any, deadline: float, what: str, work: Iterator[Any] | None = None) -> None:
+        """Progress the worker until `done()`; between progress calls, run `work` items one at a
+        time (non-blocking progress while there is work, sleeping on the worker's fd after)."""
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Timeout(f"{what}: timed out (peer {self.name!r})")
+            if work is not None and next(work, _DONE) is not _DONE:
+                self._worker.progress()
+                continue
+            work = None
             self._worker.progress_worker_event(epoll_timeout=max(1, min(_POLL_MS, int(left * 1000))))
+        for _ in work or ():  # the transfers finished first: the rest of the work now
+            pass
 
     def _wait(self, reqs: list, keep: list, deadline: float, what: str, peer: str) -> None:
         try:
@@ -285,9 +295,11 @@ class UcxPeer:
         return Received(message_id, view, peer)
 
     def exchange(self, sends: list[tuple[UcxEndpoint, Any, int]], recvs: list[tuple[UcxEndpoint, Any, int]],
-                 timeout: float | None = None) -> list[Received]:  # fmt: skip
+                 timeout: float | None = None, work: Iterable[Any] | None = None) -> list[Received]:  # fmt: skip
         """Post every send `(ep, buffer, message id)` and receive `(ep, out, message id)` at once
         and progress them together until all complete (one deadline for the whole batch).
+        `work`: an iterable that does a small piece of other work per item (e.g. local copies),
+        consumed between progress calls so that it overlaps the transfers; always consumed fully.
 
         The message id is also the tag: each receive matches exactly the send with the same id
         from that peer. Returns the receives in order. Sends and receives overlap with each
@@ -344,7 +356,7 @@ class UcxPeer:
 
         what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
         try:
-            self._progress_until(post_payloads, deadline, what)
+            self._progress_until(post_payloads, deadline, what, iter(work) if work is not None else None)
         except TransportError as e:
             self._abandon(keep + reqs)
             if not isinstance(e, _Timeout):
@@ -352,6 +364,9 @@ class UcxPeer:
             waiting = [item[4] for item in pending if item[0] is not None]
             raise TransportError(f"{what}: timed out (peer {self.name!r}); headers still missing for messages "
                                  f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
+        except BaseException:  # the caller's work failed: UCX may still use the buffers
+            self._abandon(keep + reqs)
+            raise
         for r in reqs:
             try:
                 r.check_error()
