@@ -1,11 +1,14 @@
-"""`python -m bench [--quick] [--only compile|bytes|runtime|fuse|hosts] [--timeout S] [--jobs N] [--out DIR]`.
+"""`python -m bench [--quick] [--only compile|bytes|runtime|fuse|hosts|dataset] [--timeout S] [--jobs N] [--out DIR]`.
 
 `--only runtime` runs the agent runtime's reshard throughput (`bench/runtime.py`, ≥ 2 GB of
 state; not part of the default run) and writes bench/results/runtime.{md,json}. `--only fuse`
 runs the FUSE view's read throughput (`bench/fuse.py`, needs fuse3 and root; not part of the
 default run) and writes bench/results/fuse.{md,json}. `--only hosts` runs peer-to-peer vs
 centralized resharding on 4 emulated hosts with 1 Gbit/s links (`bench/hosts.py`, needs root
-and iproute2) and writes bench/results/hosts.{md,json}.
+and iproute2) and writes bench/results/hosts.{md,json}. `--only dataset` reads one rank's samples
+directly, through the DataLoader and through the dataset FUSE view, and times the first batch
+after a rescale with and without the prefetcher (`bench/dataset.py`, needs fuse3, root and torch
+for all rows) and writes bench/results/dataset.{md,json}.
 
 Exit status 1 when a plan's network bytes differ from the lower bound or a case fails with an
 error; a timeout is reported (loudly) but does not fail the run.
@@ -30,7 +33,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--only",
-        choices=["compile", "bytes", "runtime", "fuse", "hosts"],
+        choices=["compile", "bytes", "runtime", "fuse", "hosts", "dataset"],
         help="run one table (runtime: agent reshard throughput; fuse: FUSE read throughput; only when asked for)",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case (default 300)")
@@ -51,12 +54,12 @@ def _progress(row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     info = report.machine_info()
-    if args.only in ("runtime", "fuse", "hosts"):
-        from bench import fuse, hosts, runtime
+    if args.only in ("runtime", "fuse", "hosts", "dataset"):
+        from bench import dataset, fuse, hosts, runtime
 
         if args.only == "runtime":
             print("runtime reshard (one process per case):", file=sys.stderr)
-        module = {"runtime": runtime, "fuse": fuse, "hosts": hosts}[args.only]
+        module = {"runtime": runtime, "fuse": fuse, "hosts": hosts, "dataset": dataset}[args.only]
         rows, paths = module.run(args.quick, args.timeout, args.out, info)
         print("wrote " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths))
         return _verdict(rows)

@@ -5,7 +5,10 @@
 - `order`: the epoch permutation (order stream v1) and the global batch of every step;
 - `state`: the O(1) global cursor, advanced only at optimizer commit;
 - `partition` and `schedule`: each rank's share of a step, for any W at any step boundary;
-- `reader`: sample bytes and decoded values; `torch_data` (imports torch): datasets and samplers.
+- `reader`: sample bytes and decoded values; `torch_data` (imports torch): datasets and samplers;
+- `prefetch`: a rank's next steps fetched in reading order into a bounded cache, peers first;
+- `rank_files` and `fuse_view` (imports mfusepy when mounting): a rank's upcoming samples as a
+  read-only FUSE directory, switched atomically at a rescale.
 
 The names below load their module on first use, so `tenplex.data.cli` (registered by the
 `tenplex` command) costs no numpy work at start-up.
@@ -22,6 +25,7 @@ _EXPORTS = {
     "Layout": "partition", "RankStep": "partition", "RankView": "partition", "rank_view": "partition",
     "split_bounds": "partition", "split_counts": "partition", "Schedule": "schedule", "replay": "schedule",
     "STATE_VERSION": "state", "DataState": "state", "SampleReader": "reader",
+    "PrefetchConfig": "prefetch", "PrefetchStats": "fetch_plan", "Prefetcher": "prefetch", "RankFiles": "rank_files",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS)

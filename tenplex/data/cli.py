@@ -4,17 +4,22 @@
     tenplex dataset order INDEX --global-batch G --seed S --schedule 0:4,37:3 [--epochs E]
                           [--tail drop|partial] [--uneven] [--state STATE]
     tenplex dataset inspect INDEX
+    tenplex dataset mount INDEX DIR --rank R --world W (--state STATE | --seed S --global-batch G)
+                          [--steps K] [--tail drop|partial] [--uneven]
 
 `order` prints one JSON line `{"epoch", "step", "rank", "samples"}` per rank and step, where
 `step` is the global step counted from the start of training (as in the schedule), for every
-step of E epochs starting at step 0 or at STATE's next step. A `DataError` ends in one line
+step of E epochs starting at step 0 or at STATE's next step. `mount` serves rank R's next K
+steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.data.fuse_view`)
+until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
+the view to its next step (a trainer rewrites STATE at each commit). A `DataError` ends in one line
 `tenplex: error: ...` and exit code 2 (through the `tenplex` group's error handling).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -117,3 +122,72 @@ def inspect_cmd(index_path: str) -> None:
     from tenplex.data.index import DatasetIndex
 
     click.echo(describe_index(DatasetIndex.load(index_path), index_path), nl=False)
+
+
+def _mount_state(index: DatasetIndex, state_path: str | None, seed: int | None, global_batch: int | None,
+                 tail: str) -> Any:  # fmt: skip
+    """The DataState to mount: STATE, or the start of (seed, G, tail). Raises DataError/UsageError."""
+    from tenplex.data.state import DataState
+
+    if state_path is not None:
+        if seed is not None or global_batch is not None:
+            raise click.UsageError("give either --state or --seed and --global-batch, not both")
+        state = DataState.load(state_path)
+        state.order_for(index, state_path)
+        return state
+    if seed is None or global_batch is None:
+        raise click.UsageError("give --state STATE, or --seed and --global-batch to start at step 0")
+    return DataState.start(index, seed, global_batch, tail)
+
+
+@dataset.command("mount")
+@click.argument("index_path", metavar="INDEX")
+@click.argument("directory", metavar="DIR")
+@click.option("--rank", type=click.IntRange(min=0), required=True, help="This data-parallel rank.")
+@click.option("--world", type=click.IntRange(min=1), required=True, help="Data-parallel size W.")
+@click.option("--state", "state_path", metavar="STATE", help="Committed state (JSON); SIGHUP re-reads it.")
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1), help="Order seed (without --state).")
+@click.option("--global-batch", "-G", type=click.IntRange(min=1), help="Global batch size (without --state).")
+@click.option("--steps", type=click.IntRange(min=0), help="Steps to show (default: to the end of the epoch).")
+@click.option("--tail", type=click.Choice(TAILS), default="drop", show_default=True, help="Tail policy.")
+@click.option("--uneven", is_flag=True, help="Allow W that does not divide G (counts differ by <= 1).")
+def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path: str | None, seed: int | None,
+              global_batch: int | None, steps: int | None, tail: str, uneven: bool) -> None:  # fmt: skip
+    """Serve rank R's upcoming samples at DIR (read-only FUSE) until SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from tenplex.data.fuse_mount import is_mounted
+    from tenplex.data.fuse_view import mount
+    from tenplex.data.index import DatasetIndex
+
+    index = DatasetIndex.load(index_path)
+    state = _mount_state(index, state_path, seed, global_batch, tail)
+    stop, reload = threading.Event(), threading.Event()
+    handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reload.set}
+    old = {s: signal.signal(s, lambda *_, f=f: f()) for s, f in handlers.items()}
+    try:
+        with mount(index, state, world, rank, directory, steps=steps, uneven=uneven) as view:
+            files = view.files
+            click.echo(f"tenplex: mounted rank {rank} of {world} at {view.directory}: steps "
+                       f"{files.view.start}..{files.stop - 1} of {index_path}", nl=True)  # fmt: skip
+            while not stop.wait(0.1) and is_mounted(view.directory):
+                if reload.is_set() and state_path is not None:
+                    reload.clear()
+                    _reload(view, state_path, world, rank)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _reload(view: Any, state_path: str, world: int, rank: int) -> None:
+    """Switch `view` to STATE's next step; a bad STATE is reported and the old view kept."""
+    from tenplex.data.errors import DataError
+    from tenplex.data.state import DataState
+
+    try:
+        files = view.switch(DataState.load(state_path), world, rank)
+    except DataError as e:
+        click.echo(f"tenplex: error: {e} (still serving generation {view.files.generation})", err=True)
+        return
+    click.echo(f"tenplex: switched to steps {files.view.start}..{files.stop - 1} (generation {files.generation})")

@@ -8,6 +8,7 @@ with fsspec installed, a URL) and decodes them by the index's sample format:
 - "tfrecord": the record's data bytes, after checking the framing and data CRC;
 - "raw": the bytes themselves.
 Open files are cached per process and dropped when the reader is pickled (DataLoader workers).
+`read` and `read_into` may be called from several threads at once (the FUSE view, a prefetcher).
 
 Raises: `DataError` naming the sample and file for a short read or undecodable bytes.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -33,14 +35,25 @@ class SampleReader:
         self.index = index if root is None else index.with_root(root)
         self.decode_samples = decode
         self._handles: dict[int, Any] = {}
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_handles": {}}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_handles", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _handles={}, _lock=threading.Lock())
 
     def __len__(self) -> int:
         return len(self.index)
 
     def _handle(self, file_id: int) -> Any:
+        handle = self._handles.get(file_id)
+        if handle is None:
+            with self._lock:  # one open per file, also when threads race to it
+                handle = self._open(file_id)
+        return handle
+
+    def _open(self, file_id: int) -> Any:
         if file_id not in self._handles:
             location = self.index.location(file_id)
             if is_url(location):
@@ -65,6 +78,27 @@ class SampleReader:
             raise DataError(f"sample {sample_id} of {self.index.location(file_id)}: read {len(data)} of {length} bytes "
                             f"at offset {offset} (file changed or truncated?)")  # fmt: skip
         return data
+
+    def read_into(self, sample_id: int, buffer: memoryview, start: int = 0) -> int:
+        """Copy bytes [start, start + len(buffer)) of sample `sample_id` (clipped to the sample)
+        into `buffer`; the byte count. A local file is read with one `os.preadv` straight into
+        `buffer` (no intermediate bytes object)."""
+        file_id, offset, length = self.index.sample(int(sample_id))
+        count = max(0, min(len(buffer), length - start))
+        if count == 0:
+            return 0
+        handle = self._handle(file_id)
+        if isinstance(handle, int):
+            got = os.preadv(handle, [buffer[:count]], offset + start)
+        else:
+            fs, path = handle
+            data = fs.cat_file(path, start=offset + start, end=offset + start + count)
+            got = len(data)
+            buffer[:got] = data
+        if got != count:
+            raise DataError(f"sample {sample_id} of {self.index.location(file_id)}: read {got} of {count} bytes "
+                            f"at offset {offset + start} (file changed or truncated?)")  # fmt: skip
+        return got
 
     def decode(self, sample_id: int, data: bytes) -> Any:
         """`data` (sample `sample_id`'s bytes) as the index's sample format decodes it."""

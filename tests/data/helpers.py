@@ -51,3 +51,11 @@ def megatron_idx(
     body = struct.pack(f"<{len(lengths)}i", *lengths) + struct.pack(f"<{len(lengths)}q", *pointers)
     body += struct.pack(f"<{len(documents)}q", *documents)
     return head + body + (bytes(len(lengths)) if modes else b"")
+
+
+def write_raw_samples(path: Path, n: int, root: str | None = None) -> DatasetIndex:
+    """One file of n raw samples of lengths 1..50 (sample i = bytes derived from i) and its index."""
+    lengths = np.array([(i * 37) % 50 + 1 for i in range(n)], dtype=np.int64)
+    path.write_bytes(b"".join(bytes((i + k) % 256 for k in range(int(lengths[i]))) for i in range(n)))
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return DatasetIndex.from_files("raw", root or str(path.parent), [(path.name, path.stat().st_size, offsets, lengths)])

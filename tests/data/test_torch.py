@@ -15,7 +15,18 @@ from hypothesis import strategies as st
 pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 
-from tenplex.data import DatasetIndex, DataState, Layout, RankView, SampleReader, Schedule, rank_view  # noqa: E402
+from tenplex.data import (  # noqa: E402
+    DataError,
+    DatasetIndex,
+    DataState,
+    Layout,
+    PrefetchConfig,
+    Prefetcher,
+    RankView,
+    SampleReader,
+    Schedule,
+    rank_view,
+)
 from tenplex.data.torch_data import RankBatchSampler, RankIterableDataset, RankSampler, SampleDataset  # noqa: E402
 from tests.data.helpers import write_npy_samples  # noqa: E402
 from tests.data.strategies import Job, jobs, schedules  # noqa: E402
@@ -128,3 +139,28 @@ def test_dataloader_workers_keep_the_order(dataset):
         hashlib.sha256(b"".join(d for _, d in alone)).hexdigest()
         == hashlib.sha256(b"".join(bytes(d) for _, d in workers)).hexdigest()
     )
+
+
+@pytest.mark.multiprocess
+def test_prefetched_dataset_delivers_the_same_sequence(dataset):
+    """P12 on the PyTorch path: a PrefetchConfig per DataLoader worker, or one Prefetcher kept
+    across a rescale (4 -> 2 ranks) in the main process; decoded samples too."""
+    base, _ = dataset
+    state = DataState.start(base, 9, 8)
+    order = state.order_for(base)
+    reader = SampleReader(base, decode=False)
+    view = rank_view(state, order, 4, 3)
+    plain = list(RankIterableDataset(reader, view, 6))
+    config = PrefetchConfig(budget_bytes=600, lookahead=2)
+    workers = list(tud.DataLoader(RankIterableDataset(reader, view, 6, config), batch_size=None, num_workers=2))
+    assert [(int(i), bytes(d)) for i, d in workers] == plain
+    with Prefetcher(reader, budget_bytes=600) as shared:
+        assert list(RankIterableDataset(reader, view, 3, shared)) == plain[:6]
+        later = rank_view(state.commit(order, 3), order, 2, 1)
+        assert list(RankIterableDataset(reader, later, 3, shared)) == list(RankIterableDataset(reader, later, 3))
+        assert shared.stats().peak_bytes <= 600 and shared.stats().mismatched == 0
+        decoded = RankIterableDataset(SampleReader(base), later, 1, shared)
+        for i, array in decoded:
+            np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
+        with pytest.raises(DataError, match="prefetch: a Prefetcher serves one process; give DataLoader workers a PrefetchConfig"):
+            list(tud.DataLoader(RankIterableDataset(reader, later, 1, shared), batch_size=None, num_workers=2))

@@ -1,0 +1,262 @@
+"""`python -m bench --only dataset`: reading one rank's samples, and the first batch after a rescale.
+
+Throughput (one table row per sample size and path): a raw dataset of equal samples in one file
+on tmpfs (`/dev/shm`, so every path reads from the page cache), rank 0 of W = 2 reading its
+share of one epoch (global batch 16). Each pass runs in a fresh child process
+(`python -m bench.dataset read METHOD ...`) that reports seconds, samples, bytes and a sha256
+of the (id, bytes) sequence; all paths must agree on it. Paths:
+- direct: `os.pread` of each sample's byte range from the open source file;
+- DataLoader, 0 / 2 workers: `RankIterableDataset(SampleReader(decode=False))` in
+  `torch.utils.data.DataLoader(batch_size=None)`; timed from the first sample (worker start-up
+  is reported apart);
+- FUSE: `tenplex.data.fuse_view.mount` served by the driver, the child opens and reads every
+  `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass).
+Goal: FUSE ≥ 0.8× direct for samples ≥ 64 KiB. 4 KiB samples are for information.
+
+Rescale (`bench/dataset_rescale.py`): time from a switch W = 4 → 2 to the first batch being
+ready on every new rank, with and without the prefetcher. Results: bench/results/dataset.{md,json}
+(dataset-quick.* with --quick).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = ((4 * KIB, 32 * MIB), (64 * KIB, 256 * MIB), (MIB, 512 * MIB))  # sample size, dataset bytes
+QUICK_SIZES = ((64 * KIB, 16 * MIB),)  # one size: every path, in a few seconds
+PASSES, QUICK_PASSES = 3, 1
+GLOBAL_BATCH, WORLD, RANK, GOAL = 16, 2, 0, 0.8
+METHODS = (("direct", "direct os.pread"), ("loader0", "DataLoader, 0 workers"),
+           ("loader2", "DataLoader, 2 workers"), ("fuse", "FUSE view (child process)"))  # fmt: skip
+HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s", "vs direct",
+           "start-up s", "goal"]  # fmt: skip
+
+
+NOTES = """Why the FUSE view misses the goal here: every file costs four requests (LOOKUP, OPEN, READ,
+RELEASE), each a trip from the kernel through libfuse's high-level API and mfusepy's ctypes
+callbacks into Python, about 50 µs each on 2 vCPUs, so a file takes ~200 µs before its bytes
+move (≤ ~5,000 files/s); the bytes of a large file are copied twice more than `os.pread` does
+(FUSE reply into the page cache, page cache into the reader). Reading with O_DIRECT in the child
+skips one copy (≈ 1.4 GB/s at 1 MiB, not tabled). Serving with one libfuse thread (the default,
+`fuse_mount`) is 2-3x faster than libfuse's thread pool here, where every request hands the GIL
+between threads. DataLoader workers pickle every (id, bytes) pair through a pipe; with
+`batch_size=None` that is one message per sample. The in-process paths (direct, 0 workers) read
+from the page cache at memory speed."""
+
+
+# ---- one pass, in a fresh process ----------------------------------------------------------
+def read_pass(method: str, index_path: str, state_path: str, directory: str) -> dict[str, Any]:
+    """Read rank RANK of WORLD's samples for one epoch by `method` (timed; each sample is dropped
+    once read, as a training step drops it), then again for the sha256 of the (id, bytes) sequence."""
+    import hashlib
+
+    from tenplex.data import DatasetIndex, DataState, RankFiles
+
+    if method.startswith("loader"):
+        import tenplex.data.torch_data  # noqa: F401 -- torch's import is not part of the pass
+    index = DatasetIndex.load(index_path)
+    files = RankFiles.build(index, DataState.load(state_path), WORLD, RANK)
+    t0 = time.perf_counter()
+    samples = _samples(method, index, files, directory)
+    count, size = 1, len(next(samples)[1])
+    startup = time.perf_counter() - t0 if method.startswith("loader") else 0.0
+    for _, data in samples:
+        count, size = count + 1, size + len(data)
+    seconds = time.perf_counter() - t0 - startup
+    sha = hashlib.sha256()
+    for sample_id, data in _samples(method, index, files, directory):
+        sha.update(sample_id.to_bytes(8, "little") + bytes(data))
+    return {"seconds": seconds, "startup_s": startup, "samples": count, "bytes": size, "digest": sha.hexdigest()}
+
+
+def _samples(method: str, index: Any, files: Any, directory: str) -> Iterator[tuple[int, bytes]]:
+    """(id, bytes) of the rank's samples in reading order, read by `method`."""
+    if method == "direct":
+        fds = [os.open(index.location(k), os.O_RDONLY) for k in range(len(index.files))]
+        ids = files.view.ids_between(files.view.start, files.stop).tolist()
+        fid, off, length = (a.tolist() for a in index.ranges(ids))
+        return ((i, os.pread(fds[f], n, o)) for i, f, o, n in zip(ids, fid, off, length))
+    if method.startswith("loader"):
+        import torch.utils.data as tud
+
+        from tenplex.data import SampleReader
+        from tenplex.data.torch_data import RankIterableDataset
+
+        dataset = RankIterableDataset(SampleReader(index, decode=False), files.view, len(files.steps))
+        loader = tud.DataLoader(dataset, batch_size=None, num_workers=int(method[-1]))
+        return ((int(i), d) for i, d in loader)
+    return _fuse_samples(Path(directory))
+
+
+def _fuse_samples(root: Path) -> Iterator[tuple[int, bytes]]:
+    for step in sorted(os.listdir(root)):
+        if step.startswith("step-"):
+            for name in sorted(os.listdir(root / step)):
+                with open(root / step / name, "rb", buffering=0) as f:
+                    yield int(name.split("-")[1].split(".")[0]), f.read()
+
+
+# ---- the driver ----------------------------------------------------------------------------
+def make_dataset(root: Path, sample: int, total: int) -> tuple[str, str]:
+    """A raw file of total // sample samples, its index and start state; (index path, state path)."""
+    import numpy as np
+
+    from tenplex.data import DatasetIndex, DataState
+
+    n = total // sample
+    data = np.random.default_rng(sample).integers(0, 256, n * sample, dtype=np.uint8)
+    (root / "data.bin").write_bytes(data.tobytes())
+    index = DatasetIndex.from_files(
+        "raw", str(root), [("data.bin", n * sample, np.arange(n) * sample, np.full(n, sample))]
+    )
+    index.save(root / "index.npz")
+    DataState.start(index, 1, GLOBAL_BATCH).save(root / "state.json")
+    return str(root / "index.npz"), str(root / "state.json")
+
+
+def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: float) -> dict[str, Any]:
+    from bench.runner import run_json
+
+    argv = ["bench.dataset", "read", method, index_path, state_path, str(mnt)]
+    if method != "fuse":
+        return run_json(argv, {}, timeout_s)
+    from tenplex.data import DatasetIndex, DataState
+    from tenplex.data.fuse_view import mount
+
+    index = DatasetIndex.load(index_path)
+    with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
+        return run_json(argv, {}, timeout_s)
+
+
+def measure_size(sample: int, total: int, passes: int, timeout_s: float) -> list[dict[str, Any]]:
+    from bench.report import fmt_bytes
+
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    rows = []
+    with tempfile.TemporaryDirectory(dir=shm) as d, tempfile.TemporaryDirectory() as mnt:
+        index_path, state_path = make_dataset(Path(d), sample, total)
+        for method, label in METHODS:
+            row = {"name": f"{fmt_bytes(sample)} {label}", "sample_bytes": sample, "method": method, "path": label}
+            if (why := _unavailable(method)) is not None:
+                rows.append({**row, "status": "skipped", "error": why})
+                continue
+            runs = [_pass(method, index_path, state_path, Path(mnt), timeout_s) for _ in range(passes)]
+            bad = next((r for r in runs if r["status"] != "ok"), None)
+            if bad is not None:
+                rows.append({**row, "status": bad["status"], "error": bad.get("error", "timeout")})
+            else:
+                rows.append({**row, "status": "ok", **_summary(runs)})
+            print(f"  {rows[-1]['status']:7} {sum(r.get('wall_s', 0) for r in runs):6.1f} s  {row['name']}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
+def _unavailable(method: str) -> str | None:
+    """Why `method` cannot run here (no torch, no FUSE), or None."""
+    import importlib.util
+
+    if method.startswith("loader") and importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    if method == "fuse":
+        from tenplex.data.fuse_mount import fuse_unavailable_reason
+
+        return fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE needs root")
+    return None
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    mbps = [r["bytes"] / r["seconds"] / 1e6 for r in runs]
+    best = max(range(len(runs)), key=lambda k: mbps[k])
+    r = runs[best]
+    return {"samples": r["samples"], "bytes": r["bytes"], "best_mbps": mbps[best], "median_mbps": statistics.median(mbps),
+            "best_samples_per_s": r["samples"] / r["seconds"], "startup_s": max(x["startup_s"] for x in runs),
+            "digests": sorted({x["digest"] for x in runs}), "mbps": mbps}  # fmt: skip
+
+
+def check_rows(rows: list[dict[str, Any]]) -> None:
+    """Ratios vs direct per sample size; a path whose bytes differ from direct's is an error."""
+    direct = {r["sample_bytes"]: r for r in rows if r["method"] == "direct" and r["status"] == "ok"}
+    for r in rows:
+        ref = direct.get(r["sample_bytes"])
+        if r["status"] != "ok" or ref is None:
+            continue
+        r["ratio"] = r["best_mbps"] / ref["best_mbps"]
+        r["goal"] = (
+            "—"
+            if r["method"] == "direct" or r["sample_bytes"] < 64 * KIB
+            else ("met" if r["ratio"] >= GOAL else "MISSED")
+        )
+        if r["digests"] != ref["digests"]:
+            r |= {
+                "status": "error",
+                "error": f"(id, bytes) digest {r['digests']} differs from direct's {ref['digests']}",
+            }
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    from bench.report import fmt_bytes
+
+    head = [fmt_bytes(r["sample_bytes"]), r["path"]]
+    if r["status"] != "ok":
+        return head + [r["status"].upper()] + [""] * (len(HEADERS) - 4) + [r.get("error", "")[:60]]
+    return head + [str(r["samples"]), fmt_bytes(r["bytes"]), f"{r['best_samples_per_s']:,.0f}", f"{r['best_mbps']:,.0f}",
+                   f"{r['median_mbps']:,.0f}", f"{r.get('ratio', 0):.2f}x", f"{r['startup_s']:.2f}", r.get("goal", "")]  # fmt: skip
+
+
+def markdown(info: dict[str, Any], cells: list[list[str]], rescale_md: str) -> str:
+    from bench.report import md_table
+
+    return "\n".join([
+        "# Dataset benchmark (`python -m bench --only dataset`)", "",
+        f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
+        "## Reading one rank's samples", "",
+        f"Rank {RANK} of W = {WORLD}, global batch {GLOBAL_BATCH}, one epoch of a raw dataset on tmpfs; every pass "
+        "in a fresh child process, best and median of the passes (two-process figures vary ±30% run to run: "
+        f"compare rows of one run). Goal: FUSE ≥ {GOAL}× direct for samples ≥ 64 KiB. See the docstring of "
+        "bench/dataset.py for the paths.", "",
+        md_table(HEADERS, cells), "",
+        NOTES, "",
+        rescale_md,
+    ])  # fmt: skip
+
+
+def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
+    from bench import dataset_rescale
+    from bench.report import text_table
+
+    print("dataset reads (one child process per pass):", file=sys.stderr)
+    rows = [
+        r
+        for s, t in (QUICK_SIZES if quick else SIZES)
+        for r in measure_size(s, t, QUICK_PASSES if quick else PASSES, timeout_s)
+    ]
+    check_rows(rows)
+    cells = [row_cells(r) for r in rows]
+    print(
+        f"\nReading rank {RANK} of {WORLD}: direct vs DataLoader vs FUSE (goal: FUSE >= {GOAL}x direct, samples >= 64 KiB)"
+    )
+    print(text_table(HEADERS, cells) + "\n", flush=True)
+    rescale = dataset_rescale.run(quick)
+    print(dataset_rescale.text(rescale) + "\n", flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "dataset-quick" if quick else "dataset"
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    doc = {"machine": info, "reads": rows, "rescale": rescale}
+    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    paths[1].write_text(markdown(info, cells, dataset_rescale.markdown(rescale)))
+    return rows + rescale["rows"], paths
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["read"]:
+        sys.exit("usage: python -m bench.dataset read METHOD INDEX STATE DIR")
+    print(json.dumps(read_pass(*sys.argv[2:6])))

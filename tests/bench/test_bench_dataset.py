@@ -1,0 +1,34 @@
+"""`python -m bench --only dataset --quick` end to end: every read path measured (the FUSE view
+read by a child process), all paths deliver the same (id, bytes) sequence, the rescale table
+has its four scenarios, and dataset-quick.{md,json} are written."""
+
+import json
+import os
+
+import pytest
+
+from bench.__main__ import main
+from tenplex.data.fuse_mount import fuse_unavailable_reason
+
+REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
+pytestmark = [
+    pytest.mark.fuse,
+    pytest.mark.slow,
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(REASON is not None, reason=f"FUSE unavailable: {REASON}"),
+]
+
+
+def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
+    pytest.importorskip("torch")
+    assert main(["--only", "dataset", "--quick", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "dataset-quick.json").read_text())
+    reads, rescale = doc["reads"], doc["rescale"]["rows"]
+    assert [r["method"] for r in reads] == ["direct", "loader0", "loader2", "fuse"]
+    assert all(r["status"] == "ok" and r["best_mbps"] > 0 for r in reads), reads
+    assert len({d for r in reads for d in r["digests"]}) == 1  # one (id, bytes) sequence for every path
+    assert [r["scenario"] for r in rescale] == ["none", "storage", "peers", "kept"]
+    assert rescale[2]["storage_bytes"] == 0 and rescale[2]["peer_bytes"] == rescale[0]["storage_bytes"]
+    md = (tmp_path / "dataset-quick.md").read_text()
+    assert md.count("\n| ") == len(reads) + 1 + len(rescale) + 1 and "First batch after a rescale" in md
+    assert "FUSE view (child process)" in capsys.readouterr().out

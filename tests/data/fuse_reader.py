@@ -1,0 +1,121 @@
+"""A reader of dataset FUSE views in its own process (a process must not read, with numpy, a
+mount it serves). Plain Python and numpy only, so that it starts fast: no tenplex import.
+
+Reads one JSON command per line on stdin and answers one JSON line on stdout. Bytes are reported
+as sha256 hex digests; "ENOENT" (etc.) stands for a failed call. Commands:
+    {"op": "view", "dir": D}          one whole view, by the generation seqlock (retries races):
+                                      {"state", "files": {"step-S/NAME": [sha, size, loaded]}}
+                                      where `loaded` digests what numpy.load returns (or null)
+    {"op": "snapshot", "dir": D}      one attempt, no retry: {"before", "after" (generations),
+                                      "dirs": {step: [names]}, "files": {"step-S/NAME": sha}}
+    {"op": "race", "dir": D, "count": N}   N snapshots back to back
+    {"op": "open", "path": P}         keep P open; {"op": "read_open"} digests it from offset 0
+    {"op": "opendir", "path": P}      keep directory P open; {"op": "listdir_open"} lists it
+    {"op": "close"}                   close what "open" and "opendir" kept
+    {"op": "cat", "path": P}          digest of P's bytes
+    {"op": "state", "dir": D}         D/.state.json, parsed
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+STATE = ".state.json"
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def loaded_digest(path: str) -> str | None:
+    """A digest of what numpy.load returns for a .npy/.npz file (arrays in name order)."""
+    if not path.endswith((".npy", ".npz")):
+        return None
+    loaded = np.load(path, allow_pickle=False)
+    if isinstance(loaded, np.ndarray):
+        return digest(loaded.dtype.str.encode() + repr(loaded.shape).encode() + loaded.tobytes())
+    with loaded:
+        return digest(b"".join(n.encode() + loaded[n].tobytes() for n in sorted(loaded.files)))
+
+
+def generation(root: str) -> int:
+    with open(os.path.join(root, STATE), "rb") as f:
+        return json.loads(f.read())["generation"]
+
+
+def attempt(call, *args):
+    try:
+        return call(*args)
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def snapshot(root: str) -> dict:
+    before = attempt(generation, root)
+    dirs = {d: attempt(lambda d=d: sorted(os.listdir(os.path.join(root, d))))
+            for d in sorted(attempt(os.listdir, root)) if d != STATE}  # fmt: skip
+    files = {f"{d}/{n}": attempt(lambda p: digest(read_bytes(p)), os.path.join(root, d, n))
+             for d, names in dirs.items() if isinstance(names, list) for n in names}  # fmt: skip
+    return {"before": before, "after": attempt(generation, root), "dirs": dirs, "files": files}
+
+
+def view(root: str) -> dict:
+    for _ in range(100):
+        snap = snapshot(root)
+        if snap["before"] == snap["after"] and not isinstance(snap["before"], str):
+            files = {}
+            for rel in snap["files"]:
+                path = os.path.join(root, rel)
+                data = read_bytes(path)
+                files[rel] = [digest(data), len(data), loaded_digest(path)]
+            state = json.loads(read_bytes(os.path.join(root, STATE)))
+            if state["generation"] == snap["before"]:
+                return {"state": state, "files": files}
+    raise RuntimeError("no consistent view in 100 attempts")
+
+
+def answer(cmd: dict, kept: dict[str, int]) -> object:
+    op = cmd["op"]
+    if op == "view":
+        return view(cmd["dir"])
+    if op == "snapshot":
+        return snapshot(cmd["dir"])
+    if op == "race":
+        return [snapshot(cmd["dir"]) for _ in range(cmd["count"])]
+    if op in ("open", "opendir"):
+        kept[op] = os.open(cmd["path"], os.O_RDONLY)
+        return "ok"
+    if op == "read_open":
+        return digest(os.pread(kept["open"], 1 << 30, 0))
+    if op == "listdir_open":
+        return sorted(os.listdir(kept["opendir"]))
+    if op == "close":
+        for name in sorted(kept):
+            os.close(kept.pop(name))
+        return "ok"
+    if op == "cat":
+        return digest(read_bytes(cmd["path"]))
+    if op == "state":
+        return json.loads(read_bytes(os.path.join(cmd["dir"], STATE)))
+    return f"unknown op {op!r}"
+
+
+def main() -> None:
+    kept: dict[str, int] = {}
+    for line in sys.stdin:
+        print(json.dumps(attempt(answer, json.loads(line), kept)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

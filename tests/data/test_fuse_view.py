@@ -1,0 +1,278 @@
+"""The per-rank FUSE view, read from a child process (`fuse_reader.py`): P8 through FUSE (the
+(id, bytes) log equals the oracle's ids and the direct read's bytes, and numpy.load reads every
+file), P11 (readers racing switches see one whole view or detect the race; open files and
+directories keep their view; the old view's unread files are gone), the prefetched FUSE path,
+and `tenplex dataset mount`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule
+from tenplex.data.fuse_mount import fuse_unavailable_reason, is_mounted
+from tenplex.data.fuse_view import mount, read_view
+from tests.data import oracle
+from tests.data.helpers import npy_bytes, npz_bytes
+
+REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
+pytestmark = [
+    pytest.mark.fuse,
+    pytest.mark.slow,
+    pytest.mark.skipif(REASON is not None, reason=f"FUSE unavailable: {REASON}"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+N_NPY, N_NPZ = 24, 16
+N = N_NPY + N_NPZ
+
+
+def _concat(blobs: list[bytes]) -> tuple[bytes, list[int], list[int]]:
+    lengths = [len(b) for b in blobs]
+    return b"".join(blobs), list(np.cumsum([0, *lengths[:-1]])), lengths
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> DatasetIndex:
+    """N numpy samples: N_NPY `.npy` in a file without a numpy suffix, then N_NPZ `.npz` archives."""
+    root = tmp_path_factory.mktemp("fuse_view")
+    npy, npy_off, npy_len = _concat([npy_bytes(np.arange(i % 5 + 1, dtype=np.int32) * i) for i in range(N_NPY)])
+    npz, npz_off, npz_len = _concat(
+        [npz_bytes(x=np.full(i % 3 + 1, i, np.int16), y=np.eye(2) * i) for i in range(N_NPZ)]
+    )
+    (root / "a.npy-stream").write_bytes(npy)
+    (root / "b.npz").write_bytes(npz)
+    parts = [("a.npy-stream", len(npy), npy_off, npy_len), ("b.npz", len(npz), npz_off, npz_len)]
+    return DatasetIndex.from_files("numpy", str(root), parts)
+
+
+@pytest.fixture(scope="module")
+def child():
+    """Send a command to the reader process, get its answer."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fuse_reader.py"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def call(**cmd: object) -> object:
+        proc.stdin.write(json.dumps(cmd) + "\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, f"the reader did not answer {cmd}"
+        return json.loads(proc.stdout.readline())
+
+    yield call
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def view(dataset, tmp_path):
+    """A mount of its own per test: libfuse keeps one session's signal handlers per process."""
+    with mount(dataset, DataState.start(dataset, 1, 4), 1, 0, tmp_path, steps=2) as v:
+        yield v
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def loaded_digest(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return digest(value.dtype.str.encode() + repr(value.shape).encode() + value.tobytes())
+    return digest(b"".join(n.encode() + value[n].tobytes() for n in sorted(value)))
+
+
+def expected(files: RankFiles) -> dict[str, list]:
+    """What the reader must see for `files`: {"step-S/NAME": [sha, size, numpy.load digest]}."""
+    reader = SampleReader(files.index)
+    out = {}
+    for step in files.steps:
+        for k, i in enumerate(files.share(step).tolist()):
+            name = files.name(k, i, ".npy" if i < N_NPY else ".npz")
+            out[f"{files.step_name(step)}/{name}"] = [digest(reader.read(i)), int(files.index.length[i]), loaded_digest(reader[i])]  # fmt: skip
+    return out
+
+
+def ids_of(files: dict[str, list]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for rel in sorted(files):
+        step, name = rel.split("/")
+        out.setdefault(int(step[5:]), []).append(int(name.split("-")[1].split(".")[0]))
+    return out
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_p8_the_fuse_log_is_the_oracle_and_the_direct_read(dataset, view, child, data):
+    tail = data.draw(st.sampled_from(["drop", "partial"]))
+    g = data.draw(st.sampled_from([4, 8, 12]))
+    seed = data.draw(st.integers(0, 2**64 - 1))
+    steps = -(-N // g) if tail == "partial" else N // g
+    plan = [
+        (0, data.draw(st.sampled_from([1, 2]))),
+        (data.draw(st.integers(1, steps)), data.draw(st.sampled_from([2, 4]))),
+    ]
+    want = oracle.run(N, g, seed, tail, plan, steps + 1)
+    state = DataState.start(dataset, seed, g, tail)
+    order = state.order_for(dataset)
+    for a, b, world in Schedule(plan).segments(steps + 1):
+        for rank in range(world):
+            files = view.switch(state.at_step(order, a), world, rank, steps=b - a)
+            got = child(op="view", dir=view.directory)
+            assert got["state"] == files.state_doc() and got["files"] == expected(files)
+            assert ids_of(got["files"]) == {s: ids for _, s, r, ids in want if a <= s < b and r == rank and ids}
+
+
+def test_p8_prefetched_fuse_reads(dataset, child, tmp_path):
+    reader = SampleReader(dataset, decode=False)
+    state = DataState.start(dataset, 3, 8)
+    with (
+        Prefetcher(reader, budget_bytes=4096, lookahead=2) as p,
+        mount(dataset, state, 2, 1, tmp_path, steps=4, prefetcher=p) as v,
+    ):
+        assert child(op="view", dir=v.directory)["files"] == expected(v.files)
+        files = v.switch(state.commit(state.order_for(dataset), 1), 4, 2, steps=3)
+        assert child(op="view", dir=v.directory)["files"] == expected(files)
+        stats = p.stats()
+    assert stats.peak_bytes <= 4096 and stats.mismatched == 0 and stats.hits + stats.waits > 0
+
+
+def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, view, child):
+    state = DataState.start(dataset, 9, 12)
+    order = state.order_for(dataset)
+    layouts = [(state, 2, 0, 2), (state.commit(order), 3, 1, 2), (state, 4, 3, 1)]
+    want = [expected(RankFiles.build(dataset, s, w, r, n)) for s, w, r, n in layouts]
+    published = {view.switch(*layouts[0][:3], steps=layouts[0][3]).generation: 0}
+    done = threading.Event()
+
+    def switch_until_done() -> None:
+        while not done.wait(0.01):
+            k = len(published) % len(layouts)
+            s, w, r, n = layouts[k]
+            published[view.switch(s, w, r, steps=n).generation] = k
+
+    switcher = threading.Thread(target=switch_until_done)
+    switcher.start()
+    try:
+        snaps = child(op="race", dir=view.directory, count=200)
+    finally:
+        done.set()
+        switcher.join()
+    listings = [{rel.split("/")[0]: sorted(r.split("/")[1] for r in w if r.split("/")[0] == rel.split("/")[0]) for rel in w} for w in want]  # fmt: skip
+    shas = {rel: v[0] for w in want for rel, v in w.items()}
+    consistent = 0
+    for snap in snaps:
+        if snap["before"] == snap["after"] and isinstance(snap["before"], int):
+            consistent += 1
+            assert snap["files"] == {r: v[0] for r, v in want[published[snap["before"]]].items()}
+        for step, names in snap["dirs"].items():  # every listing is one view's, never a mix
+            assert names == "ENOENT" or any(lst.get(step) == names for lst in listings), (step, names)
+        for rel, sha in snap["files"].items():  # every file read is the sample its name says
+            assert sha == "ENOENT" or sha == shas[rel], rel
+    assert consistent > 0 and len(published) > 10
+
+
+def test_p11_open_files_and_directories_keep_their_view(dataset, view, child):
+    state = DataState.start(dataset, 5, 4)
+    old = view.switch(state, 1, 0, steps=2)
+    new = view.switch(state, 4, 3, steps=2)
+    gone = sorted(set(expected(old)) - set(expected(new)))[0]
+    old = view.switch(state, 1, 0, steps=2)
+    assert child(op="open", path=f"{view.directory}/{gone}") == "ok"
+    assert child(op="opendir", path=f"{view.directory}/step-000000") == "ok"
+    view.switch(state, 4, 3, steps=2)
+    assert child(op="state", dir=view.directory) == view.files.state_doc()  # no stale .state.json
+    assert child(op="read_open") == expected(old)[gone][0]
+    assert child(op="listdir_open") == sorted(r.split("/")[1] for r in expected(old) if r.startswith("step-000000/"))
+    assert child(op="close") == "ok"  # else the unmount waits for the files to close
+    assert child(op="cat", path=f"{view.directory}/{gone}") == "ENOENT"  # unread old files are not served
+
+
+def test_a_bad_switch_changes_nothing(dataset, view):
+    before = view.files
+    with pytest.raises(DataError, match=r"^world: 3 ranks do not divide global batch 4"):
+        view.switch(DataState.start(dataset, 1, 4), 3, 0)
+    other = DatasetIndex.from_files("raw", "", [("x", 8, [0], [8])])
+    with pytest.raises(DataError, match=r"^state: fingerprint: the state has '[0-9a-f]+' but the job has '[0-9a-f]+'$"):
+        view.switch(DataState.start(other, 1, 1), 1, 0)
+    assert view.files is before
+
+
+def test_megatron_samples_are_npy_files(tmp_path, child):
+    tokens = np.arange(60, dtype=np.uint16)
+    (tmp_path / "tok.bin").write_bytes(tokens.tobytes())
+    index = DatasetIndex.from_files("megatron", str(tmp_path), [("tok.bin", 120, [0, 20, 60], [20, 40, 60])], "uint16")
+    (tmp_path / "mnt").mkdir()
+    with mount(index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1) as v:
+        files = child(op="view", dir=v.directory)["files"]
+    reader = SampleReader(index)
+    want = {
+        f"step-000000/{v.files.name(k, i, '.npy')}": loaded_digest(reader[i])
+        for k, i in enumerate(v.files.share(0).tolist())
+    }
+    assert {rel: f[2] for rel, f in files.items()} == want
+
+
+# ---- tenplex dataset mount ---------------------------------------------------------------------
+def _start(*args: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "tenplex.cli", "dataset", "mount", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    line = proc.stdout.readline() if ready else ""
+    if "mounted" not in line:
+        proc.kill()
+        pytest.fail(f"no 'mounted' line: {line!r} {proc.communicate()[1]!r}")
+    return proc, line
+
+
+def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path):
+    dataset.save(tmp_path / "index.npz")
+    state = DataState.start(dataset, 2, 4)
+    state.save(tmp_path / "state.json")
+    (tmp_path / "mnt").mkdir()
+    proc, line = _start(str(tmp_path / "index.npz"), str(tmp_path / "mnt"), "--rank", "1", "--world", "2",
+                        "--state", str(tmp_path / "state.json"), "--steps", "3")  # fmt: skip
+    try:
+        assert line == f"tenplex: mounted rank 1 of 2 at {tmp_path / 'mnt'}: steps 0..2 of {tmp_path / 'index.npz'}\n"
+        files = RankFiles.build(dataset, state, 2, 1, 3)
+        rel = f"step-000001/{files.name(0, int(files.share(1)[0]), '.npy' if files.share(1)[0] < N_NPY else '.npz')}"
+        assert (tmp_path / "mnt" / rel).read_bytes() == SampleReader(dataset).read(int(files.share(1)[0]))
+        state.commit(state.order_for(dataset), 2).save(tmp_path / "state.json")
+        proc.send_signal(signal.SIGHUP)
+        assert proc.stdout.readline() == "tenplex: switched to steps 2..4 (generation 1)\n"
+        assert json.loads((tmp_path / "mnt" / ".state.json").read_text())["step"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert not is_mounted(str(tmp_path / "mnt"))
+
+
+def test_cli_mount_errors_are_one_line(dataset, tmp_path):
+    dataset.save(tmp_path / "index.npz")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tenplex.cli", "dataset", "mount", str(tmp_path / "index.npz"),  # noqa: E731
+                                     str(tmp_path), *a], capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    r = run("--rank", "2", "--world", "2", "--seed", "1", "-G", "4")
+    assert r.returncode == 2 and r.stderr == "tenplex: error: rank: 2 is not in 0..1\n"
+    r = run("--rank", "0", "--world", "2", "--seed", "1")
+    assert r.returncode == 2 and r.stderr.startswith("tenplex: error: give --state STATE, or --seed and --global-batch")
+
+
+def test_read_view_in_the_serving_process(dataset, view):
+    """Plain Python I/O may read the mount from the process that serves it (numpy's may not)."""
+    files = view.switch(DataState.start(dataset, 4, 4), 2, 1, steps=3)
+    state, got = read_view(view.directory)
+    assert state == files.state_doc()
+    assert {rel: [digest(data), len(data)] for rel, data in got.items()} == {
+        r: v[:2] for r, v in expected(files).items()
+    }

@@ -1,0 +1,109 @@
+"""The FUSE view's operations without a mount (`ViewFS`): what each call answers before and
+after a switch, pinned directories and open files, errors as errno values, and the generation
+check of `publish`."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+
+import pytest
+
+from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader
+from tenplex.data.fuse_view import ViewFS
+from tests.data.helpers import write_raw_samples
+
+
+@pytest.fixture
+def parts(tmp_path):
+    index = write_raw_samples(tmp_path / "s.bin", 40)
+    state = DataState.start(index, 3, 8)
+    return index, state, SampleReader(index, decode=False)
+
+
+def paths(ops: ViewFS, files: RankFiles) -> list[str]:
+    return [
+        f"/{d}/{n}"
+        for d in ops.readdir("/", ops.opendir("/"))[3:]
+        for n in ops.readdir(f"/{d}", ops.opendir(f"/{d}"))[2:]
+    ]
+
+
+def read(ops: ViewFS, fh: int, size: int = 1 << 16, offset: int = 0) -> bytes:
+    return ops.read("", size, offset, fh)
+
+
+def test_listing_reading_and_a_switch(parts):
+    index, state, reader = parts
+    old = RankFiles.build(index, state, 2, 0, 2)
+    ops = ViewFS(old, reader)
+    root = ops.opendir("/")
+    assert ops.readdir("/", root) == [".", "..", ".state.json", "step-000000", "step-000001"]
+    files = paths(ops, old)
+    assert len(files) == 8 and all(
+        read(ops, ops.open(p, os.O_RDONLY)) == reader.read(int(p.split("-")[-1][:-4])) for p in files
+    )
+    fh = ops.open(files[0], os.O_RDONLY)
+    new = RankFiles.build(index, state.commit(state.order_for(index), 1), 4, 3, 2, generation=1)
+    ops.publish(new)
+    assert ops.readdir("/", root) == [".", "..", ".state.json", "step-000000", "step-000001"]  # pinned
+    assert [e[:9] for e in ops.readdir("/", ops.opendir("/"))[2:]] == [".state.js", "step-0000", "step-0000"]
+    assert read(ops, fh, 3, 1) == reader.read(int(files[0].split("-")[-1][:-4]))[1:4]  # an open file keeps its bytes
+    assert ops.getattr(files[0], fh)["st_size"] == index.length[int(files[0].split("-")[-1][:-4])]
+    gone = [p for p in files if p not in paths(ops, new)]
+    with pytest.raises(OSError) as e:
+        ops.getattr(gone[0])
+    assert e.value.errno == errno.ENOENT
+    state_fh = ops.open("/.state.json", os.O_RDONLY)
+    assert json.loads(read(ops, state_fh)) == new.state_doc() and ops.open_flags(state_fh) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("path", "flags", "code"),
+    [("/step-000000", os.O_RDONLY, errno.EISDIR), ("/.state.json", os.O_WRONLY, errno.EROFS),
+     ("/step-000009", os.O_RDONLY, errno.ENOENT), ("/step-000000/000-99.bin", os.O_RDONLY, errno.ENOENT),
+     ("/nothing", os.O_RDONLY, errno.ENOENT)],
+)  # fmt: skip
+def test_errors_are_errno_values(parts, path, flags, code):
+    index, state, reader = parts
+    ops = ViewFS(RankFiles.build(index, state, 2, 0, 2), reader)
+    with pytest.raises(OSError) as e:
+        ops.open(path, flags)
+    assert e.value.errno == code
+
+
+def test_publish_needs_a_newer_generation(parts):
+    index, state, reader = parts
+    ops = ViewFS(RankFiles.build(index, state, 2, 0, 2, generation=3), reader)
+    with pytest.raises(DataError, match=r"^generation: 3 is not after the current 3$"):
+        ops.publish(RankFiles.build(index, state, 1, 0, 2, generation=3))
+
+
+def test_reads_through_the_prefetcher_and_into_memory(parts):
+    index, state, reader = parts
+    files = RankFiles.build(index, state, 1, 0, 3)
+    with Prefetcher(reader, budget_bytes=1 << 20) as p:
+        p.start(files.view, files.stop)
+        ops = ViewFS(files, reader, p)
+        got = {}
+        for path in paths(ops, files):
+            fh = ops.open(path, os.O_RDONLY)
+            buf = (ctypes.c_char * 64)()
+            n = ops.read_into(fh, ctypes.addressof(buf), 64, 0)
+            got[int(path.split("-")[-1][:-4])] = buf.raw[:n]
+            ops.release(path, fh)
+        assert got == {i: reader.read(i) for i in files.view.ids_between(0, 3).tolist()}
+        assert p.stats().hits + p.stats().waits + p.stats().misses == len(got)
+
+
+def test_a_vanished_source_file_is_eio(parts, tmp_path):
+    index, state, _ = parts
+    ops = ViewFS(
+        RankFiles.build(index, state, 1, 0, 1), SampleReader(index.with_root(str(tmp_path / "gone")), decode=False)
+    )
+    path = paths(ops, ops.files)[0]
+    with pytest.raises(OSError) as e:
+        read(ops, ops.open(path, os.O_RDONLY))
+    assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
