@@ -97,13 +97,18 @@ def _frontend() -> Any:
 
 
 def load_state(arg: str) -> PTC:
-    """A PTC from a PTC JSON file, a JSON spec file, or a compact model spec.
+    """A PTC from a PTC JSON file, a JSON spec file, a compact model spec, or a directory of the
+    reference Tenplex's per-rank structure JSON (rank_map.json + rankNN/mp_rank_*.json).
 
     A file (an existing path, or any name ending in .json) is decoded as JSON: a document with a
     "format" key is parsed as a PTC, any other as a spec. Anything else is a compact spec.
     Raises ParseError or SpecError naming the argument.
     """
     path = Path(arg)
+    if path.is_dir() and (path / "rank_map.json").is_file():  # the reference's structure JSON
+        from tenplex.frameworks.structure import read_structure
+
+        return read_structure(path)[0]
     if not (arg.endswith(".json") or path.is_file()):
         return _frontend().ptc_from_spec(arg)
     root = read_json(path)

@@ -15,7 +15,9 @@ _DCP = {
     "read_dcp": "dcp_read", "write_dcp": "dcp_write", "reshard_dcp": "dcp_reshard", "inspect_dcp": "dcp_reshard",
     "load_dcp": "dcp_load", "DcpError": "dcp_format", "ptc_from_state_dicts": "dtensor", "state_dicts_from_arrays": "dtensor",
 }  # fmt: skip
-_NAMES = {**_MEGATRON, **_DCP}
+_STRUCTURE = {"read_structure": "structure", "write_structure": "structure", "inspect_structure": "structure",
+              "StructureError": "structure"}  # fmt: skip
+_NAMES = {**_MEGATRON, **_DCP, **_STRUCTURE}
 
 
 def __getattr__(name: str) -> Any:

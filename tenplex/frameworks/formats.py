@@ -1,7 +1,8 @@
 """Checkpoint formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
 Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
-`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory).
+`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory); `structure` (the reference's per-rank
+structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
 `detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
 SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
 
@@ -43,8 +44,10 @@ def detect(path: str | os.PathLike) -> str:
         return "dcp"
     if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
         return "megatron"
+    if (p / "rank_map.json").is_file():
+        return "structure"  # the reference's per-rank structure JSON: a layout without data
     raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
-                      "latest_checkpointed_iteration.txt or iter_*/)")  # fmt: skip
+                      "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
 
 
 def read(path: str | os.PathLike, fmt: str) -> tuple[PTC, dict, dict, Any]:
@@ -94,6 +97,9 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
     Raises FormatError (unknown format, impossible conversion, existing OUT) and the readers',
     compiler's and runtime's errors."""
     src_fmt = src_fmt or detect(src_dir)
+    if src_fmt == "structure":
+        raise FormatError(f"{src_dir} is a structure directory (shapes only, no data): use it as a PTC "
+                          "(tenplex compile/inspect), not as a checkpoint to reshard")  # fmt: skip
     fmt = fmt or src_fmt
     if Path(out_dir).exists():
         raise FormatError(f"{out_dir}: already exists (refusing to overwrite)")
@@ -138,6 +144,10 @@ def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None
 def inspect(path: str) -> list[str]:
     """Plain-words findings about a checkpoint directory of any format."""
     fmt = detect(path)
+    if fmt == "structure":
+        from tenplex.frameworks.structure import inspect_structure
+
+        return inspect_structure(path)
     if fmt == "megatron":
         from tenplex.frameworks.megatron_reshard import inspect_megatron
 

@@ -96,3 +96,20 @@ def test_impossible_requests_are_one_line_errors(megatron, dcp_dir, tmp_path, te
     code, out, err = tenplex("reshard", str(src), *args, "--out", str(tmp_path / "x"))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_reference_structure_directories_are_ptcs_for_compile_and_inspect(tmp_path, tenplex):
+    from tenplex.frameworks.structure import write_structure
+
+    dirs = []
+    for name, text in (("a", "gpt-tiny:tp2,pp2@1x4"), ("b", "gpt-tiny:tp1,pp2,dp2@1x4")):
+        spec = parse_spec(text)
+        build_tree(tmp_path / f"meg-{name}", spec.model, spec.parallel)
+        dirs.append(write_structure(tmp_path / f"meg-{name}", tmp_path / f"struct-{name}"))
+    code, out, err = tenplex("compile", str(dirs[0]), str(dirs[1]), "--emit", "text")
+    assert code == 0, err
+    assert "network bytes:" in out
+    code, out, err = tenplex("inspect", str(dirs[0]))
+    assert code == 0 and "problems: none" in out, out + err
+    code, out, err = tenplex("reshard", str(dirs[0]), "--to", "tp=1,pp=1", "--out", str(tmp_path / "x"))
+    assert code == 2 and "structure directory (shapes only, no data)" in err
