@@ -164,6 +164,10 @@ class StoreFS:
         self._writable(path)
         return self._add(Handle(path, buf=bytearray() if flags & os.O_TRUNC else None, writer=True))
 
+    def open_flags(self, fh: int) -> tuple[bool, bool]:
+        """(direct_io, keep_cache) for an open file: the page cache stays on (mmap works)."""
+        return False, self.keep_cached_pages(fh)
+
     def keep_cached_pages(self, fh: int) -> bool:
         """Whether the kernel may keep the cached pages of the file open as `fh` (see module doc)."""
         with self._lock:
