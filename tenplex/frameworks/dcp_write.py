@@ -34,8 +34,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,6 +50,7 @@ from tenplex.frameworks.dcp_format import DcpError, bytes_of_value
 from tenplex.frameworks.dtensor_torch import from_numpy, torch_dtype
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.ptc import PTC
+from tenplex.ir.serialize import atomic_dir
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.runtime.arrays import np_dtype, region
 
@@ -135,18 +134,8 @@ def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, M
     if out.exists():
         raise DcpError(f"{out}: already exists (refusing to overwrite)")
     plans, data = _plans(ptc, arrays, values)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would outlive the rename
-        md = _save(plans, data, tmp, mapping, sync)
-        if out.exists():
-            raise DcpError(f"{out}: appeared while writing (refusing to overwrite)")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return md
+    with atomic_dir(out, DcpError) as tmp:
+        return _save(plans, data, tmp, mapping, sync)
 
 
 def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None, sync: bool) -> Metadata:

@@ -24,10 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
-import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ import attrs
 import numpy as np
 import torch
 
+from tenplex.ir import serialize
 from tenplex.ir.errors import TenplexError
 from tenplex.runtime.arrays import np_dtype
 
@@ -183,22 +182,6 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def atomic_dir(out: Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; rename it to `out` when the block succeeds.
-
-    Raises:
-        CheckpointFormatError: `out` exists (before or after the block).
-    """
-    if out.exists():
-        raise CheckpointFormatError(f"{out}: already exists (refusing to overwrite)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            raise CheckpointFormatError(f"{out}: appeared while writing (refusing to overwrite)")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def atomic_dir(out: Path) -> contextlib.AbstractContextManager[Path]:
+    """`tenplex.ir.serialize.atomic_dir` raising CheckpointFormatError."""
+    return serialize.atomic_dir(out, CheckpointFormatError)

@@ -9,10 +9,12 @@ maps sorted by name), so `print(parse(text)) == text` for canonical text and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -282,6 +284,29 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | os.PathLike, error: type[TenplexError] = TenplexError) -> Iterator[Path]:
+    """Yield a new temporary directory beside `out` (mode 0755); rename it to `out` when the
+    block succeeds, delete it when the block fails: `out` is complete or absent.
+
+    Raises: `error` naming `out` when it exists before or after the block (never overwritten).
+    """
+    out = Path(out)
+    if out.exists():
+        raise error(f"{out}: already exists (refusing to overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would outlive the rename
+        yield tmp
+        if out.exists():
+            raise error(f"{out}: appeared while writing (refusing to overwrite)")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
@@ -43,7 +41,7 @@ from tenplex.compiler import Plan, compile_plan
 from tenplex.compiler.central import compile_central
 from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.ptc import PTC, Allocation
-from tenplex.ir.serialize import dumps, load_ptc, read_json
+from tenplex.ir.serialize import atomic_dir, dumps, load_ptc, read_json
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.arrays import np_dtype
 
@@ -261,14 +259,6 @@ def _execute(steps: list[Step], arrays: dict, values: dict, workers: int, timeou
 
 def write_checkpoint_dir(ptc: PTC, arrays: dict, values: dict, out: Path) -> None:
     """Write into a temporary directory beside `out`, validate it, rename it to `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out, CheckpointError) as tmp:
         write_checkpoint(ptc, arrays, values, tmp)
         read_checkpoint(tmp)  # the written tree reads back in full
-        if out.exists():
-            raise CheckpointError(f"{out}: appeared while resharding (refusing to overwrite)")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
