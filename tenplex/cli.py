@@ -26,6 +26,7 @@ import click
 from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, load_plan
 from tenplex.compiler.emit import EMITTERS, human_bytes, plural, table
 from tenplex.data.cli import dataset
+from tenplex.elastic.cli import job
 from tenplex.ir.errors import ParseError, TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import FORMAT as PTC_FORMAT
@@ -340,6 +341,7 @@ def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | Non
 
 
 cli.add_command(dataset)
+cli.add_command(job)
 cli.add_command(store)
 
 

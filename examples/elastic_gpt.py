@@ -1,0 +1,201 @@
+"""A tiny GPT trained with tensor + data parallelism on CPU (gloo), made elastic by tenplex.
+
+    torchrun --standalone --nproc-per-node W examples/elastic_gpt.py --job-dir DIR [--steps S]
+
+Run it through `tenplex job run JOB.yaml` to change W while it trains. The mesh is (dp, tp)
+from `tenplex.elastic.Job.config`; attention and MLP Linears are split Megatron-style with
+DTensor's ColwiseParallel/RowwiseParallel (`tenplex.elastic.layouts.gpt_plan`, the same plan the
+controller reshards with); gradients are summed over the dp mesh dim by hand. The global batch G
+is fixed: each dp rank takes G/dp samples per step (tenplex.data) in micro-batches, and the loss
+is sum(per-sample loss) / G, so the step's loss and update do not depend on W (up to
+floating-point reduction order). Rank 0 appends {step, loss, W, tp, dp, samples} to
+DIR/metrics.jsonl. Model init is a pure function of --seed; the data set (synthetic token
+sequences, one .npy file per sample) is written once under DIR/../dataset-<seed> or --data-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from tenplex.data import DatasetIndex, build_index
+from tenplex.data.reader import SampleReader
+from tenplex.elastic import Job
+from tenplex.elastic.layouts import gpt_plan
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # under tensor parallelism q/k/v hold this rank's heads only: hidden/tp features
+        q, k, v = (m(x).view(b, t, -1, self.head_dim).transpose(1, 2) for m in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(hidden), Attention(hidden, heads), nn.LayerNorm(hidden), Mlp(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab: int, seq: int, hidden: int, heads: int, layers: int):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln_f, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def write_dataset(root: Path, samples: int, seq: int, vocab: int, seed: int) -> None:
+    """Token sequences t[i+1] = (a t[i] + c) mod vocab, (a, c) from a few rules: learnable."""
+    rng = np.random.default_rng(seed)
+    rules = rng.integers(1, vocab, size=(8, 2))
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    for i in range(samples):
+        a, c = rules[rng.integers(len(rules))]
+        tokens = np.empty(seq + 1, np.int64)
+        tokens[0] = rng.integers(vocab)
+        for j in range(seq):
+            tokens[j + 1] = (a * tokens[j] + c) % vocab
+        np.save(tmp / f"{i:06d}.npy", tokens)
+    build_index([str(tmp)], "numpy").save(tmp / "index.npz")
+    tmp.rename(root)
+
+
+def dataset(args: argparse.Namespace, job: Job) -> DatasetIndex:
+    root = Path(args.data_dir or job.job_dir.parent / f"dataset-{args.seed}")
+    if job.rank == 0 and not root.exists():
+        write_dataset(root, args.samples, args.seq, args.vocab, args.seed)
+    dist.barrier()
+    return DatasetIndex.load(root / "index.npz").with_root(str(root))
+
+
+def build(args: argparse.Namespace, job: Job) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup]:
+    mesh = init_device_mesh("cpu", (job.config.dp, job.config.tp), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(args.seed)
+    model = Gpt(args.vocab, args.seq, args.hidden, args.heads, args.layers)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {fqn: styles[style]() for fqn, style in gpt_plan(args.layers).items()}
+    model = parallelize_module(model, mesh["tp"], plan)
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, foreach=False)
+    return model, optim, mesh.get_group("dp")
+
+
+def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.ProcessGroup, reader: SampleReader,
+               rank_step, micro_steps: int, global_count: int) -> float:  # fmt: skip
+    """One optimizer step on this rank's share; returns the global-batch mean loss."""
+    optim.zero_grad(set_to_none=True)
+    total = torch.zeros(())
+    for ids in rank_step.micro_batches(micro_steps):
+        if len(ids) == 0:
+            continue
+        tokens = torch.from_numpy(np.stack([reader[int(i)] for i in ids]))
+        logits = model(tokens[:, :-1])
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
+        loss_sum = per_token.view(len(ids), -1).mean(1).sum()
+        (loss_sum / global_count).backward()
+        total += loss_sum.detach()
+    for p in model.parameters():
+        grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        dist.all_reduce(grad, group=dp_group)
+    dist.all_reduce(total, group=dp_group)
+    optim.step()
+    return total.item() / global_count
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--data-dir")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        job = Job.from_env(args.job_dir)
+        index = dataset(args, job)
+        model, optim, dp_group = build(args, job)
+        if job.resuming:
+            model_sd, optim_sd = get_state_dict(model, optim)
+            state = {"model": model_sd, "optim": optim_sd}
+            job.load(state)
+            set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        data = job.data(index, seed=args.seed, global_batch=args.global_batch, micro_batch=args.micro_batch)
+        reader = SampleReader(index)
+        step = data.view.start
+        while step < args.steps and not job.should_stop(step):
+            rank_step = data.view.step_at(step)
+            loss = train_step(model, optim, dp_group, reader, rank_step, data.layout.accumulation_steps,
+                              rank_step.global_count)  # fmt: skip
+            shares = [None] * job.config.dp
+            dist.all_gather_object(shares, rank_step.ids.tolist(), group=dp_group)
+            job.log(step=step, loss=loss, W=job.world, tp=job.config.tp, dp=job.config.dp,
+                    samples=[i for share in shares for i in share])  # fmt: skip
+            if not math.isfinite(loss):
+                raise SystemExit(f"step {step}: loss {loss} is not finite")
+            step += 1
+        model_sd, optim_sd = get_state_dict(model, optim)
+        job.save({"model": model_sd, "optim": optim_sd}, data.state.at_step(data.order, step))
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    # The state is saved and every rank passed save's last barrier. Tearing down gloo's sub-groups
+    # at interpreter exit sometimes aborts a rank ("terminate called without an active
+    # exception"), which torchrun would report as a failure: leave without C++ destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

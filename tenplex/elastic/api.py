@@ -1,0 +1,226 @@
+"""What a training program calls: a few lines in its loop make it elastic.
+
+    job = tenplex.elastic.Job.from_env()           # set by the controller (and torchrun)
+    ... build the model for job.config (tp, dp) ...
+    job.load(state_dict)                           # this generation's state, if any
+    data = job.data(index, seed=0, global_batch=8, micro_batch=2)
+    step = data.view.start
+    while step < steps and not job.should_stop(step):
+        ... train on data.view.step_at(step) ...; step += 1
+    job.save(state_dict, data.state.at_step(data.order, step))
+
+The job directory (all paths relative to it; N is the generation):
+
+    state/gen-N/            DCP checkpoint in generation N's layout, written by the controller
+                            (`reshard_dcp`); plus `data_state.json`, the DataState to resume from
+    saved/gen-N/            what generation N saved at its stop, in its own layout (`dcp.save`),
+                            `data_state.json`, `timing.json` (wall times; `stop_step` when it
+                            stopped on request) and `COMPLETE` (written last, rank 0)
+    control/stop-N          present: generation N stops at its next step boundary
+    metrics.jsonl           one JSON record per `job.log` call (rank 0)
+
+Environment (the controller sets it; torchrun sets RANK and WORLD_SIZE): TENPLEX_JOB_DIR,
+TENPLEX_GENERATION (default 0), TENPLEX_TP, TENPLEX_DP, TENPLEX_PP (default: tp 1, pp 1, dp =
+WORLD_SIZE), TENPLEX_STOP_STEP (optional: stop before this global step).
+
+Invariants:
+- tp x dp x pp == world; rank r is at mesh coordinate (r // tp, r % tp) of the (dp, tp) mesh,
+  so its data-parallel rank is r // tp;
+- `should_stop` returns the same answer on every rank (an all_reduce of the local answers);
+- `saved/gen-N/COMPLETE` exists only once every rank's checkpoint files and the data state are
+  written.
+
+Raises ElasticError naming the variable, file or field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.layouts import check_degree
+
+
+def state_dir(job_dir: str | os.PathLike, generation: int) -> Path:
+    return Path(job_dir) / "state" / f"gen-{generation}"
+
+
+def saved_dir(job_dir: str | os.PathLike, generation: int) -> Path:
+    return Path(job_dir) / "saved" / f"gen-{generation}"
+
+
+def stop_file(job_dir: str | os.PathLike, generation: int) -> Path:
+    return Path(job_dir) / "control" / f"stop-{generation}"
+
+
+def metrics_file(job_dir: str | os.PathLike) -> Path:
+    return Path(job_dir) / "metrics.jsonl"
+
+
+@attrs.frozen
+class ParallelConfig:
+    """A parallel configuration: tensor, data and pipeline degrees."""
+
+    tp: int = attrs.field(validator=lambda _, a, v: check_degree(a.name, v))
+    dp: int = attrs.field(validator=lambda _, a, v: check_degree(a.name, v))
+    pp: int = attrs.field(default=1, validator=lambda _, a, v: check_degree(a.name, v))
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def to_json(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
+
+@attrs.frozen(eq=False)
+class JobData:
+    """This rank's view of the dataset for the current generation."""
+
+    state: Any  # tenplex.data.DataState: the committed state this generation starts from
+    order: Any  # tenplex.data.Order
+    view: Any  # tenplex.data.RankView of this data-parallel rank, from the first step to run
+    layout: Any  # tenplex.data.Layout: per-rank batch and accumulation steps
+
+
+def _env_int(env: dict[str, str], name: str, default: int | None = None) -> int:
+    text = env.get(name)
+    if text is None:
+        if default is None:
+            raise ElasticError(f"{name}: the environment variable is not set (run under the tenplex job controller)")
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ElasticError(f"{name}: expected an integer, got {text!r}") from None
+
+
+@attrs.frozen(eq=False)
+class Job:
+    """One rank of one generation of an elastic job (see the module docstring)."""
+
+    job_dir: Path = attrs.field(converter=Path)
+    generation: int
+    rank: int
+    world: int
+    config: ParallelConfig
+    stop_step: int | None = None
+    _marks: dict[str, float] = attrs.field(factory=dict, init=False, repr=False)  # wall times (stop)
+
+    def __attrs_post_init__(self) -> None:
+        if self.config.world != self.world:
+            raise ElasticError(f"TENPLEX_TP x TENPLEX_DP x TENPLEX_PP = {self.config.world} but WORLD_SIZE = {self.world}")
+        if not 0 <= self.rank < self.world:
+            raise ElasticError(f"RANK: {self.rank} is not in 0..{self.world - 1}")
+
+    @classmethod
+    def from_env(cls, job_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Job:
+        """The job of this process, from the environment (`job_dir` overrides TENPLEX_JOB_DIR)."""
+        env = dict(os.environ if env is None else env)
+        job_dir = job_dir or env.get("TENPLEX_JOB_DIR")
+        if not job_dir:
+            raise ElasticError("TENPLEX_JOB_DIR: the environment variable is not set and no job_dir was given")
+        world = _env_int(env, "WORLD_SIZE", 1)
+        tp, pp = _env_int(env, "TENPLEX_TP", 1), _env_int(env, "TENPLEX_PP", 1)
+        config = ParallelConfig(tp, _env_int(env, "TENPLEX_DP", max(1, world // (tp * pp))), pp)
+        stop = env.get("TENPLEX_STOP_STEP")
+        return cls(job_dir, _env_int(env, "TENPLEX_GENERATION", 0), _env_int(env, "RANK", 0), world, config,
+                   None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"))  # fmt: skip
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.config.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.config.tp
+
+    @property
+    def resuming(self) -> bool:
+        """True when a generation before this one left state to load."""
+        return state_dir(self.job_dir, self.generation).joinpath(".metadata").exists()
+
+    def load(self, state_dict: dict[str, Any]) -> bool:
+        """Fill `state_dict` (DTensors in this generation's layout) in place from `state/gen-N`;
+        False, touching nothing, when there is nothing to resume (generation 0)."""
+        if not self.resuming:
+            if self.generation > 0:
+                raise ElasticError(f"{state_dir(self.job_dir, self.generation)}: generation {self.generation} has no state")
+            return False
+        from tenplex.frameworks.dcp_load import load_dcp
+
+        load_dcp(state_dict, state_dir(self.job_dir, self.generation), rank=self.rank)
+        return True
+
+    def data(self, index: Any, *, seed: int, global_batch: int, micro_batch: int, tail_policy: str = "drop") -> JobData:
+        """This data-parallel rank's view from the committed data state (`state/gen-N/
+        data_state.json` when resuming, checked against the index and settings; else the start)."""
+        from tenplex.data import DataState, Layout, rank_view
+
+        path = state_dir(self.job_dir, self.generation) / "data_state.json"
+        if path.exists():
+            state = DataState.load(path)
+            state.check_matches(str(path), fingerprint=index.fingerprint, seed=seed, global_batch=global_batch,
+                                tail_policy=tail_policy)  # fmt: skip
+        else:
+            state = DataState.start(index, seed, global_batch, tail_policy)
+        order = state.order_for(index, str(path))
+        layout = Layout(global_batch, self.config.dp, micro_batch)
+        return JobData(state, order, rank_view(state, order, self.config.dp, self.dp_rank), layout)
+
+    def should_stop(self, step: int) -> bool:
+        """True on every rank once the controller asked this generation to stop (the stop file,
+        looked at by rank 0 only) or `step` reached TENPLEX_STOP_STEP; agreed by an all_reduce."""
+        local = self.stop_step is not None and step >= self.stop_step
+        if self.rank == 0 and not local:
+            local = stop_file(self.job_dir, self.generation).exists()
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            if local:
+                self._marks.setdefault("stop", time.time())
+                self._marks.setdefault("stop_step", step)
+            return local
+        flag = torch.tensor([int(local)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        stop = bool(flag.item())
+        if stop:
+            self._marks.setdefault("stop", time.time())
+            self._marks.setdefault("stop_step", step)
+        return stop
+
+    def save(self, state_dict: dict[str, Any], data_state: Any) -> Path:
+        """Save this generation's state (every rank calls it): `dcp.save` with the default process
+        group, then rank 0 writes the data state and timings and, last, `COMPLETE`."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        out = saved_dir(self.job_dir, self.generation)
+        start = time.time()
+        dcp.save(state_dict, checkpoint_id=str(out))
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0:
+            data_state.save(out / "data_state.json")
+            timing = {**self._marks, "save_start": start, "save_end": time.time()}
+            (out / "timing.json").write_text(json.dumps(timing))
+            (out / "COMPLETE").write_text("")
+        if dist.is_initialized():
+            dist.barrier()
+        return out
+
+    def log(self, **record: Any) -> None:
+        """Append a JSON record (with generation and wall time) to metrics.jsonl; rank 0 only."""
+        if self.rank != 0:
+            return
+        line = json.dumps({**record, "generation": self.generation, "time": time.time()})
+        with metrics_file(self.job_dir).open("a") as f:
+            f.write(line + "\n")
+        print(line, flush=True)

@@ -1,0 +1,58 @@
+"""The parallel configuration of a generation: event hint, parallelizer, table, or DP only.
+
+`choose_config(spec, devices, tp=None)` decides, in this order:
+1. `tp` given (a schedule event's hint): (tp, dp = devices / tp);
+2. the job has a `model` and `tenplex.elastic.parallelizer` is importable: its `choose` (with
+   the job's `parallel` table); a choice with pipeline stages is replaced by the best fitting
+   candidate without them, since the controller drives programs with a (dp, tp) mesh only;
+3. the job's `parallel` table entry for `devices`;
+4. data parallelism only: (tp 1, dp = devices).
+
+Raises ElasticError (a table or choice with pp > 1 and no pp = 1 alternative) and the
+parallelizer's SpecErrors (a model that fits nowhere, a bad table entry), naming the devices.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tenplex.elastic.api import ParallelConfig
+from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.job import JobSpec
+
+
+def _parallelizer():
+    try:
+        return importlib.import_module("tenplex.elastic.parallelizer")
+    except ImportError:
+        return None
+
+
+def _from_parallelizer(module, spec: JobSpec, devices: int) -> ParallelConfig:
+    from tenplex.frontends.presets import model_from_fields
+
+    model = model_from_fields(spec.model or {}, f"{spec.source}: job.model")
+    choice = module.choose(devices, model, spec.gpus_per_host, table=spec.table)
+    if choice.pp == 1:
+        return ParallelConfig(choice.tp, choice.dp)
+    flat = [c for c in getattr(choice, "candidates", ()) if c.pp == 1 and getattr(c, "fits", True)]
+    if not flat:
+        raise ElasticError(f"devices={devices}: the parallelizer chose pp={choice.pp} and no fitting layout has pp=1; "
+                           f"add a 'parallel' table entry [tp, 1, dp] for {devices}")  # fmt: skip
+    return ParallelConfig(flat[0].tp, flat[0].dp)
+
+
+def choose_config(spec: JobSpec, devices: int, tp: int | None = None) -> ParallelConfig:
+    """The (tp, dp) of a generation on `devices` processes (see the module docstring)."""
+    if tp is not None:
+        return ParallelConfig(tp, devices // tp)
+    module = _parallelizer()
+    if spec.model is not None and module is not None:
+        return _from_parallelizer(module, spec, devices)
+    entry = (spec.table or {}).get(devices)
+    if entry is not None:
+        e_tp, e_pp, e_dp = entry
+        if e_pp != 1:
+            raise ElasticError(f"{spec.source}: job.parallel.{devices}: pp={e_pp}, but elastic programs run a (dp, tp) mesh (pp 1)")
+        return ParallelConfig(e_tp, e_dp)
+    return ParallelConfig(1, devices)

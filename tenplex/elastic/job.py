@@ -1,0 +1,178 @@
+"""Job files: what `tenplex job run` runs, on how many devices, and when the devices change.
+
+JSON, or YAML when PyYAML is installed (`.yaml` / `.yml`):
+
+    program: examples/elastic_gpt.py      required: the training script (relative to the job file)
+    args: ["--steps", "30"]               optional: its arguments (the controller adds --job-dir)
+    devices: 4                            required: processes of the first generation
+    schedule:                             optional: resource changes, in order
+      - {at_step: 10, devices: 2}         stop before global step 10, continue on 2 processes
+      - {at_seconds: 60, devices: 4, tp: 2}   after 60 s of the job; tp forces the split
+    parallel: {"4": [2, 1, 2]}            optional: devices -> [tp, pp, dp], the parallelizer's table
+    model: {kind: gpt, num_layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256,
+            max_position: 32}             optional: the ModelSpec fields the parallelizer weighs
+    gpus_per_host: 8                      optional (default 8)
+    timeout: 600                          optional: seconds one generation may run (default 600)
+
+Invariants:
+- devices >= 1 everywhere; an event has exactly one of at_step (>= 1) and at_seconds (> 0);
+  at_step events come in increasing order; an event's tp divides its devices;
+- a table entry's tp x pp x dp equals its device count.
+
+Raises JobFileError naming the file and the field (`schedule[1].devices`), with the value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tenplex.elastic.errors import JobFileError
+
+KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout"}
+EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp"}
+
+
+@attrs.frozen
+class Event:
+    """A resource change: at a global step (deterministic) or after seconds of the job."""
+
+    devices: int
+    at_step: int | None = None
+    at_seconds: float | None = None
+    tp: int | None = None
+
+
+@attrs.frozen
+class JobSpec:
+    """A parsed job file (see the module docstring)."""
+
+    program: Path
+    devices: int
+    args: tuple[str, ...] = ()
+    schedule: tuple[Event, ...] = ()
+    table: dict[int, tuple[int, int, int]] | None = None
+    model: dict[str, Any] | None = None
+    gpus_per_host: int = 8
+    timeout: float = 600.0
+    source: str = "<job>"
+
+
+def _int(where: str, value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise JobFileError(f"{where}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise JobFileError(f"{where}: expected a number > 0, got {value!r}")
+    return float(value)
+
+
+def _keys(where: str, node: Any, allowed: set[str], required: set[str]) -> dict:
+    if not isinstance(node, Mapping):
+        raise JobFileError(f"{where}: expected a mapping, got {type(node).__name__}")
+    unknown = sorted(set(map(str, node)) - allowed)
+    if unknown:
+        raise JobFileError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(node))
+    if missing:
+        raise JobFileError(f"{where}.{missing[0]}: required field is missing")
+    return dict(node)
+
+
+def _event(where: str, node: Any, last_step: int) -> Event:
+    node = _keys(where, node, EVENT_KEYS, {"devices"})
+    devices = _int(f"{where}.devices", node["devices"])
+    if ("at_step" in node) == ("at_seconds" in node):
+        raise JobFileError(f"{where}: give exactly one of at_step and at_seconds, got {sorted(set(node) & {'at_step', 'at_seconds'})}")
+    step = node.get("at_step")
+    if step is not None and _int(f"{where}.at_step", step) <= last_step:
+        raise JobFileError(f"{where}.at_step: {step} is not after the previous event's step {last_step}")
+    seconds = None if "at_seconds" not in node else _number(f"{where}.at_seconds", node["at_seconds"])
+    tp = node.get("tp")
+    if tp is not None and devices % _int(f"{where}.tp", tp):
+        raise JobFileError(f"{where}.tp: {tp} does not divide devices={devices}")
+    return Event(devices, step, seconds, tp)
+
+
+def _table(where: str, node: Any) -> dict[int, tuple[int, int, int]]:
+    if not isinstance(node, Mapping):
+        raise JobFileError(f"{where}: expected a mapping devices -> [tp, pp, dp], got {type(node).__name__}")
+    table = {}
+    for key, entry in node.items():
+        try:
+            devices = int(key)
+        except ValueError:
+            raise JobFileError(f"{where}.{key}: the key must be a device count") from None
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise JobFileError(f"{where}.{key}: expected [tp, pp, dp], got {entry!r}")
+        tp, pp, dp = (_int(f"{where}.{key}[{i}]", v) for i, v in enumerate(entry))
+        if tp * pp * dp != devices:
+            raise JobFileError(f"{where}.{key}: tp x pp x dp = {tp * pp * dp} is not {devices} devices")
+        table[devices] = (tp, pp, dp)
+    return table
+
+
+def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") -> JobSpec:
+    """A JobSpec from a decoded job file; `program` is resolved against `base`.
+
+    Raises:
+        JobFileError: a missing, unknown or invalid field (names `source` and the field).
+    """
+    try:
+        root = _keys("job", doc, KEYS, {"program", "devices"})
+        if not isinstance(root["program"], str) or not root["program"]:
+            raise JobFileError(f"job.program: expected a path, got {root['program']!r}")
+        args = root.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+            raise JobFileError(f"job.args: expected a list of strings, got {args!r}")
+        schedule, last = [], 0
+        events = root.get("schedule", [])
+        if not isinstance(events, list):
+            raise JobFileError(f"job.schedule: expected a list of events, got {type(events).__name__}")
+        for i, node in enumerate(events):
+            schedule.append(_event(f"job.schedule[{i}]", node, last))
+            last = schedule[-1].at_step or last
+        model = root.get("model")
+        if model is not None and not isinstance(model, Mapping):
+            raise JobFileError(f"job.model: expected a mapping of ModelSpec fields, got {type(model).__name__}")
+        return JobSpec(
+            program=Path(base) / root["program"], devices=_int("job.devices", root["devices"]),
+            args=tuple(str(a) for a in args), schedule=tuple(schedule),
+            table=None if "parallel" not in root else _table("job.parallel", root["parallel"]),
+            model=None if model is None else dict(model),
+            gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
+            timeout=_number("job.timeout", root.get("timeout", 600)), source=source)  # fmt: skip
+    except JobFileError as e:
+        raise JobFileError(f"{source}: {e}") from None
+
+
+def load_job(path: str | os.PathLike) -> JobSpec:
+    """Read and parse a job file (JSON, or YAML with PyYAML). Raises JobFileError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise JobFileError(f"{path}: cannot read the job file ({e.strerror})") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise JobFileError(f"{path}: YAML job files need PyYAML (pip install pyyaml); or write JSON") from None
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise JobFileError(f"{path}: not valid YAML ({e})") from None
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise JobFileError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    return parse_job(doc, str(path), path.parent)

@@ -1,0 +1,74 @@
+"""The controller: scale requests, and one end-to-end elastic run of the example GPT
+(W 2 -> 1 -> 2, changing dp and tp) against a static run."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tenplex.elastic.api import ParallelConfig, stop_file
+from tenplex.elastic.cli import job
+from tenplex.elastic.controller import Controller
+from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.job import Event, parse_job
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_gpt.py"
+ARGS = ["--steps", "6", "--samples", "64", "--layers", "1"]
+
+
+def test_scale_request_is_picked_up_and_stops_the_generation(tmp_path):
+    result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "4", "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path)
+    event, requested_at = controller._poll_request(0, ParallelConfig(1, 2))
+    assert event == Event(4, tp=2) and requested_at > 0
+    assert stop_file(tmp_path, 0).exists() and not list((tmp_path / "control").glob("scale-*.json"))
+
+
+def test_scale_request_to_the_same_layout_is_ignored(tmp_path):
+    CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "2"])
+    controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path)
+    assert controller._poll_request(0, ParallelConfig(1, 2)) is None and not stop_file(tmp_path, 0).exists()
+
+
+def test_scale_cli_rejects_tp_not_dividing(tmp_path):
+    result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "3", "--tp", "2"])
+    assert isinstance(result.exception, ElasticError) and "--tp: 2 does not divide --devices 3" in str(result.exception)
+
+
+def test_failing_program_names_generation_and_log(tmp_path):
+    program = tmp_path / "fail.py"
+    program.write_text("raise SystemExit(3)\n")
+    spec = parse_job({"program": str(program), "devices": 1, "timeout": 60})
+    with pytest.raises(ElasticError, match=re.escape("generation 0: the program exited with code")):
+        Controller(spec, tmp_path / "run", out=lambda _: None).run()
+
+
+def _metrics(job_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_elastic_run_matches_static_run(tmp_path):
+    static = parse_job({"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120})
+    elastic = parse_job({"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120,
+                         "schedule": [{"at_step": 2, "devices": 1}, {"at_step": 4, "devices": 2, "tp": 2}]})  # fmt: skip
+    assert Controller(static, tmp_path / "static", out=lambda _: None).run() == []
+    lines: list[str] = []
+    recs = Controller(elastic, tmp_path / "elastic", out=lines.append).run()
+    assert [(r.step, r.src, r.dst) for r in recs] == [(2, ParallelConfig(1, 2), ParallelConfig(1, 1)),
+                                                      (4, ParallelConfig(1, 1), ParallelConfig(2, 1))]  # fmt: skip
+    assert all(set(r.phases) == {"stop", "save", "exit", "reshard", "restart"} for r in recs)
+    assert any(line.startswith("step 2: tp1 dp2 (W=2) -> tp1 dp1 (W=1)") for line in lines)
+    a, b = _metrics(tmp_path / "static"), _metrics(tmp_path / "elastic")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(6))
+    assert [r["W"] for r in b] == [2, 2, 1, 1, 2, 2] and [r["tp"] for r in b] == [1, 1, 1, 1, 2, 2]
+    assert [r["samples"] for r in a] == [r["samples"] for r in b]
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
+    report = json.loads((tmp_path / "elastic" / "report.json").read_text())
+    assert report["generations"] == 3 and len(report["reconfigurations"]) == 2
