@@ -22,48 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tenplex.elastic.controller import Controller  # noqa: E402
-from tenplex.elastic.job import parse_job  # noqa: E402
-
-EXAMPLE = ROOT / "examples" / "elastic_gpt.py"
-
-
-def metrics(job_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-# (devices, tp) of the first generation and of the two changes
-FULL = ((4, 2), (2, 1), (4, 1))
-SMALL = ((2, 2), (1, 1), (2, 1))  # the same shape of change on at most 2 processes (tests)
-
-
-def run(work: Path, steps: int, extra: list[str], sizes: tuple = FULL) -> dict:
-    args = ["--steps", str(steps), *extra]
-    third = max(1, steps // 3)
-    (w0, tp0), (w1, tp1), (w2, tp2) = sizes
-    table = {str(w0): [tp0, 1, w0 // tp0]}
-    static = parse_job({"program": str(EXAMPLE), "args": args, "devices": w0, "parallel": table})
-    elastic = parse_job({"program": str(EXAMPLE), "args": args, "devices": w0, "parallel": table,
-                         "schedule": [{"at_step": third, "devices": w1, "tp": tp1},
-                                      {"at_step": 2 * third, "devices": w2, "tp": tp2}]})  # fmt: skip
-    Controller(static, work / "static").run()
-    recs = Controller(elastic, work / "elastic").run()
-    a, b = metrics(work / "static"), metrics(work / "elastic")
-    if [r["step"] for r in a] != [r["step"] for r in b]:
-        raise SystemExit(f"the runs logged different steps: {len(a)} vs {len(b)}")
-    diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(a, b)]
-    rel = [d / abs(x["loss"]) for d, x in zip(diffs, a)]
-    report = json.loads((work / "elastic" / "report.json").read_text())
-    phase_total = {k: sum(r.phases[k] for r in recs) for k in recs[0].phases} if recs else {}
-    return {
-        "steps": steps, "static": [{k: r[k] for k in ("step", "loss", "W", "tp", "dp")} for r in a],
-        "elastic": [{k: r[k] for k in ("step", "loss", "W", "tp", "dp")} for r in b],
-        "max_abs_loss_diff": max(diffs), "max_rel_loss_diff": max(rel),
-        "same_samples_every_step": [r["samples"] for r in a] == [r["samples"] for r in b],
-        "reconfigurations": [r.to_json() for r in recs], "elastic_total_seconds": report["total_seconds"],
-        "phase_seconds": phase_total,
-        "phase_share_of_total": {k: v / report["total_seconds"] for k, v in phase_total.items()},
-    }  # fmt: skip
+from tenplex.elastic.convergence import FULL, SMALL, compare  # noqa: E402
 
 
 def plot(result: dict, path: Path) -> None:
@@ -102,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tenplex-convergence-"))
     try:
-        result = run(work, args.steps, args.program_args, SMALL if args.small else FULL)
+        result = compare(work, args.steps, args.program_args, SMALL if args.small else FULL)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     (out / "convergence.json").write_text(json.dumps(result, indent=1))

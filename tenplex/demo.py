@@ -421,11 +421,15 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     with p.status(f"executing {len(AGENT_STEPS) - 1} reconfigurations on {AGENT_WORKERS} local agents ..."):
         agents, skipped = run_agent_steps(small, AGENT_STEPS)
     hosts, hosts_skipped = [], "not in --quick"
+    elastic, elastic_why = None, "not in --quick"
     if not args.quick:
+        from tenplex.demo_elastic import run_elastic
         from tenplex.demo_hosts import run_hosts
 
         with p.status("emulated hosts: peer-to-peer vs central over shaped links ..."):
             hosts, hosts_skipped = run_hosts(HOSTS_MODEL, HOSTS_MOVES)
+        with p.status("an elastic job scaling 2 -> 1 -> 2 processes ..."):
+            elastic, elastic_why = run_elastic()
     headline(p, cases, steps, agents, skipped)
     p.line()
     show_cases(p, cases)
@@ -440,9 +444,18 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     if steps[-1].plan is not None:
         p.line()
         show_last(p, steps[-1], src, dst, args.out)
+    if not args.quick:
+        from tenplex.demo_elastic import show_elastic
+
+        p.line()
+        show_elastic(p, elastic, elastic_why)
     ok = all(c.ok for c in cases) and all(s.ok for s in steps) and len(steps) == len(SMALL_STEPS) - 1
     ok = ok and (bool(skipped) or (all(a.ok for a in agents) and len(agents) == len(AGENT_STEPS) - 1))
     ok = ok and hosts_ok(hosts, hosts_skipped)
+    if not args.quick:
+        from tenplex.demo_elastic import elastic_ok
+
+        ok = ok and elastic_ok(elastic, elastic_why)
     p.line()
     p.line(
         f"demo {'OK' if ok else 'FAILED'} in {human_seconds(time.perf_counter() - t0)}",
