@@ -305,74 +305,13 @@ class UcxPeer:
         from that peer. Returns the receives in order. Sends and receives overlap with each
         other and across peers, so a host exchanging with several peers keeps every link busy.
         """
-        A, T, M = self._Array, self._api.UCXXTag, self._api.UCXXTagMask
-        deadline = self._deadline(timeout)
-        keep: list = []
-        reqs: list = []
-        for ep, buffer, message_id in sends:
-            check_user_tag(message_id)
-            self._check_open(ep)
-            arr = A(_as_bytes(buffer, False, f"send of message {message_id} to {ep.remote_name!r}"))
-            self._seq += 1
-            header = np.frombuffer(pack_header(self.id, message_id, arr.nbytes, self._seq), dtype=np.uint8).copy()
-            keep += [arr, header]
-            reqs.append(ep._ep.tag_send(A(header), T(make_tag(HDR, self.id, message_id))))
-            if arr.nbytes:
-                reqs.append(ep._ep.tag_send(arr, T(make_tag(DATA, self.id, self._seq))))
-        pending = []  # [header request, header, ep, out, message id], until the payload is posted
-        for ep, out, message_id in recvs:
-            check_user_tag(message_id)
-            self._check_open(ep)
-            header = np.zeros(HEADER_SIZE, dtype=np.uint8)
-            req = self._worker.tag_recv(A(header), T(make_tag(HDR, ep.remote_id, message_id)), M(FULL_MASK))
-            keep.append(header)
-            pending.append([req, header, ep, out, message_id])
-        results: list[Received | None] = [None] * len(recvs)
+        from tenplex.runtime.transport.ucx_exchange import Exchange
 
-        def post_payloads() -> bool:
-            for i, item in enumerate(pending):
-                req, header, ep, out, message_id = item
-                if item[0] is None or not req.completed:
-                    continue
-                try:
-                    req.check_error()
-                except Exception as e:
-                    raise TransportError(f"recv of message {message_id} from peer {ep.remote_name!r} failed: "
-                                         f"{type(e).__name__}: {e}") from e  # fmt: skip
-                _, got_id, nbytes, seq = unpack_header(header.tobytes())
-                view = _as_bytes(out, True, f"recv of message {message_id} from {ep.remote_name!r}")
-                if got_id != message_id or nbytes > A(view).nbytes:
-                    raise TransportError(f"message {got_id} of {nbytes} B from peer {ep.remote_name!r} does not fit "
-                                         f"the receive of message {message_id} ({A(view).nbytes} B)")  # fmt: skip
-                if isinstance(view, np.ndarray):
-                    view = view[:nbytes]
-                if nbytes:
-                    arr = A(view)
-                    keep.append(arr)
-                    reqs.append(self._worker.tag_recv(arr, T(make_tag(DATA, ep.remote_id, seq)), M(FULL_MASK)))
-                results[i] = Received(message_id, view, ep.remote_name)
-                item[0] = None
-            return all(item[0] is None for item in pending) and all(r.completed for r in reqs)
+        return Exchange(self, timeout).run(sends, recvs, work)
 
-        what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
-        try:
-            self._progress_until(post_payloads, deadline, what, iter(work) if work is not None else None)
-        except TransportError as e:
-            self._abandon(keep + reqs)
-            if not isinstance(e, _Timeout):
-                raise
-            waiting = [item[4] for item in pending if item[0] is not None]
-            raise TransportError(f"{what}: timed out (peer {self.name!r}); headers still missing for messages "
-                                 f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
-        except BaseException:  # the caller's work failed: UCX may still use the buffers
-            self._abandon(keep + reqs)
-            raise
-        for r in reqs:
-            try:
-                r.check_error()
-            except Exception as e:
-                raise TransportError(f"{what} failed: {type(e).__name__}: {e}") from e
-        return results  # type: ignore[return-value]
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     # ---- closing -----------------------------------------------------------------------
     def _check_open(self, ep: UcxEndpoint) -> None:
