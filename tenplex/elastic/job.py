@@ -1,6 +1,6 @@
 """Job files: what `tenplex job run` runs, on how many devices, and when the devices change.
 
-JSON, or YAML when PyYAML is installed (`.yaml` / `.yml`):
+JSON, or YAML (`.yaml` / `.yml`):
 
     program: examples/elastic_gpt.py      required: the training script (relative to the job file)
     args: ["--steps", "30"]               optional: its arguments (the controller adds --job-dir)
@@ -162,10 +162,8 @@ def load_job(path: str | os.PathLike) -> JobSpec:
     except OSError as e:
         raise JobFileError(f"{path}: cannot read the job file ({e.strerror})") from None
     if path.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise JobFileError(f"{path}: YAML job files need PyYAML (pip install pyyaml); or write JSON") from None
+        import yaml
+
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
