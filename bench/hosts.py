@@ -24,11 +24,12 @@ RATE, RATE_BYTES = "1gbit", 125e6  # tbf rate and the same in bytes/s (as tenple
 GOAL_SPEEDUP, GOAL_BOUND = 2.5, 1.3
 MODEL = "gpt-tiny:layers=4,hidden=768,heads=12,ffn=3072,vocab=8192"
 QUICK_MODEL = "gpt-tiny:layers=4,hidden=256,heads=8,ffn=1024,vocab=4096"
-MOVES = (  # the paper's DP/PP/TP changes, scaling 4 <-> 8 devices on 2 <-> 4 hosts
+MOVES = (  # the paper's DP/PP/TP changes, scaling 4 <-> 8 devices on 2 <-> 4 hosts, and a redeployment
     ("DP 1->2 (4->8 GPUs)", "tp2,pp2,dp1@2x2", "tp2,pp2,dp2@4x2"),
     ("PP 2->4 (4->8 GPUs)", "tp2,pp2,dp1@2x2", "tp2,pp4,dp1@4x2"),
     ("TP 2->4 (4->8 GPUs)", "tp2,pp2,dp1@2x2", "tp4,pp2,dp1@4x2"),
     ("PP 4->2 (8->4 GPUs)", "tp2,pp4,dp1@4x2", "tp2,pp2,dp1@2x2"),
+    ("redeploy to 2 other hosts", "tp2,pp2,dp1@2x2", "tp2,pp2,dp1@2x2+2"),
 )
 HEADERS = ["case", "status", "state", "P2P network", "central network", "bound s", "P2P s", "central s",
            "central/P2P", "P2P/bound", "RSS growth/dst", "checked"]  # fmt: skip
