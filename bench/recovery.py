@@ -47,14 +47,6 @@ WHAT = {
 HEADERS = ["variant", "what", "network", "bound s", "seconds", "vs recovery", "checked"]
 
 
-def _part_values(p) -> dict[str, Any]:
-    return {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-
-
-def _values(ptc) -> dict:
-    return {(p.id, d): _part_values(p) for p in ptc.partitions for d in ptc.allocation.devices_of(p.id)}
-
-
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -63,11 +55,12 @@ def _timed(fn) -> float:
 
 def _write_cold_checkpoint(src, tensors, path: Path) -> None:
     """The src state as a checkpoint directory, fsynced and evicted from the page cache."""
-    from tenplex.runtime.arrays import materialize
+    from tenplex.runtime.arrays import arange_values, materialize
     from tenplex.runtime.reshard import write_checkpoint
 
     arrays = {st.id: materialize(src, tensors, st) for st in src.subtensors}
-    write_checkpoint(src, arrays, {p.id: _part_values(p) for p in src.partitions}, path)
+    values = arange_values(src)
+    write_checkpoint(src, arrays, {p.id: values[(p.id, src.allocation.devices_of(p.id)[0])] for p in src.partitions}, path)
     for root, _, files in os.walk(path):
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
@@ -111,12 +104,13 @@ def _restart(rt, ckpt: Path, dst, alive: list[str], first_device: int) -> tuple[
 def measure(quick: bool) -> dict[str, Any]:
     """Every variant's row (see the module docstring), or {"skipped": reason}."""
     from tenplex.compiler.central import compile_central
-    from tenplex.demo_hosts import check_state, shaped, unavailable
+    from tenplex.demo_hosts import shaped, unavailable
     from tenplex.elastic.recovery import onto_hosts, recovery_plan, replication_plan, survivors
     from tenplex.frontends.spec import ptc_from_spec
-    from tenplex.runtime.arrays import arange_tensors, materialize_all
+    from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
     from tenplex.runtime.fleet import AgentFleet
     from tenplex.runtime.netns import EmulatedHosts
+    from tenplex.runtime.oracle import check_state
     from tenplex.runtime.runtime import Runtime
 
     reason = unavailable()
@@ -139,7 +133,7 @@ def measure(quick: bool) -> dict[str, Any]:
             with Runtime.connect(fleet.controls, round_timeout=600.0) as rt:
                 arrays = materialize_all(src, tensors)
                 state_bytes = sum(a.nbytes for a in arrays.values())
-                rt.load(JOB, "v0", src, arrays, _values(src))
+                rt.load(JOB, "v0", src, arrays, arange_values(src))
                 del arrays
                 run = lambda: rt.execute(rep_plan, src, rep, JOB, "v0", "rep")  # noqa: E731
                 rows.append(_variant(rt, "(a) keep replicas", rep_plan, run, rep, "rep", tensors, keep=True))
@@ -168,7 +162,7 @@ def measure(quick: bool) -> dict[str, Any]:
 
 def _variant(rt, variant: str, plan: Any, run, dst, tag: str, tensors, keep: bool = False) -> dict[str, Any]:
     """Time `run`, check `tag` against the oracle (dst placed as the plan placed it), drop it unless `keep`."""
-    from tenplex.demo_hosts import check_state
+    from tenplex.runtime.oracle import check_state
 
     seconds = _timed(run)
     alloc = plan.scatter.allocation if hasattr(plan, "scatter") else plan.allocation

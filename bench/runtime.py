@@ -54,9 +54,9 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
     from tenplex.compiler import compile_plan
     from tenplex.demo import memcpy_seconds, on_workers
     from tenplex.frontends.spec import ptc_from_spec
-    from tenplex.ir.errors import ExecutionError
-    from tenplex.runtime.arrays import arange_tensors, materialize, materialize_all
+    from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
     from tenplex.runtime.executor import Executor, State
+    from tenplex.runtime.oracle import check_state
     from tenplex.runtime.runtime import Runtime
     from tenplex.runtime.transport.local import LocalTransport
 
@@ -69,22 +69,9 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
     st = plan.stats
     moved = st.network_bytes + st.host_bytes + st.device_bytes
     tensors = arange_tensors(src)
-    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    values = arange_values(src)
     state_bytes = sum(a.nbytes for a in tensors.values())
 
-    def check(got: dict) -> int:
-        want_keys = {(s.id, d) for s in placed.subtensors for d in placed.devices_of_subtensor(s.id)}
-        if set(got) != want_keys:
-            raise ExecutionError(f"dst instances differ: {sorted(set(got) ^ want_keys)[:4]}")
-        n = 0
-        for s in placed.subtensors:
-            want = materialize(placed, tensors, s)
-            for d in placed.devices_of_subtensor(s.id):
-                if got[(s.id, d)].tobytes() != want.tobytes():
-                    raise ExecutionError(f"sub-tensor {s.id!r} on device {d} differs from the oracle")
-                n += want.nbytes
-        return n
 
     job = "bench"
     with Runtime.local([f"w{i}" for i in range(workers)], timeout=120.0, round_timeout=600.0,
@@ -102,7 +89,7 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
         t0 = time.perf_counter()
         got, _ = rt.fetch(job, "dst")
         fetch_s = time.perf_counter() - t0
-    checked = check(got)
+    checked = check_state(placed, tensors, got)
     del got
     gc.collect()
     arrays = materialize_all(src, tensors)
@@ -110,7 +97,7 @@ def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, A
     state = Executor(plan, src, dst, LocalTransport()).run(State(arrays, values))
     inproc_s = time.perf_counter() - t0
     del arrays
-    check(state.arrays)
+    check_state(placed, tensors, state.arrays)
     del state
     gc.collect()
     memcpy_s = memcpy_seconds(moved)

@@ -38,11 +38,11 @@ import attrs
 from tenplex.compiler import CompileOptions, Plan, compile_plan, network_lower_bound
 from tenplex.compiler.emit import human_bytes, human_seconds, plural, table, to_dot, to_text
 from tenplex.frontends.spec import ptc_from_spec
-from tenplex.ir.errors import ExecutionError, TenplexError
+from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.topology import Device, Topology
-from tenplex.runtime.arrays import arange_tensors, materialize_all
-from tenplex.runtime.oracle import check_execution
+from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+from tenplex.runtime.oracle import check_execution, check_state
 
 PAPER_MODELS = ("gpt-1.3b", "gpt-2.7b", "gpt-6.7b")
 PAPER_SRC = ((4, 2, 1), "2x4")
@@ -214,8 +214,7 @@ def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
     out: list[AgentStep] = []
     src = on_workers(ptc_from_spec(spec(model, *steps[0])), workers)
     tensors = arange_tensors(src)
-    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    values = arange_values(src)
     job = f"demo-{os.getpid()}"
     try:
         with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeout, round_timeout=4 * timeout,
@@ -230,7 +229,7 @@ def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
                     sent = rt.execute(plan, src, dst, job, f"s{i}", f"s{i + 1}")
                     seconds = time.perf_counter() - t0
                     got, _ = rt.fetch(job, f"s{i + 1}")
-                    checked = _compare(got, materialize_all(placed, tensors))
+                    checked = check_state(placed, tensors, got)
                 except TenplexError as e:
                     out.append(AgentStep(before, after, error=f"{type(e).__name__}: {e}"))
                     break
@@ -242,16 +241,6 @@ def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
     except TenplexError as e:  # starting the agents failed
         out.append(AgentStep(steps[0], steps[1], error=f"{type(e).__name__}: {e}"))
     return out, ""
-
-
-def _compare(got: dict, want: dict) -> int:
-    """Bytes compared; raises ExecutionError on the first dst instance that differs."""
-    if got.keys() != want.keys():
-        raise ExecutionError(f"agents hold instances {sorted(got)[:4]}, the oracle {sorted(want)[:4]}")
-    for key, expected in want.items():
-        if got[key].dtype != expected.dtype or got[key].tobytes() != expected.tobytes():
-            raise ExecutionError(f"sub-tensor {key[0]!r} on device {key[1]} differs from the oracle")
-    return sum(a.nbytes for a in want.values())
 
 
 class Printer:

@@ -22,10 +22,11 @@ import attrs
 from tenplex.compiler import compile_plan
 from tenplex.compiler.central import compile_central
 from tenplex.frontends.spec import ptc_from_spec
-from tenplex.ir.errors import ExecutionError, TenplexError
+from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.topology import Topology
-from tenplex.runtime.arrays import arange_tensors, materialize, materialize_all, np_dtype
+from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all, np_dtype
+from tenplex.runtime.oracle import check_state
 
 RATE, RATE_BYTES = "1gbit", 125e6  # tbf rate of every emulated link, and the same in bytes/s
 
@@ -34,18 +35,6 @@ def shaped(ptc: PTC, rate_bytes: float = RATE_BYTES) -> PTC:
     """`ptc` with `rate_bytes` as its network bandwidth (so the plan's bound is in real seconds)."""
     topo = Topology(ptc.topology.devices, attrs.evolve(ptc.topology.links, network=rate_bytes))
     return PTC(ptc.tensors, ptc.subtensors, ptc.partitions, ptc.allocation, topo)
-
-
-def check_state(placed: PTC, tensors: dict, got: dict) -> int:
-    """Bytes compared; raises ExecutionError naming the first dst instance that differs."""
-    n = 0
-    for s in placed.subtensors:
-        want = materialize(placed, tensors, s)
-        for d in placed.devices_of_subtensor(s.id):
-            if (s.id, d) not in got or got[(s.id, d)].tobytes() != want.tobytes():
-                raise ExecutionError(f"sub-tensor {s.id!r} on device {d} differs from the oracle")
-            n += want.nbytes
-    return n
 
 
 def _dst_bytes(placed: PTC) -> dict[str, int]:
@@ -63,8 +52,7 @@ def compare(rt: Any, src: PTC, dst: PTC, job: str = "compare") -> dict[str, Any]
     plan = compile_plan(src, dst)
     central = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
     tensors = arange_tensors(src)
-    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    values = arange_values(src)
     arrays = materialize_all(src, tensors)
     rt.load(job, "src", src, arrays, values)
     state_bytes = sum(a.nbytes for a in arrays.values())

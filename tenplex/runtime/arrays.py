@@ -58,6 +58,13 @@ def arange_tensors(ptc: PTC) -> dict[str, np.ndarray]:
     return out
 
 
+def arange_values(ptc: PTC) -> dict[tuple[str, int], dict[str, object]]:
+    """(partition id, device) -> values for every instance: each literal value, and a distinct
+    string `"<name>@<partition>"` where the PTC leaves a value to be inherited: the oracle's values."""
+    return {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
+            for p in ptc.partitions for d in ptc.allocation.devices_of(p.id)}  # fmt: skip
+
+
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == np.bool_:
         return (values % 2).astype(dtype)

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from tenplex.compiler import compile_plan
 from tenplex.compiler.central import compile_central, gathered
 from tenplex.ir import CompileError
-from tenplex.runtime.arrays import arange_tensors, materialize_all
+from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
 from tenplex.runtime.executor import Executor, State
+from tenplex.runtime.oracle import check_state
 from tenplex.runtime.transport.local import LocalTransport
 from tests.problems import problems
 
@@ -27,13 +28,10 @@ def test_gather_then_scatter_reproduces_the_oracle(problem, data):
     assert {central.mid.topology.host_of(d) for d in central.mid.allocation.devices} <= {host}
     assert not set(central.mid.allocation.devices) & {d.id for d in src.topology.union(dst.topology).devices}
     tensors = arange_tensors(src)
-    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    values = arange_values(src)
     mid = Executor(central.gather, src, central.mid, LocalTransport()).run(State(materialize_all(src, tensors), values))
     out = Executor(central.scatter, central.mid, dst, LocalTransport()).run(mid)
-    want = materialize_all(dst.with_allocation(central.scatter.allocation), tensors)
-    assert out.arrays.keys() == want.keys()
-    assert all(out.arrays[k].tobytes() == a.tobytes() for k, a in want.items())
+    check_state(dst.with_allocation(central.scatter.allocation), tensors, out.arrays)  # raises on any difference
     assert central.network_bytes >= compile_plan(src, dst).stats.network_bytes
 
 

@@ -22,7 +22,8 @@ from tenplex.elastic.recovery import (
 )
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import TenplexError
-from tenplex.runtime.arrays import arange_tensors, materialize_all
+from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+from tenplex.runtime.oracle import check_state
 from tenplex.runtime.transport.ucx import ucx_available
 
 MODEL = "gpt-tiny:layers=12,hidden=64,heads=4,ffn=256,vocab=512"
@@ -118,17 +119,13 @@ def test_recovery_plan_reads_only_survivors_and_dp_replicas_suffice():
 # ---- runtime: real agents, one killed ------------------------------------------------------
 def _load(rt, src):
     tensors = arange_tensors(src)
-    values = {(p.id, d): {n: v.value if v.value is not None else f"{n}@{p.id}" for n, v in p.values}
-              for p in src.partitions for d in src.allocation.devices_of(p.id)}  # fmt: skip
+    values = arange_values(src)
     rt.load(JOB, "v0", src, materialize_all(src, tensors), values)
     return tensors
 
 
 def _assert_oracle(rt, tag, placed, tensors) -> None:
-    got, _ = rt.fetch(JOB, tag)
-    want = materialize_all(placed, tensors)
-    assert got.keys() == want.keys()
-    assert all(got[k].tobytes() == a.tobytes() for k, a in want.items())
+    assert check_state(placed, tensors, rt.fetch(JOB, tag)[0]) > 0
 
 
 def _recover_local(src_spec: str, n: int, failed: str, dst_spec: str) -> None:
