@@ -25,7 +25,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 
 from tenplex.data.errors import DataError
 from tenplex.data.storage import join, size_of
+from tenplex.ir.serialize import write_atomic
 
 INDEX_FORMAT = "tenplex.data-index/1"
 SAMPLE_FORMATS = ("numpy", "megatron", "tfrecord", "raw")
@@ -175,7 +175,7 @@ class DatasetIndex:
         buf = io.BytesIO()
         arrays = {a: getattr(self, a) for a in _ARRAYS}
         np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-        write_bytes_atomic(path, buf.getvalue())
+        write_atomic(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DatasetIndex:
@@ -240,21 +240,3 @@ def check_ranges(files: Sequence[FileEntry], file_id: np.ndarray, offset: np.nda
         raise DataError(
             f"sample {i} of {f.name}: range [{a}, {a + n}) is not a non-empty range inside the file's {f.size} bytes"
         )
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same directory and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(f.fileno(), 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

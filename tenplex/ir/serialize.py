@@ -269,13 +269,13 @@ def load_ptc(path: str | os.PathLike) -> PTC:
     return ptc_from_json(read_json(path), str(path))
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temporary file and rename: complete or absent."""
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write `data` (text or bytes) to `path` via a temporary file, fsync and rename: complete or absent."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
             umask = os.umask(0)
