@@ -5,6 +5,8 @@ Every test has a hard timeout, every wait a deadline, and the child is always jo
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing as mp
 import time
 
@@ -101,23 +103,30 @@ def _receive_all(peer: UcxPeer, ep, conn) -> None:
     assert _pipe_recv(conn) == "closed"
 
 
+@contextlib.contextmanager
+def _connected(target, timeout: float = WAIT):
+    """A spawned child running `target`, this process's peer, and an endpoint to the child
+    (worker addresses exchanged over the pipe); the child is always joined or killed."""
+    proc, conn = _start(target)
+    try:
+        with UcxPeer("parent", timeout=timeout) as peer:
+            child_address = _pipe_recv(conn)
+            conn.send(peer.address)
+            yield proc, conn, peer, peer.connect(child_address)
+    finally:
+        _stop(proc)
+
+
 # ---- tests --------------------------------------------------------------------------------
 @needs_ucx
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_shared_memory_messages_and_acknowledged_close():
-    proc, conn = _start(_child_sender, "address")
-    try:
-        with UcxPeer("parent", timeout=WAIT) as peer:
-            child_address = _pipe_recv(conn)
-            conn.send(peer.address)
-            ep = peer.connect(child_address)
-            assert (ep.remote_name, ep.mode) == ("child", "address")
-            _receive_all(peer, ep, conn)
+    with _connected(functools.partial(_child_sender, mode="address")) as (proc, conn, peer, ep):
+        assert (ep.remote_name, ep.mode) == ("child", "address")
+        _receive_all(peer, ep, conn)
         proc.join(WAIT)
         assert proc.exitcode == 0
-    finally:
-        _stop(proc)
 
 
 @needs_ucx
@@ -141,71 +150,47 @@ def test_tcp_listener_on_loopback():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_exchange_posts_both_directions_at_once_and_matches_by_message_id():
-    proc, conn = _start(_child_exchanger)
-    try:
-        with UcxPeer("parent", timeout=WAIT) as peer:
-            child_address = _pipe_recv(conn)
-            conn.send(peer.address)
-            ep = peer.connect(child_address)
-            # receives listed in the reverse order of the sends: matching is by id, not arrival
-            outs = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(SIZES)}
-            done: list[int] = []
-            work = (done.append(k) for k in range(50))  # other work between progress calls, all of it run
-            got = peer.exchange([(ep, pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)],
-                                [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))], work=work)  # fmt: skip
-            assert done == list(range(50))
-            for g, i in zip(got, reversed(range(len(SIZES)))):
-                assert g.message_id == 10 + i and np.shares_memory(g.data, outs[i])
-                assert np.array_equal(g.data, pattern(SIZES[i], i))
-            assert _pipe_recv(conn) is True
-            peer.close(ep)
+    with _connected(_child_exchanger) as (proc, conn, peer, ep):
+        # receives listed in the reverse order of the sends: matching is by id, not arrival
+        outs = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(SIZES)}
+        done: list[int] = []
+        work = (done.append(k) for k in range(50))  # other work between progress calls, all of it run
+        got = peer.exchange([(ep, pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)],
+                            [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))], work=work)  # fmt: skip
+        assert done == list(range(50))
+        for g, i in zip(got, reversed(range(len(SIZES)))):
+            assert g.message_id == 10 + i and np.shares_memory(g.data, outs[i])
+            assert np.array_equal(g.data, pattern(SIZES[i], i))
+        assert _pipe_recv(conn) is True
+        peer.close(ep)
         proc.join(WAIT)
         assert proc.exitcode == 0
-    finally:
-        _stop(proc)
 
 
 @needs_ucx
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_exchange_into_a_too_small_buffer_names_the_message():
-    proc, conn = _start(_child_exchanger)
-    try:
-        with UcxPeer("parent", timeout=5.0) as peer:
-            child_address = _pipe_recv(conn)
-            conn.send(peer.address)
-            ep = peer.connect(child_address)
-            with pytest.raises(
-                TransportError,
-                match=r"message 11 of 1048576 B from peer .xchild. does not fit the receive of message 11 \(16 B\)",
-            ):
-                peer.exchange([], [(ep, np.zeros(1, np.uint8), 10), (ep, np.zeros(16, np.uint8), 11)])
-    finally:
-        _stop(proc)
+    message = r"message 11 of 1048576 B from peer .xchild. does not fit the receive of message 11 \(16 B\)"
+    with _connected(_child_exchanger, timeout=5.0) as (_, _, peer, ep), pytest.raises(TransportError, match=message):
+        peer.exchange([], [(ep, np.zeros(1, np.uint8), 10), (ep, np.zeros(16, np.uint8), 11)])
 
 
 @needs_ucx
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_dead_peer_raises_transport_error_within_timeout():
-    proc, conn = _start(_child_idle)
-    try:
-        with UcxPeer("parent", timeout=WAIT) as peer:
-            child_address = _pipe_recv(conn)
-            conn.send(peer.address)
-            ep = peer.connect(child_address)
-            assert _pipe_recv(conn) == "ready"
-            proc.kill()
-            proc.join(5)
-            start = time.monotonic()
-            with pytest.raises(TransportError, match="doomed-child") as info:
-                peer.recv(ep, np.zeros(8, dtype=np.uint8), tag=1, timeout=1.5)
-            assert 1.4 < time.monotonic() - start < 5
-            assert isinstance(info.value, TenplexError)
-            with pytest.raises(TransportError, match="doomed-child"):
-                peer.close(ep, timeout=0.5)
-    finally:
-        _stop(proc)
+    with _connected(_child_idle) as (proc, conn, peer, ep):
+        assert _pipe_recv(conn) == "ready"
+        proc.kill()
+        proc.join(5)
+        start = time.monotonic()
+        with pytest.raises(TransportError, match="doomed-child") as info:
+            peer.recv(ep, np.zeros(8, dtype=np.uint8), tag=1, timeout=1.5)
+        assert 1.4 < time.monotonic() - start < 5
+        assert isinstance(info.value, TenplexError)
+        with pytest.raises(TransportError, match="doomed-child"):
+            peer.close(ep, timeout=0.5)
 
 
 # ---- one process -----------------------------------------------------------------------
