@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -96,22 +96,15 @@ class Runtime:
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier."""
         hosts = list(dict.fromkeys(hosts))
         ctx = mp.get_context("spawn")
-        handles: dict[str, AgentHandle] = {}
-        rt = cls(handles, round_timeout)
-        try:
+        rt = cls({}, round_timeout)
+        with rt._closed_on_error("starting agents"):
             for host in hosts:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=serve, args=(child, host, timeout), name=f"tenplex-agent-{host}", daemon=True)
                 proc.start()
                 child.close()
-                handles[host] = AgentHandle(host, proc, parent)
-            rt.agents = handles
+                rt.agents[host] = AgentHandle(host, proc, parent)
             rt._link(start_timeout)
-        except BaseException as e:
-            rt.close()
-            if isinstance(e, _Failed):
-                raise ExecutionError(f"starting agents failed: {e}") from None
-            raise
         return rt
 
     @classmethod
@@ -124,7 +117,7 @@ class Runtime:
         from tenplex.runtime.agent_main import connect
 
         rt = cls({}, round_timeout)
-        try:
+        with rt._closed_on_error("connecting to agents"):
             for host, address in agents.items():
                 rt.agents[host] = AgentHandle(host, None, connect(address, token, start_timeout))
             names = rt._all({h: ("name", {}) for h in rt.agents}, start_timeout)
@@ -132,12 +125,18 @@ class Runtime:
             if wrong:
                 raise ExecutionError(f"agents answer with other names than asked: {wrong}")
             rt._link(start_timeout)
-        except BaseException as e:
-            rt.close()
-            if isinstance(e, _Failed):
-                raise ExecutionError(f"connecting to agents failed: {e}") from None
-            raise
         return rt
+
+    @contextlib.contextmanager
+    def _closed_on_error(self, what: str) -> Iterator[None]:
+        """Close every agent if the block fails; an agent's failure becomes an ExecutionError."""
+        try:
+            yield
+        except BaseException as e:
+            self.close()
+            if isinstance(e, _Failed):
+                raise ExecutionError(f"{what} failed: {e}") from None
+            raise
 
     def _link(self, timeout: float) -> None:
         hosts = list(self.agents)
