@@ -9,7 +9,7 @@ streams: each dst chunk is produced from the memory-mapped source into a reused 
 buffer right before DCP's writer serializes it (`dcp_apply.StreamedArrays`), so the reshard
 holds neither the source nor a second copy of the state in memory (the "execute" time is then
 part of "write"). With `workers >= 2` it runs on local agents through
-`tenplex.runtime.reshard`'s `rehome`/`_execute` and the dst arrays are materialized.
+`tenplex.runtime.reshard`'s `rehome`/`execute_steps` and the dst arrays are materialized.
 OUT_DIR is complete or absent: it is written beside itself and renamed; on any error nothing is
 left. The result loads with `torch.distributed.checkpoint.load` into layout-B DTensors with no
 resharding left to do (each rank's chunk is one stored chunk).
@@ -36,7 +36,7 @@ from tenplex.frameworks.dcp_read import DcpIndex, ptc_of_index, read_dcp, read_i
 from tenplex.frameworks.dcp_write import write_dcp
 from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.reshard import _execute, rehome
+from tenplex.runtime.reshard import execute_steps, rehome
 
 
 @attrs.frozen
@@ -98,7 +98,7 @@ def reshard_arrays(src: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[s
     if stream and workers == 1:
         return StreamedArrays(plan, src_h, dst_h, src_arrays), plan_values(plan, values), plan
     src_values = {(pid, first_src[pid]): v for pid, v in values.items()}
-    got_arrays, got_values = _execute([(plan, src_h, dst_h)], src_arrays, src_values, workers, timeout, 600.0, None)
+    got_arrays, got_values = execute_steps([(plan, src_h, dst_h)], src_arrays, src_values, workers, timeout, 600.0, None)
     out_arrays, out_values = _first_instances(dst_h.with_allocation(plan.allocation), got_arrays, got_values)
     return out_arrays, out_values, plan
 

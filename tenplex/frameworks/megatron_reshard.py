@@ -4,7 +4,7 @@
 frontend's PTC of the same model in the target layout, compiles the plan (`compile_plan`, verified),
 executes it in-process (workers == 1) or on local agent processes (`Runtime.local`), and writes the
 Megatron tree (`write_megatron`, atomic). The src and dst PTCs are re-homed onto the workers by
-`tenplex.runtime.reshard.rehome`, and run by its `_execute`, exactly as `tenplex reshard` does.
+`tenplex.runtime.reshard.rehome`, and run by its `execute_steps`, exactly as `tenplex reshard` does.
 
 `to` is a `ParallelConfig`, a layout string `tp=4,pp=1[,dp=2][,vpp=2][,zero=1][,first=N][,last=N]`
 (dp and zero default to the source's; the model always comes from the checkpoint), the same as a
@@ -16,7 +16,6 @@ Invariants: OUT_DIR is complete or absent; the plan is verified before anything 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ from tenplex.frontends.spec import JobSpec, parse_spec
 from tenplex.frontends.transformer import build_ptc, model_partition_id
 from tenplex.ir.errors import SpecError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.reshard import _execute, rehome  # the runtime's own execution path, reused as is
+from tenplex.runtime.reshard import execute_steps, rehome  # the runtime's own execution path, reused as is
+from tenplex.runtime.runtime import Clock
 
 
 @attrs.frozen
@@ -83,29 +83,20 @@ def target_layout(meta: MegatronMeta, to: Any) -> ParallelConfig:
     return fit(meta.model, to, cluster_for(to))
 
 
-def _plan_and_run(src: MegatronCheckpoint, dst: PTC, workers: int, timeout: float, clock: _Clock) -> tuple[dict, dict, int]:
+def _plan_and_run(src: MegatronCheckpoint, dst: PTC, workers: int, timeout: float, clock: Clock) -> tuple[dict, dict, int]:
     src_h, dst_h = rehome(src.ptc, dst, workers)
     plan = compile_plan(src_h, dst_h)
     clock.lap("compile")
     first = {p.id: src_h.allocation.devices_of(p.id)[0] for p in src_h.partitions}
     arrays = {(sid, first[src_h.partition_of[sid]]): a for sid, a in src.arrays.items()}
     values = {(pid, first[pid]): v for pid, v in src.values.items()}
-    got_arrays, got_values = _execute([(plan, src_h, dst_h)], arrays, values, workers, timeout, 20 * timeout, None)
+    got_arrays, got_values = execute_steps([(plan, src_h, dst_h)], arrays, values, workers, timeout, 20 * timeout, None)
     placed = dst_h.with_allocation(plan.allocation)
     home = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
     out_arrays = {st.id: got_arrays[(st.id, home[placed.partition_of[st.id]])] for st in placed.subtensors}
     out_values = {pid: got_values.get((pid, d), {}) for pid, d in home.items()}
     clock.lap("execute")
     return out_arrays, out_values, plan.stats.host_bytes + plan.stats.network_bytes
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.last, self.laps = time.monotonic(), {}
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps[name], self.last = now - self.last, now
 
 
 def reshard_megatron(src_dir: str | os.PathLike, to: Any, out_dir: str | os.PathLike, workers: int = 1, *,
@@ -117,7 +108,7 @@ def reshard_megatron(src_dir: str | os.PathLike, to: Any, out_dir: str | os.Path
         SpecError: the target layout is malformed or does not fit the model.
         CompileError, ExecutionError: from the compiler and the runtime.
     """
-    clock = _Clock()
+    clock = Clock()
     if Path(out_dir).exists():
         raise CheckpointFormatError(f"{out_dir}: already exists (refusing to overwrite)")
     src = read_megatron(src_dir, vocab=vocab)
@@ -128,7 +119,7 @@ def reshard_megatron(src_dir: str | os.PathLike, to: Any, out_dir: str | os.Path
     write_megatron(dst, arrays, values, src.meta.with_layout(parallel), out_dir)
     clock.lap("write")
     return MegatronReshardResult(str(out_dir), str(src.meta.parallel), str(parallel), moved,
-                                 sum(clock.laps.values()), tuple(clock.laps.items()))  # fmt: skip
+                                 sum(clock.phases.values()), tuple(clock.phases.items()))  # fmt: skip
 
 
 def inspect_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None) -> list[str]:

@@ -204,7 +204,7 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     steps = _steps(src, dst_h, central)
     src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
     src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
-    got_arrays, got_values = _execute(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
+    got_arrays, got_values = execute_steps(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
     placed = dst_h.with_allocation(steps[-1][0].allocation)
     first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
     try:
@@ -229,8 +229,11 @@ def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
     return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
 
 
-def _execute(steps: list[Step], arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,
-             on_round: Callable[[int, int], None] | None) -> tuple[dict, dict]:  # fmt: skip
+def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,
+                  on_round: Callable[[int, int], None] | None) -> tuple[dict, dict]:  # fmt: skip
+    """Run (plan, src, dst) steps in order from `arrays`/`values` (keyed by (id, device) of the
+    first step's src): in-process for one worker, else on `workers` local agents (each step's dst
+    the next one's src); returns the last step's dst arrays and values, keyed the same way."""
     if workers == 1:
         from tenplex.runtime.executor import Executor, State
         from tenplex.runtime.transport.local import LocalTransport

@@ -45,12 +45,12 @@ class _Failed(Exception):
         self.failures = failures
 
 
-class _Clock:
-    """Records seconds since the previous lap into `phases` (cleared first)."""
+class Clock:
+    """Adds the seconds since the previous lap to `phases[name]` (a given dict is cleared first)."""
 
-    def __init__(self, phases: dict[str, float]):
-        self.phases = phases
-        phases.clear()
+    def __init__(self, phases: dict[str, float] | None = None):
+        self.phases = {} if phases is None else phases
+        self.phases.clear()
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
@@ -198,7 +198,7 @@ class Runtime:
         hosts = sorted(self.agents)
         docs = {"plan": plan_to_json(plan), "src": ptc_to_json(src), "dst": ptc_to_json(dst)}
         sent = dict.fromkeys(hosts, 0)
-        clock = _Clock(self.phases)
+        clock = Clock(self.phases)
         try:
             self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, **docs}) for h in hosts})
             values = self._gather_values(plan, host_of, job, src_tag)
