@@ -231,7 +231,7 @@ def markdown(info: dict[str, Any], cells: list[list[str]], rescale_md: str) -> s
 
 def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
     from bench import dataset_rescale
-    from bench.report import text_table
+    from bench.report import text_table, write_results
 
     print("dataset reads (one child process per pass):", file=sys.stderr)
     rows = [
@@ -247,13 +247,9 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
     print(text_table(HEADERS, cells) + "\n", flush=True)
     rescale = dataset_rescale.run(quick)
     print(dataset_rescale.text(rescale) + "\n", flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = "dataset-quick" if quick else "dataset"
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     doc = {"machine": info, "reads": rows, "rescale": rescale}
-    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    paths[1].write_text(markdown(info, cells, dataset_rescale.markdown(rescale)))
-    return rows + rescale["rows"], paths
+    return rows + rescale["rows"], write_results(out_dir, stem, doc, markdown(info, cells, dataset_rescale.markdown(rescale)))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import fmt_bytes, machine_info, md_table, text_table
+from bench.report import fmt_bytes, machine_info, md_table, text_table, write_results
 from bench.runner import ROOT
 
 SIDE, LAYERS, QUICK_SIDE, QUICK_LAYERS = 4096, 11, 1024, 3
@@ -264,9 +264,7 @@ def main(argv: list[str]) -> int:
     print(text_table(HEADERS, [row_cells(r, state) for r in rows]))
     out = ROOT / "bench" / "results"
     stem = "dcp-quick" if quick else "dcp"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"machine": info, "state_bytes": state, "dcp": rows}, indent=2, sort_keys=True) + "\n")
-    (out / f"{stem}.md").write_text(markdown(info, rows, state))
+    write_results(out, stem, {"machine": info, "state_bytes": state, "dcp": rows}, markdown(info, rows, state))
     print(f"wrote {out / stem}.{{md,json}}")
     return 0
 

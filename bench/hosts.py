@@ -85,7 +85,7 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
 
 
 def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
-    from bench.report import text_table
+    from bench.report import text_table, write_results
     from bench.runner import run_json
 
     rows = []
@@ -96,12 +96,8 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
         print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
     print(f"\nEmulated hosts ({HOSTS} x {RATE}): P2P vs central (goals >= {GOAL_SPEEDUP}x, <= {GOAL_BOUND}x bound)")
     print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = "hosts-quick" if quick else "hosts"
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps({"machine": info, "hosts": rows}, indent=2, sort_keys=True) + "\n")
-    paths[1].write_text(markdown(info, rows))
-    return rows, paths
+    return rows, write_results(out_dir, stem, {"machine": info, "hosts": rows}, markdown(info, rows))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ source was just written); writes are not fsynced. Results: bench/results/megatro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import fmt_bytes, machine_info, md_table, text_table
+from bench.report import fmt_bytes, machine_info, md_table, text_table, write_results
 from bench.runner import ROOT
 
 FULL = {"layers": 8, "hidden": 1024, "heads": 16, "ffn": 4096}
@@ -180,13 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     info = machine_info()
     stem = "megatron-quick" if args.quick else "megatron"
-    args.out.mkdir(parents=True, exist_ok=True)
     head = __doc__.split("\n\n", 1)[1].strip()
-    (args.out / f"{stem}.md").write_text("\n".join([
+    md = "\n".join([
         "# Megatron resharding benchmark (`python -m bench.megatron`)", "",
         f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
-        head, "", md_table(HEADERS, [cells(row)]), ""]))  # fmt: skip
-    (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "rows": [row]}, indent=2) + "\n")
+        head, "", md_table(HEADERS, [cells(row)]), ""])  # fmt: skip
+    write_results(args.out, stem, {"machine": info, "rows": [row]}, md)
     return 0
 
 

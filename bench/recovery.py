@@ -23,7 +23,6 @@ bench/results/recovery.{md,json} (recovery-quick.* with --quick). Needs root and
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -203,7 +202,7 @@ def markdown(info: dict[str, Any], res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from bench.report import machine_info, text_table
+    from bench.report import machine_info, text_table, write_results
 
     quick = "--quick" in argv
     res = measure(quick)
@@ -213,10 +212,8 @@ def main(argv: list[str]) -> int:
     print(f"\nFailure recovery on {len(HOSTS)} emulated hosts ({RATE}), {res['model']}, host {FAILED} killed")
     print(text_table(HEADERS, [cells(r) for r in res["rows"]]) + "\n", flush=True)
     out = Path(__file__).resolve().parent / "results"
-    out.mkdir(parents=True, exist_ok=True)
     stem, info = "recovery-quick" if quick else "recovery", machine_info()
-    (out / f"{stem}.json").write_text(json.dumps({"machine": info, **res}, indent=2, sort_keys=True) + "\n")
-    (out / f"{stem}.md").write_text(markdown(info, res))
+    write_results(out, stem, {"machine": info, **res}, markdown(info, res))
     print(f"wrote {out / stem}.{{json,md}}")
     return 0
 

@@ -143,14 +143,20 @@ def markdown(info: dict[str, Any], compile_rows: list[dict], bytes_rows: list[di
     return "\n".join(parts)
 
 
+def write_results(out_dir: Path, stem: str, doc: dict[str, Any], md: str) -> list[Path]:
+    """`<stem>.json` (`doc`, sorted keys) and `<stem>.md` (`md`) in `out_dir`; their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    paths[1].write_text(md)
+    return paths
+
+
 def write(
     out_dir: Path, stem: str, info: dict[str, Any], compile_rows: list[dict], bytes_rows: list[dict]
 ) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"machine": info, "compile": compile_rows, "bytes": bytes_rows}
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    paths[1].write_text(markdown(info, compile_rows, bytes_rows))
+    paths = write_results(out_dir, stem, doc, markdown(info, compile_rows, bytes_rows))
     png = plot(out_dir / f"{stem}.png", bytes_rows)
     return paths + ([png] if png else [])
 

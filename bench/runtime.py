@@ -153,7 +153,7 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
 def run(
     quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]
 ) -> tuple[list[dict], list[Path]]:
-    from bench.report import text_table
+    from bench.report import text_table, write_results
 
     rows = []
     for name, src, dst in cases(quick):
@@ -162,12 +162,8 @@ def run(
         print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
     print(f"\nRuntime: reshard on one host, {WORKERS} agent processes vs numpy memcpy (goal >= {GOAL_RATIO}x)")
     print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = "runtime-quick" if quick else "runtime"
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps({"machine": info, "runtime": rows}, indent=2, sort_keys=True) + "\n")
-    paths[1].write_text(markdown(info, rows))
-    return rows, paths
+    return rows, write_results(out_dir, stem, {"machine": info, "runtime": rows}, markdown(info, rows))
 
 
 if __name__ == "__main__":
