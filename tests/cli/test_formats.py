@@ -78,10 +78,13 @@ def test_dcp_reshard_to_a_mesh_layout(dcp_dir, tmp_path, tenplex):
     layout = json.dumps({"format": "tenplex.dtensor-layout/1", "mesh": [2], "placements": {}})
     code, out, err = tenplex("reshard", str(dcp_dir), "--to", layout, "--out", str(tmp_path / "e"))
     assert code == 0, err
-    ptc, _, _ = read_dcp(tmp_path / "e")
-    assert len(ptc.partitions) <= 2
-    code, out, err = tenplex("inspect", str(dcp_dir))
-    assert code == 0 and out.strip()
+    src, src_arrays, _ = read_dcp(dcp_dir)
+    ptc, arrays, _ = read_dcp(tmp_path / "e")
+    assert len(src.partitions) == 4 and len(ptc.partitions) == 2  # one .distcp per rank of the 2-rank mesh
+    assert {t.name: t.shape for t in ptc.tensors} == {t.name: t.shape for t in src.tensors}
+    assert sum(a.nbytes for a in arrays.values()) >= sum(a.nbytes for a in src_arrays.values())
+    code, out, err = tenplex("inspect", str(tmp_path / "e"))
+    assert code == 0 and "DCP checkpoint" in out and "2 data files" in out, out + err
 
 
 @pytest.mark.parametrize(
