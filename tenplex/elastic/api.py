@@ -13,6 +13,7 @@ The job directory (all paths relative to it; N is the generation):
 
     state/gen-N/            DCP checkpoint in generation N's layout, written by the controller
                             (`reshard_dcp`); plus `data_state.json`, the DataState to resume from
+                            (empty after a failure with no checkpoint: start afresh)
     saved/gen-N/            what generation N saved at its stop, in its own layout (`dcp.save`),
                             `data_state.json`, `timing.json` (wall times; `stop_step` when it
                             stopped on request) and `COMPLETE` (written last, rank 0)
@@ -21,7 +22,15 @@ The job directory (all paths relative to it; N is the generation):
 
 Environment (the controller sets it; torchrun sets RANK and WORLD_SIZE): TENPLEX_JOB_DIR,
 TENPLEX_GENERATION (default 0), TENPLEX_TP, TENPLEX_DP, TENPLEX_PP (default: tp 1, pp 1, dp =
-WORLD_SIZE), TENPLEX_STOP_STEP (optional: stop before this global step).
+WORLD_SIZE), TENPLEX_STOP_STEP (optional: stop before this global step), TENPLEX_FAIL_RANKS
+(optional, comma-separated: these ranks crash at TENPLEX_STOP_STEP, an injected failure).
+
+A failure (`save` at the stop step with fail ranks): every rank joins a process group of the
+survivors, then the failing ranks kill themselves (SIGKILL: no save, no cleanup, a real crash
+that torchrun answers by tearing the job down). The survivors defer torchrun's SIGTERM while
+they save what they hold (`dcp.save` over the survivors' group) and exit; the lowest surviving
+rank writes the data state, the timings (with `failed` and `tensors`, the FQNs the whole job
+held, so the controller can tell whether the survivors still cover the state) and `COMPLETE`.
 
 Invariants:
 - tp x dp x pp == world; rank r is at mesh coordinate (r // tp, r % tp) of the (dp, tp) mesh,
@@ -101,6 +110,25 @@ def _env_int(env: dict[str, str], name: str, default: int | None = None) -> int:
         raise ElasticError(f"{name}: expected an integer, got {text!r}") from None
 
 
+def _ranks(env: dict[str, str], name: str) -> tuple[int, ...]:
+    text = env.get(name, "").strip()
+    try:
+        return tuple(int(r) for r in text.split(",")) if text else ()
+    except ValueError:
+        raise ElasticError(f"{name}: expected comma-separated ranks, got {text!r}") from None
+
+
+def tensor_names(state_dict: Any, prefix: str = "") -> list[str]:
+    """The flattened FQNs (DCP's dotted keys) of the tensors in a nested state dict."""
+    import torch
+
+    if isinstance(state_dict, torch.Tensor):
+        return [prefix]
+    if isinstance(state_dict, dict):
+        return [n for k, v in state_dict.items() for n in tensor_names(v, f"{prefix}.{k}" if prefix else str(k))]
+    return []
+
+
 @attrs.frozen(eq=False)
 class Job:
     """One rank of one generation of an elastic job (see the module docstring)."""
@@ -111,6 +139,7 @@ class Job:
     world: int
     config: ParallelConfig
     stop_step: int | None = None
+    fail: tuple[int, ...] = ()
     _marks: dict[str, float] = attrs.field(factory=dict, init=False, repr=False)  # wall times (stop)
 
     def __attrs_post_init__(self) -> None:
@@ -118,6 +147,8 @@ class Job:
             raise ElasticError(f"TENPLEX_TP x TENPLEX_DP x TENPLEX_PP = {self.config.world} but WORLD_SIZE = {self.world}")
         if not 0 <= self.rank < self.world:
             raise ElasticError(f"RANK: {self.rank} is not in 0..{self.world - 1}")
+        if any(not 0 <= r < self.world for r in self.fail) or len(self.fail) >= self.world:
+            raise ElasticError(f"TENPLEX_FAIL_RANKS: {list(self.fail)} must be ranks in 0..{self.world - 1}, leaving a survivor")
 
     @classmethod
     def from_env(cls, job_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Job:
@@ -131,7 +162,7 @@ class Job:
         config = ParallelConfig(tp, _env_int(env, "TENPLEX_DP", max(1, world // (tp * pp))), pp)
         stop = env.get("TENPLEX_STOP_STEP")
         return cls(job_dir, _env_int(env, "TENPLEX_GENERATION", 0), _env_int(env, "RANK", 0), world, config,
-                   None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"))  # fmt: skip
+                   None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"), _ranks(env, "TENPLEX_FAIL_RANKS"))  # fmt: skip
 
     @property
     def dp_rank(self) -> int:
@@ -150,9 +181,9 @@ class Job:
         """Fill `state_dict` (DTensors in this generation's layout) in place from `state/gen-N`;
         False, touching nothing, when there is nothing to resume (generation 0)."""
         if not self.resuming:
-            if self.generation > 0:
+            if self.generation > 0 and not state_dir(self.job_dir, self.generation).is_dir():
                 raise ElasticError(f"{state_dir(self.job_dir, self.generation)}: generation {self.generation} has no state")
-            return False
+            return False  # generation 0, or a restart from the job's start (an empty state dir)
         from tenplex.frameworks.dcp_load import load_dcp
 
         load_dcp(state_dict, state_dir(self.job_dir, self.generation), rank=self.rank)
@@ -196,24 +227,56 @@ class Job:
             self._marks.setdefault("stop_step", step)
         return stop
 
+    @property
+    def failing(self) -> bool:
+        """True when this generation stopped at the step where its fail ranks crash."""
+        return bool(self.fail) and self.stop_step is not None and self._marks.get("stop_step") == self.stop_step
+
     def save(self, state_dict: dict[str, Any], data_state: Any) -> Path:
         """Save this generation's state (every rank calls it): `dcp.save` with the default process
-        group, then rank 0 writes the data state and timings and, last, `COMPLETE`."""
+        group, then rank 0 writes the data state and timings and, last, `COMPLETE`. At an injected
+        failure only the survivors save (see the module docstring); the failing ranks never return."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         out = saved_dir(self.job_dir, self.generation)
         start = time.time()
+        if self.failing and dist.is_initialized():
+            return self._save_survivors(state_dict, data_state, out, start)
         dcp.save(state_dict, checkpoint_id=str(out))
         if dist.is_initialized():
             dist.barrier()
         if self.rank == 0:
-            data_state.save(out / "data_state.json")
-            timing = {**self._marks, "save_start": start, "save_end": time.time()}
-            (out / "timing.json").write_text(json.dumps(timing))
-            (out / "COMPLETE").write_text("")
+            self._commit(out, data_state, start)
         if dist.is_initialized():
             dist.barrier()
+        return out
+
+    def _commit(self, out: Path, data_state: Any, start: float, **extra: Any) -> None:
+        data_state.save(out / "data_state.json")
+        timing = {**self._marks, "save_start": start, "save_end": time.time(), **extra}
+        (out / "timing.json").write_text(json.dumps(timing))
+        (out / "COMPLETE").write_text("")
+
+    def _save_survivors(self, state_dict: dict[str, Any], data_state: Any, out: Path, start: float) -> Path:
+        import signal
+
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        signal.signal(signal.SIGTERM, lambda *_: None)  # torchrun's teardown waits for the save
+        survivors = [r for r in range(self.world) if r not in self.fail]
+        names: list[list[str]] = [[] for _ in range(self.world)]
+        dist.all_gather_object(names, tensor_names(state_dict))
+        group = dist.new_group(survivors)
+        if self.rank in self.fail:
+            print(f"rank {self.rank}: injected failure at step {self.stop_step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        dcp.save(state_dict, checkpoint_id=str(out), process_group=group)
+        dist.barrier(group=group)
+        if self.rank == survivors[0]:
+            self._commit(out, data_state, start, failed=list(self.fail), tensors=sorted({n for ns in names for n in ns}))
+        dist.barrier(group=group)
         return out
 
     def log(self, **record: Any) -> None:

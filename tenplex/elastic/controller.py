@@ -12,15 +12,31 @@ each resource change (a schedule event or a `control/scale-*.json` request writt
    compiles and executes the verified plan — and copy the data state beside it;
 5. relaunch torchrun with the new W and generation N + 1.
 
+A failure event (`{at_step: S, fail: [ranks]}`) is injected for real: those ranks crash at step S
+(SIGKILL, no save) and torchrun tears the job down while the survivors save what they hold
+(`api.Job.save`). Recovery (`spec.recovery`):
+- `replicas` (default): rebuild the state from the survivors' save alone — DP replicas cover
+  what the dead ranks held — when it covers every tensor the job had (the FQNs listed in
+  `timing.json` and every region of each, which the DCP reader checks); no step is lost;
+- otherwise, or with `recovery: checkpoint` (the baseline), restart from the last checkpoint:
+  the state this generation started from (`state/gen-N`; at generation 0, the job's start), and
+  re-run the lost steps.
+Either way the next generation runs on the survivors (or the event's `devices`) with a layout
+chosen for them.
+
 Each reconfiguration records its phases in seconds: `stop` (request → the ranks agree to
 stop), `save` (their checkpoint), `exit` (process teardown), `reshard` (compile + execute +
-write) and `restart` (launch → first step of the new generation logged). The report is printed
-and written to `JOB_DIR/report.json`.
+write) and `restart` (launch → first step of the new generation logged), plus `rerun` after a
+restart from a checkpoint (first step → the lost steps done again). The report is printed and
+written to `JOB_DIR/report.json`; `JOB_DIR/status.json` says what the job is doing now.
 
 Invariants:
 - at most one generation runs at a time; its process tree is always ended (killed after
   `spec.timeout` seconds or on any error) and reaped;
-- generation N + 1 starts only from a complete `saved/gen-N` (COMPLETE present).
+- generation N + 1 starts only from a complete `saved/gen-N` (COMPLETE present), or after a
+  failure from a checkpoint that is complete;
+- a generation's non-zero exit is an error unless it is the injected failure and the survivors'
+  save completed.
 
 Raises ElasticError naming the generation, its exit code and log file, or a missing checkpoint.
 """
@@ -42,6 +58,8 @@ from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import Event, JobSpec
 from tenplex.elastic.layouts import gpt_plan, layout_json
+from tenplex.elastic.requests import scale_request_from_json
+from tenplex.ir.serialize import write_atomic
 
 POLL = 0.05
 
@@ -55,16 +73,25 @@ class Reconfiguration:
     dst: ParallelConfig
     phases: dict[str, float]
     bytes_moved: int
+    failed: tuple[int, ...] = ()  # the ranks that crashed (a failure recovery)
+    recovered_from: str | None = None  # "replicas" or "checkpoint" after a failure
+    lost_steps: int = 0  # steps to run again (a restart from a checkpoint)
 
     def describe(self) -> str:
         total = sum(self.phases.values())
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.phases.items())
-        return (f"step {self.step}: tp{self.src.tp} dp{self.src.dp} (W={self.src.world}) -> tp{self.dst.tp} dp{self.dst.dp} "
-                f"(W={self.dst.world}): {parts}; total {total:.2f}s, {self.bytes_moved} bytes resharded")  # fmt: skip
+        what = "" if not self.failed else f" after ranks {list(self.failed)} failed, from {self.recovered_from} ({self.lost_steps} steps lost)"
+        return (f"step {self.step}: {_config(self.src)} -> {_config(self.dst)}{what}: {parts}; total {total:.2f}s, "
+                f"{self.bytes_moved} bytes resharded")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "src": self.src.to_json(), "dst": self.dst.to_json(), "phases": self.phases,
-                "bytes_moved": self.bytes_moved}  # fmt: skip
+                "bytes_moved": self.bytes_moved, "failed": list(self.failed), "recovered_from": self.recovered_from,
+                "lost_steps": self.lost_steps}  # fmt: skip
+
+
+def _config(c: ParallelConfig) -> str:
+    return f"tp{c.tp} dp{c.dp}{f' pp{c.pp}' if c.pp > 1 else ''} (W={c.world})"
 
 
 def _read_json(path: Path) -> dict:
@@ -92,29 +119,51 @@ class Controller:
         (self.job_dir / "control").mkdir(parents=True, exist_ok=True)
         self.start = time.time()
         generation, config, pending = 0, choose_config(self.spec, self.spec.devices), None
-        while True:
-            self.out(f"generation {generation}: tp{config.tp} dp{config.dp} (W={config.world})")
-            event, signal_time, timing = self._run_generation(generation, config, pending)
-            if event is None:
-                break
-            dst = choose_config(self.spec, event.devices, event.tp)
-            pending = self._reshard(generation, config, dst, timing, signal_time)
-            generation, config = generation + 1, dst
+        try:
+            while True:
+                self.out(f"generation {generation}: {_config(config)}")
+                self._status("running", generation, config)
+                event, signal_time, timing = self._run_generation(generation, config, pending)
+                if event is None:
+                    break
+                self._status("reconfiguring", generation, config)
+                if event.fail:
+                    pending = self._recover(generation, config, event, timing, signal_time)
+                else:
+                    dst = choose_config(self.spec, event.devices, event.tp)
+                    pending = self._reshard(generation, config, dst, timing, signal_time)
+                generation, config = generation + 1, pending.dst
+        except BaseException as e:
+            self._status("failed", generation, config, error=str(e))
+            raise
         report = {"total_seconds": time.time() - self.start, "generations": generation + 1,
                   "reconfigurations": [r.to_json() for r in self.reconfigurations]}  # fmt: skip
         (self.job_dir / "report.json").write_text(json.dumps(report, indent=1))
+        self._status("done", generation, config)
         return self.reconfigurations
 
-    def _next_step_event(self) -> int | None:
-        return self.pending[0].at_step if self.pending and self.pending[0].at_step is not None else None
+    def _status(self, state: str, generation: int, config: ParallelConfig, **extra: Any) -> None:
+        doc = {"state": state, "generation": generation, "config": config.to_json(), "world": config.world,
+               "reconfigurations": len(self.reconfigurations), "time": time.time(), **extra}  # fmt: skip
+        write_atomic(self.job_dir / "status.json", json.dumps(doc))
+
+    def _next_step_event(self) -> Event | None:
+        return self.pending[0] if self.pending and self.pending[0].at_step is not None else None
 
     def _run_generation(self, generation: int, config: ParallelConfig,
                         pending: Reconfiguration | None) -> tuple[Event | None, float, dict]:  # fmt: skip
         """Run one generation to its exit. Returns the event that stopped it (None: it finished),
         when the stop was requested, and its saved timing. `pending` (the reconfiguration that
         led here) gets its restart phase once this generation logs its first step."""
+        step_event = self._next_step_event()
+        if step_event and any(r >= config.world for r in step_event.fail):
+            raise ElasticError(f"{self.spec.source}: the failure at step {step_event.at_step} names ranks {list(step_event.fail)}, "
+                               f"but generation {generation} has {config.world} (0..{config.world - 1})")  # fmt: skip
+        if step_event and len(step_event.fail) >= config.world:
+            raise ElasticError(f"{self.spec.source}: the failure at step {step_event.at_step} leaves no survivor")
         launched = time.time()
-        proc = launcher.launch(self.spec, self.job_dir, generation, config, self._next_step_event())
+        proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
+                               step_event.fail if step_event else ())  # fmt: skip
         requested: tuple[Event, float] | None = None
         try:
             while proc.poll() is None:
@@ -123,22 +172,22 @@ class Controller:
                                        f"log {launcher.log_path(self.job_dir, generation)}")  # fmt: skip
                 if requested is None:
                     requested = self._poll_request(generation, config)
-                if pending is not None and self._step_times(generation):
-                    self._finish(pending, generation, launched)
+                if pending is not None and self._finish(pending, generation, launched):
                     pending = None
                 time.sleep(POLL)
         finally:
             launcher.terminate(proc)
         exited = time.time()
-        if proc.returncode != 0:
+        saved = saved_dir(self.job_dir, generation)
+        complete = (saved / "COMPLETE").exists()
+        timing = {**_read_json(saved / "timing.json"), "exit": exited} if complete else {}
+        if proc.returncode != 0 and "failed" not in timing:
             raise ElasticError(f"generation {generation}: the program exited with code {proc.returncode}; "
                                f"log {launcher.log_path(self.job_dir, generation)}:\n{launcher.log_tail(self.job_dir, generation)}")  # fmt: skip
         if pending is not None:
-            self._finish(pending, generation, launched)
-        saved = saved_dir(self.job_dir, generation)
-        if not (saved / "COMPLETE").exists():
+            self._finish(pending, generation, launched, final=True)
+        if not complete:
             raise ElasticError(f"{saved}: generation {generation} exited without a complete checkpoint (no COMPLETE)")
-        timing = {**_read_json(saved / "timing.json"), "exit": exited}
         if "stop_step" not in timing:
             return None, 0.0, timing  # the program finished its steps
         if requested is not None:
@@ -152,46 +201,101 @@ class Controller:
         if self.pending and self.pending[0].at_seconds is not None and time.time() - self.start >= self.pending[0].at_seconds:
             event = self.pending.pop(0)
         for path in sorted((self.job_dir / "control").glob("scale-*.json")):
-            doc = _read_json(path)
+            try:
+                doc = scale_request_from_json(_read_json(path))
+            except ElasticError as e:  # a stray or hand-written file: refuse it, keep training
+                path.rename(path.with_suffix(".rejected"))
+                self.out(f"{path}: scale request refused: {e}")
+                continue
             path.rename(path.with_suffix(".taken"))
-            event = Event(int(doc["devices"]), tp=doc.get("tp"))
+            event = Event(doc["devices"], tp=doc["tp"])
         if event is None or choose_config(self.spec, event.devices, event.tp) == config:
             return None
         stop_file(self.job_dir, generation).write_text(json.dumps({"devices": event.devices}))
         return event, time.time()
 
-    def _reshard(self, generation: int, src: ParallelConfig, dst: ParallelConfig, timing: dict,
-                 signal_time: float) -> Reconfiguration:  # fmt: skip
-        """Reshard generation N's saved state into N + 1's layout; the reconfiguration so far."""
+    def _reshard(self, generation: int, src: ParallelConfig, dst: ParallelConfig, timing: dict, signal_time: float,
+                 source: Path | None = None, **failure: Any) -> Reconfiguration:  # fmt: skip
+        """Reshard `source` (default: generation N's save) into N + 1's layout, with its data
+        state; the reconfiguration so far. `source` without a checkpoint: N + 1 starts afresh."""
         from tenplex.frameworks.dcp_reshard import reshard_dcp
 
         begin = time.time()
+        source = source or saved_dir(self.job_dir, generation)
         out = state_dir(self.job_dir, generation + 1)
-        result = reshard_dcp(saved_dir(self.job_dir, generation), layout_json(dst.tp, dst.dp, self.plan), out)
-        shutil.copy(saved_dir(self.job_dir, generation) / "data_state.json", out / "data_state.json")
+        moved = 0
+        if (source / ".metadata").exists():
+            moved = reshard_dcp(source, layout_json(dst.tp, dst.dp, self.plan), out).bytes_moved
+        else:
+            out.mkdir(parents=True)  # a restart from the job's start: no state, no data state
+        if (source / "data_state.json").exists():
+            shutil.copy(source / "data_state.json", out / "data_state.json")
         phases = {"stop": max(0.0, timing["stop"] - signal_time), "save": timing["save_end"] - timing["stop"],
                   "exit": timing["exit"] - timing["save_end"], "reshard": time.time() - begin}  # fmt: skip
-        return Reconfiguration(int(timing["stop_step"]), src, dst, phases, result.bytes_moved)
+        return Reconfiguration(int(timing["stop_step"]), src, dst, phases, moved, **failure)
 
-    def _finish(self, rec: Reconfiguration, generation: int, launched: float) -> None:
-        times = self._step_times(generation)
-        rec.phases["restart"] = (min(times) if times else time.time()) - launched
+    def _recover(self, generation: int, src: ParallelConfig, event: Event, timing: dict,
+                 signal_time: float) -> Reconfiguration:  # fmt: skip
+        """After an injected failure: the survivors' save if it covers the state (and the job
+        asks for replicas), else the last checkpoint (see the module docstring)."""
+        from tenplex.frameworks.dcp_format import DcpError
+
+        survivors = src.world - len(event.fail)
+        dst = choose_config(self.spec, event.devices or survivors, event.tp)
+        failure = {"failed": tuple(event.fail)}
+        if self.spec.recovery == "replicas":
+            missing = _missing_tensors(saved_dir(self.job_dir, generation), timing.get("tensors", []))
+            try:
+                if not missing:
+                    return self._reshard(generation, src, dst, timing, signal_time, recovered_from="replicas", **failure)
+            except DcpError as e:  # a region of a tensor no survivor held
+                missing = [str(e)]
+            self.out(f"generation {generation}: the survivors do not hold the whole state ({missing[0]}...); "
+                     "restarting from the last checkpoint")  # fmt: skip
+        start = min((step for step, _ in self._step_records(generation)), default=int(timing["stop_step"]))
+        return self._reshard(generation, src, dst, timing, signal_time, state_dir(self.job_dir, generation),
+                             recovered_from="checkpoint", lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
+
+    def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
+        """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step
+        (and re-ran the lost steps); `final` (it exited): with what it logged. True when done."""
+        records = self._step_records(generation)
+        caught_up = [t for step, t in records if step >= rec.step - 1]
+        if not final and (not records or rec.lost_steps and not caught_up):
+            return False
+        first = min((t for _, t in records), default=time.time())
+        rec.phases["restart"] = first - launched
+        if rec.lost_steps:
+            rec.phases["rerun"] = (min(caught_up) if caught_up else time.time()) - first
         self.reconfigurations.append(rec)
         self.out(rec.describe())
+        return True
 
     def _step_times(self, generation: int) -> list[float]:
+        return [t for _, t in self._step_records(generation)]
+
+    def _step_records(self, generation: int) -> list[tuple[int, float]]:
+        """(step, wall time) of each step generation `generation` logged."""
         path = metrics_file(self.job_dir)
         if not path.exists():
             return []
-        times = []
+        records = []
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line rank 0 is still writing
-            if record.get("generation") == generation and "time" in record:
-                times.append(record["time"])
-        return times
+            if record.get("generation") == generation and "time" in record and "step" in record:
+                records.append((int(record["step"]), record["time"]))
+        return records
+
+
+def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:
+    """The FQNs of `expected` that the DCP checkpoint `saved` does not hold."""
+    from tenplex.frameworks.dcp_read import read_index
+
+    held = {t.name for t in read_index(saved).tensors}
+    return [name for name in expected if name not in held]
 
 
 def _layers(spec: JobSpec) -> int:

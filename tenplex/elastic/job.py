@@ -8,15 +8,23 @@ JSON, or YAML (`.yaml` / `.yml`):
     schedule:                             optional: resource changes, in order
       - {at_step: 10, devices: 2}         stop before global step 10, continue on 2 processes
       - {at_seconds: 60, devices: 4, tp: 2}   after 60 s of the job; tp forces the split
+      - {at_step: 20, fail: [3]}          ranks 3 of that generation die at step 20 (a real
+                                          process crash, no save); the job recovers on the
+                                          survivors (devices: optional, default the survivors)
     parallel: {"4": [2, 1, 2]}            optional: devices -> [tp, pp, dp], the parallelizer's table
     model: {kind: gpt, num_layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256,
             max_position: 32}             optional: the ModelSpec fields the parallelizer weighs
     gpus_per_host: 8                      optional (default 8)
     timeout: 600                          optional: seconds one generation may run (default 600)
+    recovery: replicas                    optional: after a failure, rebuild the state from the
+                                          surviving ranks' replicas (default), or `checkpoint`:
+                                          restart from the generation's start state (baseline)
 
 Invariants:
 - devices >= 1 everywhere; an event has exactly one of at_step (>= 1) and at_seconds (> 0);
   at_step events come in increasing order; an event's tp divides its devices;
+- a `fail` event has at_step, a non-empty list of distinct ranks >= 0, and `devices` is
+  optional there only (None: the surviving processes); a tp hint needs devices;
 - a table entry's tp x pp x dp equals its device count.
 
 Raises JobFileError naming the file and the field (`schedule[1].devices`), with the value.
@@ -34,18 +42,21 @@ import attrs
 
 from tenplex.elastic.errors import JobFileError
 
-KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout"}
-EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp"}
+KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery"}
+EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "fail"}
+RECOVERY = ("replicas", "checkpoint")
 
 
 @attrs.frozen
 class Event:
-    """A resource change: at a global step (deterministic) or after seconds of the job."""
+    """A resource change: at a global step (deterministic) or after seconds of the job. A
+    failure (`fail`: the ranks that die) has devices None when the survivors carry on."""
 
-    devices: int
+    devices: int | None
     at_step: int | None = None
     at_seconds: float | None = None
     tp: int | None = None
+    fail: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -60,6 +71,7 @@ class JobSpec:
     model: dict[str, Any] | None = None
     gpus_per_host: int = 8
     timeout: float = 600.0
+    recovery: str = "replicas"
     source: str = "<job>"
 
 
@@ -87,9 +99,23 @@ def _keys(where: str, node: Any, allowed: set[str], required: set[str]) -> dict:
     return dict(node)
 
 
+def _fail(where: str, node: Any) -> tuple[int, ...]:
+    if not isinstance(node, list) or not node:
+        raise JobFileError(f"{where}: expected a non-empty list of ranks, got {node!r}")
+    ranks = tuple(_int(f"{where}[{i}]", r, low=0) for i, r in enumerate(node))
+    if len(set(ranks)) != len(ranks):
+        raise JobFileError(f"{where}: rank listed twice in {list(ranks)}")
+    return ranks
+
+
 def _event(where: str, node: Any, last_step: int) -> Event:
-    node = _keys(where, node, EVENT_KEYS, {"devices"})
-    devices = _int(f"{where}.devices", node["devices"])
+    node = _keys(where, node, EVENT_KEYS, set() if isinstance(node, Mapping) and "fail" in node else {"devices"})
+    fail = _fail(f"{where}.fail", node["fail"]) if "fail" in node else ()
+    if fail and "at_step" not in node:
+        raise JobFileError(f"{where}.fail: a failure needs at_step (failures are injected at a step boundary)")
+    if fail and "tp" in node and "devices" not in node:
+        raise JobFileError(f"{where}.tp: a tp hint needs devices")
+    devices = _int(f"{where}.devices", node["devices"]) if "devices" in node else None
     if ("at_step" in node) == ("at_seconds" in node):
         raise JobFileError(f"{where}: give exactly one of at_step and at_seconds, got {sorted(set(node) & {'at_step', 'at_seconds'})}")
     step = node.get("at_step")
@@ -97,9 +123,9 @@ def _event(where: str, node: Any, last_step: int) -> Event:
         raise JobFileError(f"{where}.at_step: {step} is not after the previous event's step {last_step}")
     seconds = None if "at_seconds" not in node else _number(f"{where}.at_seconds", node["at_seconds"])
     tp = node.get("tp")
-    if tp is not None and devices % _int(f"{where}.tp", tp):
+    if tp is not None and devices is not None and devices % _int(f"{where}.tp", tp):
         raise JobFileError(f"{where}.tp: {tp} does not divide devices={devices}")
-    return Event(devices, step, seconds, tp)
+    return Event(devices, step, seconds, tp, fail)
 
 
 def _table(where: str, node: Any) -> dict[int, tuple[int, int, int]]:
@@ -140,6 +166,9 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
         for i, node in enumerate(events):
             schedule.append(_event(f"job.schedule[{i}]", node, last))
             last = schedule[-1].at_step or last
+        recovery = root.get("recovery", "replicas")
+        if recovery not in RECOVERY:
+            raise JobFileError(f"job.recovery: expected one of {', '.join(RECOVERY)}, got {recovery!r}")
         model = root.get("model")
         if model is not None and not isinstance(model, Mapping):
             raise JobFileError(f"job.model: expected a mapping of ModelSpec fields, got {type(model).__name__}")
@@ -149,7 +178,7 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
             table=None if "parallel" not in root else _table("job.parallel", root["parallel"]),
             model=None if model is None else dict(model),
             gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
-            timeout=_number("job.timeout", root.get("timeout", 600)), source=source)  # fmt: skip
+            timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery, source=source)  # fmt: skip
     except JobFileError as e:
         raise JobFileError(f"{source}: {e}") from None
 

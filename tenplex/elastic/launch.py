@@ -5,7 +5,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node W PROGRAM ARGS --job-dir DIR
 
 in a new session (so the whole process tree can be signalled), with TENPLEX_JOB_DIR,
-TENPLEX_GENERATION, TENPLEX_TP/DP/PP and TENPLEX_STOP_STEP set, output to
+TENPLEX_GENERATION, TENPLEX_TP/DP/PP, TENPLEX_STOP_STEP and TENPLEX_FAIL_RANKS set, output to
 `DIR/logs/gen-N.log`. `terminate(proc)` ends that tree: SIGTERM, then SIGKILL after a grace
 period; it always reaps the process.
 """
@@ -31,11 +31,13 @@ def command(spec: JobSpec, job_dir: Path, config: ParallelConfig) -> list[str]:
             str(spec.program), *spec.args, "--job-dir", str(job_dir)]  # fmt: skip
 
 
-def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig, stop_step: int | None) -> subprocess.Popen:
-    """Start generation `generation` (see the module docstring)."""
+def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig, stop_step: int | None,
+           fail: tuple[int, ...] = ()) -> subprocess.Popen:  # fmt: skip
+    """Start generation `generation` (see the module docstring); `fail`: ranks that crash at `stop_step`."""
     env = dict(os.environ, TENPLEX_JOB_DIR=str(job_dir), TENPLEX_GENERATION=str(generation),
                TENPLEX_TP=str(config.tp), TENPLEX_DP=str(config.dp), TENPLEX_PP=str(config.pp),
-               TENPLEX_STOP_STEP="" if stop_step is None else str(stop_step), OMP_NUM_THREADS="1")  # fmt: skip
+               TENPLEX_STOP_STEP="" if stop_step is None else str(stop_step), TENPLEX_FAIL_RANKS=",".join(map(str, fail)),
+               OMP_NUM_THREADS="1")  # fmt: skip
     log = log_path(job_dir, generation)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:

@@ -26,6 +26,15 @@ def test_from_env_reads_controller_variables(tmp_path):
     assert (job.generation, job.rank, job.world, job.config, job.stop_step) == (2, 3, 4, ParallelConfig(2, 2), 7)
     assert (job.dp_rank, job.tp_rank) == (1, 1)
     assert Job.from_env(tmp_path, env={"WORLD_SIZE": "3"}).config == ParallelConfig(1, 3)  # default: DP only
+    assert Job.from_env(tmp_path, env={"WORLD_SIZE": "3", "TENPLEX_FAIL_RANKS": "2,0"}).fail == (2, 0)
+
+
+def test_tensor_names_flatten_like_dcp():
+    from tenplex.elastic.api import tensor_names
+
+    sd = {"model": {"a.weight": torch.zeros(2)}, "optim": {"state": {"a.weight": {"exp_avg": torch.zeros(2), "step": torch.tensor(1.0)}},
+                                                           "param_groups": [{"lr": 0.1}]}}  # fmt: skip
+    assert tensor_names(sd) == ["model.a.weight", "optim.state.a.weight.exp_avg", "optim.state.a.weight.step"]
 
 
 @pytest.mark.parametrize(
@@ -34,7 +43,10 @@ def test_from_env_reads_controller_variables(tmp_path):
      ({"TENPLEX_JOB_DIR": "d", "TENPLEX_TP": "x"}, "TENPLEX_TP: expected an integer, got 'x'"),
      ({"TENPLEX_JOB_DIR": "d", "TENPLEX_TP": "2", "TENPLEX_DP": "2", "WORLD_SIZE": "2"},
       "TENPLEX_TP x TENPLEX_DP x TENPLEX_PP = 4 but WORLD_SIZE = 2"),
-     ({"TENPLEX_JOB_DIR": "d", "RANK": "2", "WORLD_SIZE": "2"}, "RANK: 2 is not in 0..1")],
+     ({"TENPLEX_JOB_DIR": "d", "RANK": "2", "WORLD_SIZE": "2"}, "RANK: 2 is not in 0..1"),
+     ({"TENPLEX_JOB_DIR": "d", "WORLD_SIZE": "2", "TENPLEX_FAIL_RANKS": "1,x"}, "TENPLEX_FAIL_RANKS: expected comma-separated ranks, got '1,x'"),
+     ({"TENPLEX_JOB_DIR": "d", "WORLD_SIZE": "2", "TENPLEX_FAIL_RANKS": "2"}, "TENPLEX_FAIL_RANKS: [2] must be ranks in 0..1, leaving a survivor"),
+     ({"TENPLEX_JOB_DIR": "d", "WORLD_SIZE": "2", "TENPLEX_FAIL_RANKS": "0,1"}, "TENPLEX_FAIL_RANKS: [0, 1] must be ranks in 0..1")],
 )  # fmt: skip
 def test_from_env_errors_name_the_variable(env, message):
     with pytest.raises(ElasticError, match=re.escape(message)):

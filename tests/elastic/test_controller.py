@@ -72,3 +72,14 @@ def test_elastic_run_matches_static_run(tmp_path):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
     report = json.loads((tmp_path / "elastic" / "report.json").read_text())
     assert report["generations"] == 3 and len(report["reconfigurations"]) == 2
+
+
+def test_malformed_scale_request_is_refused_and_the_job_goes_on(tmp_path):
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "scale-1.json").write_text('{"devices": 0}')
+    (tmp_path / "control" / "scale-2.json").write_text("not json")
+    lines: list[str] = []
+    controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path, out=lines.append)
+    assert controller._poll_request(0, ParallelConfig(1, 2)) is None
+    assert sorted(p.name for p in (tmp_path / "control").iterdir()) == ["scale-1.rejected", "scale-2.rejected"]
+    assert "devices: expected an integer >= 1, got 0" in lines[0] and "cannot read" in lines[1]

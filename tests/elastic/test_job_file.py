@@ -22,6 +22,13 @@ def test_parse_full_job(tmp_path):
     assert spec.program == tmp_path / "train.py" and spec.args == ("--steps", "9") and spec.devices == 4
     assert spec.schedule == (Event(2, at_step=3), Event(4, at_seconds=1.5, tp=2), Event(1, at_step=6))
     assert spec.table == {4: (2, 1, 2)} and spec.timeout == 30.0 and spec.gpus_per_host == 4
+    assert spec.recovery == "replicas"
+
+
+def test_parse_failure_events():
+    spec = parse_job({**BASE, "recovery": "checkpoint", "schedule": [{"at_step": 2, "fail": [3]}, {"at_step": 4, "fail": [0, 1], "devices": 2}]})
+    assert spec.schedule == (Event(None, at_step=2, fail=(3,)), Event(2, at_step=4, fail=(0, 1)))
+    assert spec.recovery == "checkpoint"
 
 
 ERRORS = {
@@ -46,6 +53,12 @@ ERRORS = {
     "table_key": ({**BASE, "parallel": {"four": [2, 1, 2]}}, "job.parallel.four: the key must be a device count"),
     "table_shape": ({**BASE, "parallel": {"4": [2, 2]}}, "job.parallel.4: expected [tp, pp, dp]"),
     "not_mapping": ([1, 2], "job: expected a mapping, got list"),
+    "fail_empty": ({**BASE, "schedule": [{"at_step": 2, "fail": []}]}, "job.schedule[0].fail: expected a non-empty list of ranks"),
+    "fail_rank": ({**BASE, "schedule": [{"at_step": 2, "fail": [1, -1]}]}, "job.schedule[0].fail[1]: expected an integer >= 0, got -1"),
+    "fail_twice": ({**BASE, "schedule": [{"at_step": 2, "fail": [1, 1]}]}, "job.schedule[0].fail: rank listed twice in [1, 1]"),
+    "fail_seconds": ({**BASE, "schedule": [{"at_seconds": 2, "fail": [1]}]}, "job.schedule[0].fail: a failure needs at_step"),
+    "fail_tp": ({**BASE, "schedule": [{"at_step": 2, "fail": [1], "tp": 1}]}, "job.schedule[0].tp: a tp hint needs devices"),
+    "recovery": ({**BASE, "recovery": "pray"}, "job.recovery: expected one of replicas, checkpoint, got 'pray'"),
 }  # fmt: skip
 
 

@@ -1,0 +1,152 @@
+"""An HTTP endpoint through which a scheduler changes a running job's devices (aiohttp).
+
+Endpoints, for one job directory:
+- `POST /scale` with a JSON body `{"devices": N, "tp": T}` (`tp` optional or null): writes a
+  scale request (`requests.write_scale_request`) and answers 202 `{"request": "<file name>"}`;
+  the controller takes it at its next poll.
+- `GET /status`: 200 with `requests.read_status` (status.json plus the pending requests).
+
+Errors are JSON `{"error": "<message>"}`, the message starting with the field at fault:
+400 a body that is not JSON, not an object, has an unknown or missing field or a bad value;
+401 a missing or wrong bearer token; 500 a job directory the request cannot be written to or
+whose status.json is malformed.
+
+Invariants:
+- a rejected request writes nothing (the body is checked in full before the file is written);
+- with a token, every request without `Authorization: Bearer <token>` gets 401;
+- the server binds to a non-loopback host only with a token;
+- `serve_in_thread` leaves no thread, event loop or socket behind when its block exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from aiohttp import web
+
+from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.requests import read_status, scale_request_from_json, write_scale_request
+
+__all__ = ["make_app", "serve_in_thread"]
+
+SHUTDOWN_SECONDS = 5.0
+_JOB_DIR_KEY = web.AppKey("job_dir", Path)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(job_dir: str | os.PathLike, *, token: str | None = None) -> web.Application:
+    """The aiohttp application for `job_dir`; with `token`, requests need `Bearer <token>`."""
+    app = web.Application(middlewares=[_auth(token)] if token is not None else [])
+    app[_JOB_DIR_KEY] = Path(job_dir)
+    app.router.add_post("/scale", _scale)
+    app.router.add_get("/status", _status)
+    return app
+
+
+def _error(kind: type[web.HTTPException], message: str, **kwargs: object) -> web.HTTPException:
+    body = json.dumps({"error": " ".join(message.split())})  # one line, for logs and clients alike
+    return kind(text=body, content_type="application/json", **kwargs)
+
+
+def _auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    if not token:
+        raise ElasticError("token: expected a non-empty string")
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            message = "Authorization: missing or wrong bearer token"
+            raise _error(web.HTTPUnauthorized, message, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return check
+
+
+async def _scale(request: web.Request) -> web.Response:
+    try:
+        doc = json.loads(await request.read())
+    except ValueError as e:  # JSONDecodeError, or a body that is not UTF-8
+        raise _error(web.HTTPBadRequest, f"body: not valid JSON ({e})") from None
+    try:
+        checked = scale_request_from_json(doc)
+    except ElasticError as e:
+        raise _error(web.HTTPBadRequest, str(e)) from None
+    try:
+        path = write_scale_request(request.app[_JOB_DIR_KEY], checked["devices"], checked["tp"])
+    except (ElasticError, OSError) as e:
+        raise _error(web.HTTPInternalServerError, f"request: cannot be written ({e})") from None
+    return web.json_response({"request": path.name}, status=202)
+
+
+async def _status(request: web.Request) -> web.Response:
+    try:
+        return web.json_response(read_status(request.app[_JOB_DIR_KEY]))
+    except ElasticError as e:
+        raise _error(web.HTTPInternalServerError, str(e)) from None
+
+
+# -- a server in a thread ----------------------------------------------------------------------
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The server thread: run `loop` until stopped, then close it with its executor's threads."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+async def _start(runner: web.AppRunner, host: str, port: int) -> int:
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner.addresses[0][1]
+
+
+@contextmanager
+def serve_in_thread(job_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 0,
+                    token: str | None = None) -> Iterator[str]:  # fmt: skip
+    """Serve `make_app(job_dir, token=token)` on `host:port` from a background thread with its
+    own event loop; yields the bound URL `http://host:port` (the real port when 0 was asked).
+
+    On exit the server stops (in-flight requests get SHUTDOWN_SECONDS), its socket is closed and
+    the thread is joined.
+    Raises ElasticError if `host` is not loopback and no token is given, or the token is empty;
+    OSError if the address cannot be bound.
+    """
+    if not token and not _is_loopback(host):
+        raise ElasticError(f"host: refusing to serve scale requests on non-loopback {host!r} without a token")
+    runner = web.AppRunner(make_app(job_dir, token=token), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=_run_loop, args=(loop,), name=f"tenplex-job-http-{host}", daemon=True)
+    thread.start()
+    try:
+        bound = asyncio.run_coroutine_threadsafe(_start(runner, host, port), loop).result()
+        yield f"http://{f'[{host}]' if ':' in host else host}:{bound}"
+    finally:
+        try:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
