@@ -1,15 +1,18 @@
-"""A tiny GPT trained with tensor + data parallelism on CPU (gloo), made elastic by tenplex.
+"""A tiny GPT trained with tensor, pipeline and data parallelism on CPU (gloo), made elastic by tenplex.
 
     torchrun --standalone --nproc-per-node W examples/elastic_gpt.py --job-dir DIR [--steps S]
 
-Run it through `tenplex job run JOB.yaml` to change W while it trains. The mesh is (dp, tp)
+Run it through `tenplex job run JOB.yaml` to change W while it trains. The mesh is (pp, dp, tp)
 from `tenplex.elastic.Job.config`; attention and MLP Linears are split Megatron-style with
 DTensor's ColwiseParallel/RowwiseParallel (`tenplex.elastic.layouts.gpt_plan`, the same plan the
-controller reshards with); gradients are summed over the dp mesh dim by hand. The global batch G
-is fixed: each dp rank takes G/dp samples per step (tenplex.data) in micro-batches, and the loss
-is sum(per-sample loss) / G, so the step's loss and update do not depend on W (up to
-floating-point reduction order). Rank 0 appends {step, loss, W, tp, dp, samples} to
-DIR/metrics.jsonl. Model init is a pure function of --seed; the data set (synthetic token
+controller reshards with); pipeline stage s keeps only its modules (`gpt_stages`: contiguous
+blocks, embeddings on the first stage, final norm and head on the last) and passes activations
+forward and their gradients back with gloo send/recv, one micro-batch at a time; gradients are
+summed over the dp mesh dim by hand. The global batch G is fixed: each dp rank takes G/dp samples
+per step (tenplex.data) in micro-batches, and the loss is sum(per-sample loss) / G, so the step's
+loss and update do not depend on W (up to floating-point reduction order). Rank 0 appends {step,
+loss, W, tp, dp, pp, samples} to DIR/metrics.jsonl. Model init is a pure function of --seed (every
+stage builds the whole model, then drops what other stages own); the data set (synthetic token
 sequences, one .npy file per sample) is written once under DIR/../dataset-<seed> or --data-dir.
 """
 
@@ -21,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -34,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from tenplex.data import DatasetIndex, build_index
 from tenplex.data.reader import SampleReader
 from tenplex.elastic import Job
-from tenplex.elastic.layouts import gpt_plan
+from tenplex.elastic.layouts import gpt_plan, gpt_stages
 
 
 class Attention(nn.Module):
@@ -77,11 +81,23 @@ class Gpt(nn.Module):
         self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
         self.ln_f, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.emb(tokens) + self.pos(torch.arange(tokens.shape[1]))
+    def keep(self, owned: set[str]) -> None:
+        """Drop the modules not in `owned` (FQN prefixes): this pipeline stage's model."""
+        for name in ("emb", "pos", "ln_f", "head"):
+            if name not in owned:
+                setattr(self, name, None)
+        for i in range(len(self.blocks)):
+            if f"blocks.{i}" not in owned:
+                self.blocks[i] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids -> logits on a whole model; on a stage, its input -> its output."""
+        if self.emb is not None:
+            x = self.emb(x) + self.pos(torch.arange(x.shape[1]))
         for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+            if block is not None:
+                x = block(x)
+        return x if self.head is None else self.head(self.ln_f(x))
 
 
 def write_dataset(root: Path, samples: int, seq: int, vocab: int, seed: int) -> None:
@@ -109,19 +125,59 @@ def dataset(args: argparse.Namespace, job: Job) -> DatasetIndex:
     return DatasetIndex.load(root / "index.npz").with_root(str(root))
 
 
-def build(args: argparse.Namespace, job: Job) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup]:
-    mesh = init_device_mesh("cpu", (job.config.dp, job.config.tp), mesh_dim_names=("dp", "tp"))
+@attrs.frozen
+class Stage:
+    """This rank's place in the pipeline: its neighbours' global ranks (None at the ends)."""
+
+    prev: int | None
+    next: int | None
+    last_rank: int  # the last stage's rank with this rank's dp and tp coordinates
+    group: dist.ProcessGroup | None  # this rank's pipeline (pp mesh dim), None when pp == 1
+
+
+def build(args: argparse.Namespace, job: Job) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup, Stage]:
+    c = job.config
+    mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
     torch.manual_seed(args.seed)
     model = Gpt(args.vocab, args.seq, args.hidden, args.heads, args.layers)
+    owned = {m for m, s in gpt_stages(args.layers, c.pp).items() if s == job.pp_rank}
+    model.keep(owned)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {fqn: styles[style]() for fqn, style in gpt_plan(args.layers).items()}
+    plan = {fqn: styles[style]() for fqn, style in gpt_plan(args.layers).items() if fqn.rsplit(".", 2)[0] in owned}
     model = parallelize_module(model, mesh["tp"], plan)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, foreach=False)
-    return model, optim, mesh.get_group("dp")
+    step = c.dp * c.tp  # ranks between consecutive stages
+    stage = Stage(job.rank - step if job.pp_rank > 0 else None, job.rank + step if job.pp_rank < c.pp - 1 else None,
+                  job.rank + (c.pp - 1 - job.pp_rank) * step, mesh.get_group("pp") if c.pp > 1 else None)  # fmt: skip
+    return model, optim, mesh.get_group("dp"), stage
 
 
-def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.ProcessGroup, reader: SampleReader,
-               rank_step, micro_steps: int, global_count: int) -> float:  # fmt: skip
+def micro_step(model: nn.Module, stage: Stage, tokens: torch.Tensor, hidden: int, global_count: int) -> torch.Tensor:
+    """Forward and backward of one micro-batch through this stage; the loss sum on the last."""
+    if stage.prev is None:
+        x = tokens[:, :-1]
+    else:
+        x = torch.empty(tokens.shape[0], tokens.shape[1] - 1, hidden)
+        dist.recv(x, stage.prev)
+        x.requires_grad_()
+    out = model(x)
+    loss_sum = torch.zeros(())
+    if stage.next is None:
+        per_token = F.cross_entropy(out.reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
+        loss_sum = per_token.view(len(tokens), -1).mean(1).sum()
+        (loss_sum / global_count).backward()
+    else:
+        dist.send(out.detach().contiguous(), stage.next)
+        grad = torch.empty_like(out)
+        dist.recv(grad, stage.next)
+        out.backward(grad)
+    if stage.prev is not None:
+        dist.send(x.grad.contiguous(), stage.prev)
+    return loss_sum.detach()
+
+
+def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.ProcessGroup, stage: Stage,
+               reader: SampleReader, rank_step, micro_steps: int, global_count: int, hidden: int) -> float:  # fmt: skip
     """One optimizer step on this rank's share; returns the global-batch mean loss."""
     optim.zero_grad(set_to_none=True)
     total = torch.zeros(())
@@ -129,15 +185,13 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.Pr
         if len(ids) == 0:
             continue
         tokens = torch.from_numpy(np.stack([reader[int(i)] for i in ids]))
-        logits = model(tokens[:, :-1])
-        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
-        loss_sum = per_token.view(len(ids), -1).mean(1).sum()
-        (loss_sum / global_count).backward()
-        total += loss_sum.detach()
+        total += micro_step(model, stage, tokens, hidden, global_count)
     for p in model.parameters():
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         dist.all_reduce(grad, group=dp_group)
     dist.all_reduce(total, group=dp_group)
+    if stage.group is not None:  # the loss is known on the last stage
+        dist.broadcast(total, stage.last_rank, group=stage.group)
     optim.step()
     return total.item() / global_count
 
@@ -164,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         job = Job.from_env(args.job_dir)
         index = dataset(args, job)
-        model, optim, dp_group = build(args, job)
+        model, optim, dp_group, stage = build(args, job)
         if job.resuming:
             model_sd, optim_sd = get_state_dict(model, optim)
             state = {"model": model_sd, "optim": optim_sd}
@@ -175,11 +229,11 @@ def main(argv: list[str] | None = None) -> None:
         step = data.view.start
         while step < args.steps and not job.should_stop(step):
             rank_step = data.view.step_at(step)
-            loss = train_step(model, optim, dp_group, reader, rank_step, data.layout.accumulation_steps,
-                              rank_step.global_count)  # fmt: skip
+            loss = train_step(model, optim, dp_group, stage, reader, rank_step, data.layout.accumulation_steps,
+                              rank_step.global_count, args.hidden)  # fmt: skip
             shares = [None] * job.config.dp
             dist.all_gather_object(shares, rank_step.ids.tolist(), group=dp_group)
-            job.log(step=step, loss=loss, W=job.world, tp=job.config.tp, dp=job.config.dp,
+            job.log(step=step, loss=loss, W=job.world, tp=job.config.tp, dp=job.config.dp, pp=job.config.pp,
                     samples=[i for share in shares for i in share])  # fmt: skip
             if not math.isfinite(loss):
                 raise SystemExit(f"step {step}: loss {loss} is not finite")

@@ -33,8 +33,8 @@ rank writes the data state, the timings (with `failed` and `tensors`, the FQNs t
 held, so the controller can tell whether the survivors still cover the state) and `COMPLETE`.
 
 Invariants:
-- tp x dp x pp == world; rank r is at mesh coordinate (r // tp, r % tp) of the (dp, tp) mesh,
-  so its data-parallel rank is r // tp;
+- tp x dp x pp == world; rank r is at mesh coordinate (r // (dp tp), r // tp % dp, r % tp) of
+  the (pp, dp, tp) mesh: its pipeline stage, data-parallel rank and tensor-parallel rank;
 - `should_stop` returns the same answer on every rank (an all_reduce of the local answers);
 - `saved/gen-N/COMPLETE` exists only once every rank's checkpoint files and the data state are
   written.
@@ -166,7 +166,12 @@ class Job:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.config.tp
+        return self.rank // self.config.tp % self.config.dp
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's pipeline stage."""
+        return self.rank // (self.config.tp * self.config.dp)
 
     @property
     def tp_rank(self) -> int:

@@ -1,15 +1,14 @@
 """The parallel configuration of a generation: event hint, parallelizer, table, or DP only.
 
 `choose_config(spec, devices, tp=None)` decides, in this order:
-1. `tp` given (a schedule event's hint): (tp, dp = devices / tp);
+1. `tp` given (a schedule event's hint): (tp, pp 1, dp = devices / tp);
 2. the job has a `model` and `tenplex.elastic.parallelizer` is importable: its `choose` (with
-   the job's `parallel` table); a choice with pipeline stages is replaced by the best fitting
-   candidate without them, since the controller drives programs with a (dp, tp) mesh only;
+   the job's `parallel` table), pipeline stages included;
 3. the job's `parallel` table entry for `devices`;
-4. data parallelism only: (tp 1, dp = devices).
+4. data parallelism only: (tp 1, pp 1, dp = devices).
 
-Raises ElasticError (a table or choice with pp > 1 and no pp = 1 alternative) and the
-parallelizer's SpecErrors (a model that fits nowhere, a bad table entry), naming the devices.
+Raises the parallelizer's SpecErrors (a model that fits nowhere, a bad table entry), naming the
+devices.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import importlib
 
 from tenplex.elastic.api import ParallelConfig
-from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import JobSpec
 
 
@@ -33,13 +31,7 @@ def _from_parallelizer(module, spec: JobSpec, devices: int) -> ParallelConfig:
 
     model = model_from_fields(spec.model or {}, f"{spec.source}: job.model")
     choice = module.choose(devices, model, spec.gpus_per_host, table=spec.table)
-    if choice.pp == 1:
-        return ParallelConfig(choice.tp, choice.dp)
-    flat = [c for c in getattr(choice, "candidates", ()) if c.pp == 1 and getattr(c, "fits", True)]
-    if not flat:
-        raise ElasticError(f"devices={devices}: the parallelizer chose pp={choice.pp} and no fitting layout has pp=1; "
-                           f"add a 'parallel' table entry [tp, 1, dp] for {devices}")  # fmt: skip
-    return ParallelConfig(flat[0].tp, flat[0].dp)
+    return ParallelConfig(choice.tp, choice.dp, choice.pp)
 
 
 def choose_config(spec: JobSpec, devices: int, tp: int | None = None) -> ParallelConfig:
@@ -52,7 +44,5 @@ def choose_config(spec: JobSpec, devices: int, tp: int | None = None) -> Paralle
     entry = (spec.table or {}).get(devices)
     if entry is not None:
         e_tp, e_pp, e_dp = entry
-        if e_pp != 1:
-            raise ElasticError(f"{spec.source}: job.parallel.{devices}: pp={e_pp}, but elastic programs run a (dp, tp) mesh (pp 1)")
-        return ParallelConfig(e_tp, e_dp)
+        return ParallelConfig(e_tp, e_dp, e_pp)
     return ParallelConfig(1, devices)

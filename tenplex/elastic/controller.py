@@ -4,12 +4,12 @@
 each resource change (a schedule event or a `control/scale-*.json` request written by
 `tenplex job scale`), carries out one reconfiguration:
 
-1. choose the new (tp, dp) (`configs.choose_config`); a change to the same layout is ignored;
+1. choose the new (tp, pp, dp) (`configs.choose_config`); a request for the same layout is ignored;
 2. stop: an `at_step` event is passed to the program up front (TENPLEX_STOP_STEP, exact and
    deterministic); `at_seconds` events and scale requests write `control/stop-N`;
 3. wait for the program to save (`saved/gen-N/COMPLETE`) and exit;
-4. reshard: `reshard_dcp(saved/gen-N, layout_json(tp, dp, plan), state/gen-N+1)` — tenplex
-   compiles and executes the verified plan — and copy the data state beside it;
+4. reshard: `reshard_dcp(saved/gen-N, layout_json(tp, dp, plan, pp, stages), state/gen-N+1)` —
+   tenplex compiles and executes the verified plan — and copy the data state beside it;
 5. relaunch torchrun with the new W and generation N + 1.
 
 A failure event (`{at_step: S, fail: [ranks]}`) is injected for real: those ranks crash at step S
@@ -43,6 +43,7 @@ Raises ElasticError naming the generation, its exit code and log file, or a miss
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -57,7 +58,7 @@ from tenplex.elastic.api import ParallelConfig, metrics_file, saved_dir, state_d
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import Event, JobSpec
-from tenplex.elastic.layouts import gpt_plan, layout_json
+from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
 from tenplex.elastic.requests import scale_request_from_json
 from tenplex.ir.serialize import write_atomic
 
@@ -102,12 +103,14 @@ def _read_json(path: Path) -> dict:
 
 
 class Controller:
-    """Runs one elastic job (see the module docstring). `plan` is the program's TP plan."""
+    """Runs one elastic job (see the module docstring). `plan` is the program's TP plan and
+    `stages(pp)` its modules' pipeline stages (default: the example GPT's, `layouts`)."""
 
     def __init__(self, spec: JobSpec, job_dir: str | Path, *, plan: dict[str, str] | None = None,
-                 out: Callable[[str], None] = print) -> None:  # fmt: skip
+                 stages: Callable[[int], dict[str, int]] | None = None, out: Callable[[str], None] = print) -> None:  # fmt: skip
         self.spec, self.job_dir, self.out = spec, Path(job_dir).resolve(), out
         self.plan = plan if plan is not None else gpt_plan(_layers(spec))
+        self.stages = stages or functools.partial(gpt_stages, _layers(spec))
         self.pending = list(spec.schedule)
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
@@ -225,7 +228,8 @@ class Controller:
         out = state_dir(self.job_dir, generation + 1)
         moved = 0
         if (source / ".metadata").exists():
-            moved = reshard_dcp(source, layout_json(dst.tp, dst.dp, self.plan), out).bytes_moved
+            layout = layout_json(dst.tp, dst.dp, self.plan, dst.pp, self.stages(dst.pp) if dst.pp > 1 else None)
+            moved = reshard_dcp(source, layout, out).bytes_moved
         else:
             out.mkdir(parents=True)  # a restart from the job's start: no state, no data state
         if (source / "data_state.json").exists():

@@ -9,7 +9,11 @@ JSON (or the same dict in Python):
         "optim.state.*.exp_avg*": ["S(0)", "S(1)"], fnmatch patterns, first match in order
         "*": ["R", "R"]}}
 
-Placements are `"S(d)"` / `"Shard(d)"` and `"R"` / `"Replicate()"`. The mesh's ranks are
+Placements are `"S(d)"` / `"Shard(d)"`, `"R"` / `"Replicate()"`, and, in layouts only,
+`"Stage(s)"` (see `dcp_stage`): the tensor lives only on the mesh slice whose coordinate along
+that dim is `s`, the rule's other placements applying within the slice. With mesh `[2, 1, 2]`
+(pp, dp, tp), `"model.blocks.1.attn.q.weight": ["Stage(1)", "R", "S(0)"]` puts the tensor on
+ranks 2 and 3, dim 0 split between them; ranks 0 and 1 hold nothing of it. The mesh's ranks are
 0..prod(mesh)-1 in row-major order (as `init_device_mesh` lays them out). A tensor that no
 entry names gets the **default: the source's placements on the new mesh**, read off the saved
 chunks (DCP stores no placements): the tensor dims along which the source's chunks are cut, in
@@ -19,6 +23,8 @@ new 1-D mesh of any size, and `[Shard(0), Shard(1)]` on 2×2 stays that on a new
 
 Invariants:
 - the mesh has >= 1 dims, each >= 1; every entry has one placement per mesh dim;
+- a `Stage(s)` has `s` inside its mesh dim (`s < mesh[dim]`); the error names the entry and
+  the mesh; `to_json` writes it back as `"Stage(s)"`;
 - an exact FQN entry must name a tensor of the source and fit it (Shard dims inside its ndim;
   0-d tensors replicate); a pattern entry applies only to tensors it fits;
 - unknown keys and a wrong `format` fail, naming the source and the field.
@@ -36,7 +42,8 @@ from typing import Any
 
 import attrs
 
-from tenplex.frameworks.dtensor_boxes import Placement, PlacementError, Replicate, Shard, check_mesh, parse_placement
+from tenplex.frameworks.dcp_stage import LayoutPlacement, check_stages, parse_layout_placement, stage_slice
+from tenplex.frameworks.dtensor_boxes import Placement, PlacementError, Replicate, Shard, check_mesh
 from tenplex.frameworks.dtensor_layout import TensorSpec, ptc_from_specs
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import TensorMeta
@@ -44,9 +51,9 @@ from tenplex.ir.tensor import TensorMeta
 FORMAT = "tenplex.dtensor-layout/1"
 
 
-def _rules(items: Any) -> tuple[tuple[str, tuple[Placement, ...]], ...]:
+def _rules(items: Any) -> tuple[tuple[str, tuple[LayoutPlacement, ...]], ...]:
     pairs = items.items() if isinstance(items, Mapping) else items
-    return tuple((str(k), tuple(parse_placement(p) if isinstance(p, str) else p for p in v)) for k, v in pairs)
+    return tuple((str(k), tuple(parse_layout_placement(p) if isinstance(p, str) else p for p in v)) for k, v in pairs)
 
 
 @attrs.frozen
@@ -54,12 +61,13 @@ class MeshLayout:
     """A dst DTensor layout: mesh shape and (FQN or pattern, placements) rules in order."""
 
     mesh: tuple[int, ...] = attrs.field(converter=check_mesh)
-    rules: tuple[tuple[str, tuple[Placement, ...]], ...] = attrs.field(converter=_rules, factory=tuple)
+    rules: tuple[tuple[str, tuple[LayoutPlacement, ...]], ...] = attrs.field(converter=_rules, factory=tuple)
 
     def __attrs_post_init__(self) -> None:
         for key, placements in self.rules:
             if len(placements) != len(self.mesh):
                 raise PlacementError(f"layout placements[{key!r}] = {[str(p) for p in placements]} need one entry per mesh dim of {list(self.mesh)}")
+            check_stages(key, self.mesh, placements)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any] | str | os.PathLike, source: str = "layout") -> MeshLayout:
@@ -89,7 +97,7 @@ class MeshLayout:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "mesh": list(self.mesh), "placements": {k: [str(p) for p in v] for k, v in self.rules}}
 
-    def placements_for(self, meta: TensorMeta, default: Sequence[Placement]) -> tuple[Placement, ...]:
+    def placements_for(self, meta: TensorMeta, default: Sequence[Placement]) -> tuple[LayoutPlacement, ...]:
         """The rule for `meta` (exact FQN, else first fitting pattern), else `default`."""
         exact = dict(self.rules).get(meta.name)
         if exact is not None:
@@ -102,7 +110,7 @@ class MeshLayout:
         return tuple(default)
 
 
-def _fits(placements: Sequence[Placement], ndim: int) -> bool:
+def _fits(placements: Sequence[LayoutPlacement], ndim: int) -> bool:
     return all(not isinstance(p, Shard) or -ndim <= p.dim < ndim for p in placements)
 
 
@@ -115,14 +123,18 @@ def source_placements(src: PTC, name: str, mesh_ndim: int) -> tuple[Placement, .
 
 
 def dst_specs(src: PTC, layout: MeshLayout) -> list[TensorSpec]:
-    """Each tensor of `src` with its placements under `layout` (rules, else the default).
-    Raises PlacementError for exact entries naming no tensor of `src` or not fitting one."""
+    """Each tensor of `src` with its placements under `layout` (rules, else the default), on
+    the mesh slice its Stage placements select (the whole mesh when none). Raises
+    PlacementError for exact entries naming no tensor of `src` or not fitting one."""
     names = set(src.tensor_map)
     missing = [k for k, _ in layout.rules if not any(c in k for c in "*?[") and k not in names]
     if missing:
         raise PlacementError(f"layout names {missing[:3]}, which the source checkpoint has no tensor for")
-    return [TensorSpec(meta, layout.mesh, layout.placements_for(meta, source_placements(src, meta.name, len(layout.mesh))))
-            for meta in src.tensors]  # fmt: skip
+    specs = []
+    for meta in src.tensors:
+        placements = layout.placements_for(meta, source_placements(src, meta.name, len(layout.mesh)))
+        specs.append(TensorSpec(meta, *stage_slice(meta.name, layout.mesh, placements)))
+    return specs
 
 
 def dst_ptc(src: PTC, layout: MeshLayout) -> PTC:

@@ -24,7 +24,10 @@ def test_from_env_reads_controller_variables(tmp_path):
            "RANK": "3", "WORLD_SIZE": "4", "TENPLEX_STOP_STEP": "7"}  # fmt: skip
     job = Job.from_env(env=env)
     assert (job.generation, job.rank, job.world, job.config, job.stop_step) == (2, 3, 4, ParallelConfig(2, 2), 7)
-    assert (job.dp_rank, job.tp_rank) == (1, 1)
+    assert (job.dp_rank, job.tp_rank, job.pp_rank) == (1, 1, 0)
+    env |= {"TENPLEX_TP": "2", "TENPLEX_DP": "2", "TENPLEX_PP": "2", "WORLD_SIZE": "8", "RANK": "6"}
+    job = Job.from_env(env=env)
+    assert (job.pp_rank, job.dp_rank, job.tp_rank) == (1, 1, 0)
     assert Job.from_env(tmp_path, env={"WORLD_SIZE": "3"}).config == ParallelConfig(1, 3)  # default: DP only
     assert Job.from_env(tmp_path, env={"WORLD_SIZE": "3", "TENPLEX_FAIL_RANKS": "2,0"}).fail == (2, 0)
 

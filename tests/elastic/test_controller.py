@@ -83,3 +83,25 @@ def test_malformed_scale_request_is_refused_and_the_job_goes_on(tmp_path):
     assert controller._poll_request(0, ParallelConfig(1, 2)) is None
     assert sorted(p.name for p in (tmp_path / "control").iterdir()) == ["scale-1.rejected", "scale-2.rejected"]
     assert "devices: expected an integer >= 1, got 0" in lines[0] and "cannot read" in lines[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_pipeline_stages_come_and_go_without_changing_training(tmp_path):
+    # pp 2 -> one process -> tp 2 x pp 2: the blocks move between stages, the embeddings to the first
+    # and the head to the last; the losses equal a one-process run's
+    args = ["--steps", "6", "--samples", "64", "--layers", "2"]
+    static = parse_job({"program": str(EXAMPLE), "args": args, "devices": 1, "timeout": 120})
+    elastic = parse_job({"program": str(EXAMPLE), "args": args, "devices": 2, "timeout": 120,
+                         "parallel": {"2": [1, 2, 1], "4": [2, 2, 1]},
+                         "schedule": [{"at_step": 2, "devices": 1}, {"at_step": 4, "devices": 4}]})  # fmt: skip
+    Controller(static, tmp_path / "static", out=lambda _: None).run()
+    recs = Controller(elastic, tmp_path / "elastic", out=lambda _: None).run()
+    assert [(r.src, r.dst) for r in recs] == [(ParallelConfig(1, 1, 2), ParallelConfig(1, 1)),
+                                              (ParallelConfig(1, 1), ParallelConfig(2, 1, 2))]  # fmt: skip
+    a, b = _metrics(tmp_path / "static"), _metrics(tmp_path / "elastic")
+    assert [r["pp"] for r in b] == [2, 2, 1, 1, 2, 2] and [r["W"] for r in b] == [2, 2, 1, 1, 4, 4]
+    assert [r["samples"] for r in a] == [r["samples"] for r in b]
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5), (x["step"], x["loss"], y["loss"])

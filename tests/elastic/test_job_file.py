@@ -92,8 +92,16 @@ def test_choose_config_fallbacks():
     assert choose_config(spec, 4) == ParallelConfig(2, 2)  # the table
     assert choose_config(spec, 2) == ParallelConfig(1, 2)  # no entry: data parallelism only
     assert choose_config(spec, 4, tp=4) == ParallelConfig(4, 1)  # the event's hint wins
-    with pytest.raises(ElasticError, match=re.escape("job.parallel.8: pp=2, but elastic programs run a (dp, tp) mesh")):
-        choose_config(spec, 8)
+    assert choose_config(spec, 8) == ParallelConfig(2, 2, 2)  # pipeline stages too
+
+
+def test_choose_config_takes_the_parallelizers_pipeline_choice():
+    # GPT 6.7B on 12 GPUs: the cost model picks 3 pipeline stages, and the controller keeps them
+    from tenplex.frontends.presets import PRESETS
+
+    spec = parse_job({**BASE, "model": dict(PRESETS["gpt-6.7b"])})
+    assert choose_config(spec, 12) == ParallelConfig(1, 4, 3)
+    assert choose_config(spec, 16) == ParallelConfig(2, 8, 1)
 
 
 def test_parallel_config_checks_degrees():
