@@ -34,7 +34,7 @@ def plot(result: dict, path: Path) -> None:
     steps = [r["step"] for r in result["static"]]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     first = result["static"][0]
-    sizes = " -> ".join([str(first["W"])] + [str(r["dst"]["tp"] * r["dst"]["dp"]) for r in result["reconfigurations"]])
+    sizes = " -> ".join([str(first["W"])] + [str(r["dst"]["tp"] * r["dst"]["dp"] * r["dst"]["pp"]) for r in result["reconfigurations"]])
     top.plot(steps, [r["loss"] for r in result["static"]], label=f"static W={first['W']} (tp{first['tp']}, dp{first['dp']})", lw=2)
     top.plot(steps, [r["loss"] for r in result["elastic"]], "--", label=f"elastic W {sizes} (tenplex)", lw=1.5)
     for rec in result["reconfigurations"]:

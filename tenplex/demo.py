@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
 
         with p.status("emulated hosts: peer-to-peer vs central over shaped links ..."):
             hosts, hosts_skipped = run_hosts(HOSTS_MODEL, HOSTS_MOVES)
-        with p.status("an elastic job scaling 2 -> 1 -> 2 processes ..."):
+        with p.status("an elastic job on 2 -> 1 -> 2 -> 2 -> 1 processes (tp, pp, dp, a crash) ..."):
             elastic, elastic_why = run_elastic()
     headline(p, cases, steps, agents, skipped)
     p.line()

@@ -1,7 +1,7 @@
 """The parallel configuration of a generation: event hint, parallelizer, table, or DP only.
 
 `choose_config(spec, devices, tp=None)` decides, in this order:
-1. `tp` given (a schedule event's hint): (tp, pp 1, dp = devices / tp);
+1. `tp` or `pp` given (a schedule event's hint): (tp or 1, pp or 1, dp = devices / (tp pp));
 2. the job has a `model` and `tenplex.elastic.parallelizer` is importable: its `choose` (with
    the job's `parallel` table), pipeline stages included;
 3. the job's `parallel` table entry for `devices`;
@@ -34,10 +34,11 @@ def _from_parallelizer(module, spec: JobSpec, devices: int) -> ParallelConfig:
     return ParallelConfig(choice.tp, choice.dp, choice.pp)
 
 
-def choose_config(spec: JobSpec, devices: int, tp: int | None = None) -> ParallelConfig:
-    """The (tp, dp) of a generation on `devices` processes (see the module docstring)."""
-    if tp is not None:
-        return ParallelConfig(tp, devices // tp)
+def choose_config(spec: JobSpec, devices: int, tp: int | None = None, pp: int | None = None) -> ParallelConfig:
+    """The (tp, dp, pp) of a generation on `devices` processes (see the module docstring)."""
+    if tp is not None or pp is not None:
+        tp, pp = tp or 1, pp or 1
+        return ParallelConfig(tp, devices // (tp * pp), pp)
     module = _parallelizer()
     if spec.model is not None and module is not None:
         return _from_parallelizer(module, spec, devices)

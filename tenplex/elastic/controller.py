@@ -133,7 +133,7 @@ class Controller:
                 if event.fail:
                     pending = self._recover(generation, config, event, timing, signal_time)
                 else:
-                    dst = choose_config(self.spec, event.devices, event.tp)
+                    dst = choose_config(self.spec, event.devices, event.tp, event.pp)
                     pending = self._reshard(generation, config, dst, timing, signal_time)
                 generation, config = generation + 1, pending.dst
         except BaseException as e:
@@ -212,7 +212,7 @@ class Controller:
                 continue
             path.rename(path.with_suffix(".taken"))
             event = Event(doc["devices"], tp=doc["tp"])
-        if event is None or choose_config(self.spec, event.devices, event.tp) == config:
+        if event is None or choose_config(self.spec, event.devices, event.tp, event.pp) == config:
             return None
         stop_file(self.job_dir, generation).write_text(json.dumps({"devices": event.devices}))
         return event, time.time()
@@ -245,7 +245,7 @@ class Controller:
         from tenplex.frameworks.dcp_format import DcpError
 
         survivors = src.world - len(event.fail)
-        dst = choose_config(self.spec, event.devices or survivors, event.tp)
+        dst = choose_config(self.spec, event.devices or survivors, event.tp, event.pp)
         failure = {"failed": tuple(event.fail)}
         if self.spec.recovery == "replicas":
             missing = _missing_tensors(saved_dir(self.job_dir, generation), timing.get("tensors", []))

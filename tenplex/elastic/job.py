@@ -7,7 +7,8 @@ JSON, or YAML (`.yaml` / `.yml`):
     devices: 4                            required: processes of the first generation
     schedule:                             optional: resource changes, in order
       - {at_step: 10, devices: 2}         stop before global step 10, continue on 2 processes
-      - {at_seconds: 60, devices: 4, tp: 2}   after 60 s of the job; tp forces the split
+      - {at_seconds: 60, devices: 4, tp: 2}   after 60 s of the job; tp (and pp) force the split
+      - {at_step: 15, devices: 4, pp: 2}  tp 1 x pp 2 x dp 2
       - {at_step: 20, fail: [3]}          ranks 3 of that generation die at step 20 (a real
                                           process crash, no save); the job recovers on the
                                           survivors (devices: optional, default the survivors)
@@ -22,9 +23,9 @@ JSON, or YAML (`.yaml` / `.yml`):
 
 Invariants:
 - devices >= 1 everywhere; an event has exactly one of at_step (>= 1) and at_seconds (> 0);
-  at_step events come in increasing order; an event's tp divides its devices;
+  at_step events come in increasing order; an event's tp x pp divides its devices;
 - a `fail` event has at_step, a non-empty list of distinct ranks >= 0, and `devices` is
-  optional there only (None: the surviving processes); a tp hint needs devices;
+  optional there only (None: the surviving processes); a tp or pp hint needs devices;
 - a table entry's tp x pp x dp equals its device count.
 
 Raises JobFileError naming the file and the field (`schedule[1].devices`), with the value.
@@ -43,7 +44,7 @@ import attrs
 from tenplex.elastic.errors import JobFileError
 
 KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery"}
-EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "fail"}
+EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "pp", "fail"}
 RECOVERY = ("replicas", "checkpoint")
 
 
@@ -57,6 +58,7 @@ class Event:
     at_seconds: float | None = None
     tp: int | None = None
     fail: tuple[int, ...] = ()
+    pp: int | None = None
 
 
 @attrs.frozen
@@ -113,8 +115,9 @@ def _event(where: str, node: Any, last_step: int) -> Event:
     fail = _fail(f"{where}.fail", node["fail"]) if "fail" in node else ()
     if fail and "at_step" not in node:
         raise JobFileError(f"{where}.fail: a failure needs at_step (failures are injected at a step boundary)")
-    if fail and "tp" in node and "devices" not in node:
-        raise JobFileError(f"{where}.tp: a tp hint needs devices")
+    for hint in ("tp", "pp"):
+        if hint in node and "devices" not in node:
+            raise JobFileError(f"{where}.{hint}: a {hint} hint needs devices")
     devices = _int(f"{where}.devices", node["devices"]) if "devices" in node else None
     if ("at_step" in node) == ("at_seconds" in node):
         raise JobFileError(f"{where}: give exactly one of at_step and at_seconds, got {sorted(set(node) & {'at_step', 'at_seconds'})}")
@@ -122,10 +125,12 @@ def _event(where: str, node: Any, last_step: int) -> Event:
     if step is not None and _int(f"{where}.at_step", step) <= last_step:
         raise JobFileError(f"{where}.at_step: {step} is not after the previous event's step {last_step}")
     seconds = None if "at_seconds" not in node else _number(f"{where}.at_seconds", node["at_seconds"])
-    tp = node.get("tp")
-    if tp is not None and devices is not None and devices % _int(f"{where}.tp", tp):
+    tp, pp = (None if node.get(k) is None else _int(f"{where}.{k}", node[k]) for k in ("tp", "pp"))
+    if tp is not None and devices is not None and devices % tp:
         raise JobFileError(f"{where}.tp: {tp} does not divide devices={devices}")
-    return Event(devices, step, seconds, tp, fail)
+    if pp is not None and devices is not None and devices % (pp * (tp or 1)):
+        raise JobFileError(f"{where}.pp: tp x pp = {pp * (tp or 1)} does not divide devices={devices}")
+    return Event(devices, step, seconds, tp, fail, pp)
 
 
 def _table(where: str, node: Any) -> dict[int, tuple[int, int, int]]:

@@ -42,7 +42,9 @@ ERRORS = {
     "event_both_times": ({**BASE, "schedule": [{"at_step": 2, "at_seconds": 1, "devices": 2}]},
                          "job.schedule[0]: give exactly one of at_step and at_seconds"),
     "event_no_time": ({**BASE, "schedule": [{"devices": 2}]}, "job.schedule[0]: give exactly one of at_step and at_seconds"),
-    "event_unknown": ({**BASE, "schedule": [{"at_step": 2, "devices": 2, "pp": 2}]}, "job.schedule[0].pp: unknown field"),
+    "event_unknown": ({**BASE, "schedule": [{"at_step": 2, "devices": 2, "dp": 2}]}, "job.schedule[0].dp: unknown field"),
+    "pp_not_dividing": ({**BASE, "schedule": [{"at_step": 2, "devices": 4, "tp": 2, "pp": 4}]},
+                        "job.schedule[0].pp: tp x pp = 8 does not divide devices=4"),
     "steps_not_increasing": ({**BASE, "schedule": [{"at_step": 5, "devices": 2}, {"at_step": 5, "devices": 4}]},
                              "job.schedule[1].at_step: 5 is not after the previous event's step 5"),
     "seconds_negative": ({**BASE, "schedule": [{"at_seconds": -1, "devices": 2}]},
@@ -93,6 +95,7 @@ def test_choose_config_fallbacks():
     assert choose_config(spec, 2) == ParallelConfig(1, 2)  # no entry: data parallelism only
     assert choose_config(spec, 4, tp=4) == ParallelConfig(4, 1)  # the event's hint wins
     assert choose_config(spec, 8) == ParallelConfig(2, 2, 2)  # pipeline stages too
+    assert choose_config(spec, 8, pp=2) == ParallelConfig(1, 4, 2) and choose_config(spec, 8, 2, 4) == ParallelConfig(2, 1, 4)
 
 
 def test_choose_config_takes_the_parallelizers_pipeline_choice():
