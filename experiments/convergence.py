@@ -2,8 +2,9 @@
 
     python experiments/convergence.py [--steps 30] [--out experiments/results]
 
-Static: W=4 (tp 2, dp 2) for S steps (`--small`: W=2, tp 2, and 2 -> 1 -> 2 processes). Elastic, through the controller: W=4 (tp 2, dp 2) ->
-at S/3 W=2 (tp 1, dp 2) -> at 2S/3 W=4 (tp 1, dp 4), so both tp and dp change. Both log
+Static: W=4 (tp 2, dp 2) for S steps (`--small`: W=2, tp 2, and 2 -> 1 -> 2 processes).
+Elastic, through the controller: W=4 (tp 2, dp 2) -> at S/3 W=2 (tp 1, dp 2) -> at 2S/3 W=4
+(tp 1, pp 2, dp 2), so tp, dp and pp all change. Both log
 {step, loss, samples}; the script reports the max |loss difference| per step (absolute and
 relative), whether every step read the same global samples in the same order, and each
 reconfiguration's phases with their share of the elastic run's wall time. Writes
@@ -39,7 +40,7 @@ def plot(result: dict, path: Path) -> None:
     top.plot(steps, [r["loss"] for r in result["elastic"]], "--", label=f"elastic W {sizes} (tenplex)", lw=1.5)
     for rec in result["reconfigurations"]:
         top.axvline(rec["step"] - 0.5, color="grey", ls=":")
-        top.text(rec["step"] - 0.4, top.get_ylim()[1], f"tp{rec['dst']['tp']} dp{rec['dst']['dp']}", va="top", fontsize=8)
+        top.text(rec["step"] - 0.4, top.get_ylim()[1], f"tp{rec['dst']['tp']} pp{rec['dst']['pp']} dp{rec['dst']['dp']}", va="top", fontsize=8)
     top.set_ylabel("loss (global batch mean)")
     top.legend()
     bottom.plot(steps, [abs(x["loss"] - y["loss"]) for x, y in zip(result["static"], result["elastic"])], "o-", ms=3)

@@ -45,7 +45,7 @@ class Scenario:
         return [{"at_step": max(1, round(f * steps)), **event} for f, event in self.changes]
 
 
-FULL = Scenario(4, {"4": [2, 1, 2]}, ((1 / 3, {"devices": 2, "tp": 1}), (2 / 3, {"devices": 4, "tp": 1})))
+FULL = Scenario(4, {"4": [2, 1, 2]}, ((1 / 3, {"devices": 2, "tp": 1}), (2 / 3, {"devices": 4, "pp": 2})))
 SMALL = Scenario(2, {"2": [2, 1, 1]}, ((1 / 3, {"devices": 1}), (2 / 3, {"devices": 2, "tp": 1})))  # tests
 DEMO = Scenario(2, {"2": [2, 1, 1]}, ((0.2, {"devices": 1}), (0.4, {"devices": 2, "pp": 2}), (0.6, {"devices": 2, "tp": 1}),
                                       (0.8, {"fail": [1]})))  # fmt: skip

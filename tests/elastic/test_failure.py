@@ -5,7 +5,6 @@ and sample order as a run without the failure."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -13,17 +12,9 @@ from tenplex.elastic.api import ParallelConfig
 from tenplex.elastic.controller import Controller
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import parse_job
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_gpt.py"
-ARGS = ["--steps", "5", "--samples", "64", "--layers", "1"]
-
-
-def _metrics(job_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _job(**fields) -> dict:
-    return {"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120, **fields}
+from tests.elastic.helpers import job_doc as _job
+from tests.elastic.helpers import metrics as _metrics
+from tests.elastic.helpers import same_training
 
 
 def test_failure_naming_ranks_outside_the_generation_is_refused_before_launch(tmp_path):
@@ -31,23 +22,6 @@ def test_failure_naming_ranks_outside_the_generation_is_refused_before_launch(tm
     with pytest.raises(ElasticError, match=re.escape("job.json: the failure at step 2 names ranks [2], but generation 0 has 2 (0..1)")):
         Controller(spec, tmp_path / "run", out=lambda _: None).run()
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
-
-
-@pytest.fixture(scope="module")
-def static_run(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("static")
-    assert Controller(parse_job(_job()), out, out=lambda _: None).run() == []
-    return _metrics(out)
-
-
-def _same_training(static: list[dict], run: list[dict]) -> None:
-    """The last time each step ran in `run` matches the static run: losses and sample ids."""
-    last = {r["step"]: r for r in run}
-    assert sorted(last) == [r["step"] for r in static]
-    for x in static:
-        y = last[x["step"]]
-        assert y["samples"] == x["samples"]
-        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
 
 
 @pytest.mark.slow
@@ -64,7 +38,8 @@ def test_dp_replica_recovers_without_losing_steps(tmp_path, static_run):
     assert json.loads((tmp_path / "saved" / "gen-0" / "timing.json").read_text())["failed"] == [1]
     run = _metrics(tmp_path)
     assert [r["step"] for r in run] == list(range(5)) and [r["W"] for r in run] == [2, 2, 1, 1, 1]
-    _same_training(static_run, run)
+    same_training(static_run, run)
+    assert sorted({r['step'] for r in run}) == [r['step'] for r in static_run]
     assert json.loads((tmp_path / "status.json").read_text())["state"] == "done"
     assert any("after ranks [1] failed, from replicas (0 steps lost)" in line for line in lines)
 
@@ -82,7 +57,8 @@ def test_lost_tensor_shard_falls_back_to_the_last_checkpoint(tmp_path, static_ru
     assert "rerun" in rec.phases and any("the survivors do not hold the whole state" in line for line in lines)
     run = _metrics(tmp_path)
     assert [r["step"] for r in run] == [0, 1, 0, 1, 2, 3, 4]
-    _same_training(static_run, run)
+    same_training(static_run, run)
+    assert sorted({r['step'] for r in run}) == [r['step'] for r in static_run]
 
 
 @pytest.mark.slow
@@ -94,4 +70,5 @@ def test_checkpoint_policy_restarts_from_the_generation_start(tmp_path, static_r
     assert second.recovered_from == "checkpoint" and second.lost_steps == 2 and second.dst == ParallelConfig(1, 1)
     run = _metrics(tmp_path)
     assert [r["step"] for r in run] == [0, 1, 2, 1, 2, 3, 4]  # generation 1 started at step 1
-    _same_training(static_run, run)
+    same_training(static_run, run)
+    assert sorted({r['step'] for r in run}) == [r['step'] for r in static_run]

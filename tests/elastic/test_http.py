@@ -269,3 +269,35 @@ def test_cli_run_http_serves_while_the_controller_runs(tmp_path, monkeypatch):
     assert result.output.startswith(f"scale requests: http://127.0.0.1:{port}/scale\n")
     assert seen["reply"][0] == 202 and [p.name for p in _requests_in(job_dir)] == [seen["reply"][1]["request"]]
     assert _server_threads() == []
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_scale_request_over_http_reconfigures_a_running_job(tmp_path, static_run):
+    from tenplex.elastic.api import ParallelConfig
+    from tenplex.elastic.controller import Controller
+    from tenplex.elastic.job import parse_job
+    from tests.elastic.helpers import job_doc, metrics, same_training
+
+    job_dir = tmp_path / "run"
+    controller = Controller(parse_job(job_doc(steps=12)), job_dir, out=lambda _: None)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
+    thread.start()
+    with serve_in_thread(job_dir) as url:
+        while not ((job_dir / "metrics.jsonl").exists() and (job_dir / "metrics.jsonl").read_text().strip()):
+            assert thread.is_alive(), "the controller stopped before the first step"
+            thread.join(0.05)
+        assert _call(url, "/status")[1]["state"] == "running"
+        status, reply = _call(url, "/scale", {"devices": 1})
+        assert status == 202 and NAME.fullmatch(reply["request"])
+        thread.join(200)
+    assert not thread.is_alive() and done
+    [rec] = done[0]
+    assert (rec.src, rec.dst) == (ParallelConfig(1, 2), ParallelConfig(1, 1)) and 1 <= rec.step < 12
+    run = metrics(job_dir)
+    assert [r["step"] for r in run] == list(range(12))
+    assert [r["W"] for r in run] == [2] * rec.step + [1] * (12 - rec.step)
+    same_training(static_run, run)  # the first steps match a run that never changed
+    assert json.loads((job_dir / "status.json").read_text())["state"] == "done"
