@@ -21,7 +21,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import json
 import os
@@ -34,6 +33,7 @@ from aiohttp import web
 
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.requests import read_status, scale_request_from_json, write_scale_request
+from tenplex.runtime.rest import bearer_auth
 
 __all__ = ["make_app", "serve_in_thread"]
 
@@ -60,16 +60,7 @@ def _error(kind: type[web.HTTPException], message: str, **kwargs: object) -> web
 def _auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     if not token:
         raise ElasticError("token: expected a non-empty string")
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-            message = "Authorization: missing or wrong bearer token"
-            raise _error(web.HTTPUnauthorized, message, headers={"WWW-Authenticate": "Bearer"})
-        return await handler(request)
-
-    return check
+    return bearer_auth(token, lambda message: _error(web.HTTPUnauthorized, message, headers={"WWW-Authenticate": "Bearer"}))
 
 
 async def _scale(request: web.Request) -> web.Response:

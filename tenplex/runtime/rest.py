@@ -100,7 +100,7 @@ def _piece(piece: str, text: str) -> tuple[int, int | None]:
 
 def make_app(store: TensorStore, *, token: str | None = None) -> web.Application:
     """The aiohttp application serving `store`; with `token`, requests need `Bearer <token>`."""
-    app = web.Application(middlewares=[_auth(token)] if token is not None else [])
+    app = web.Application(middlewares=[bearer_auth(token)] if token is not None else [])
     app[_STORE_KEY] = store
     app.router.add_get("/query", _query)
     app.router.add_post("/upload", _upload)
@@ -112,7 +112,14 @@ def make_app(store: TensorStore, *, token: str | None = None) -> web.Application
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _unauthorized(message: str) -> web.HTTPException:
+    return web.HTTPUnauthorized(text=message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def bearer_auth(token: str, reject: Callable[[str], web.HTTPException] = _unauthorized
+                ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:  # fmt: skip
+    """Middleware refusing requests without `Authorization: Bearer <token>` (constant-time
+    compare) with `reject(message)`, a 401. Raises ValueError for an empty token."""
     if not token:
         raise ValueError("token must be a non-empty string")
     expected = f"Bearer {token}".encode()
@@ -120,7 +127,7 @@ def _auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamRe
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-            raise web.HTTPUnauthorized(text="Authorization: missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            raise reject("Authorization: missing or wrong bearer token")
         return await handler(request)
 
     return check
