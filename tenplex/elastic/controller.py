@@ -22,7 +22,8 @@ A failure event (`{at_step: S, fail: [ranks]}`) is injected for real: those rank
   the state this generation started from (`state/gen-N`; at generation 0, the job's start), and
   re-run the lost steps.
 Either way the next generation runs on the survivors (or the event's `devices`) with a layout
-chosen for them.
+chosen for them. An unplanned crash (the program exits non-zero on its own) ends the job, unless
+`spec.max_restarts` allows restarting it: then the same layout restarts from the last checkpoint.
 
 Each reconfiguration records its phases in seconds: `stop` (request → the ranks agree to
 stop), `save` (their checkpoint), `exit` (process teardown), `reshard` (compile + execute +
@@ -46,6 +47,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +116,7 @@ class Controller:
         self.pending = list(spec.schedule)
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
+        self.proc: subprocess.Popen | None = None  # the running generation's torchrun
 
     def run(self) -> list[Reconfiguration]:
         """Run every generation to the end; returns the reconfigurations (also in report.json)."""
@@ -121,12 +124,21 @@ class Controller:
             raise ElasticError(f"{self.job_dir}: the job directory was used before; give a fresh one")
         (self.job_dir / "control").mkdir(parents=True, exist_ok=True)
         self.start = time.time()
-        generation, config, pending = 0, choose_config(self.spec, self.spec.devices), None
+        generation, config, pending, restarts = 0, choose_config(self.spec, self.spec.devices), None, 0
         try:
             while True:
                 self.out(f"generation {generation}: {_config(config)}")
                 self._status("running", generation, config)
-                event, signal_time, timing = self._run_generation(generation, config, pending)
+                try:
+                    event, signal_time, timing = self._run_generation(generation, config, pending)
+                except ProgramFailed as e:
+                    if restarts == self.spec.max_restarts:
+                        raise
+                    restarts += 1
+                    self.out(f"{str(e).splitlines()[0]}: restart {restarts} of {self.spec.max_restarts} from the last checkpoint")
+                    pending = self._restart(generation, config, e)
+                    generation += 1
+                    continue
                 if event is None:
                     break
                 self._status("reconfiguring", generation, config)
@@ -165,7 +177,7 @@ class Controller:
         if step_event and len(step_event.fail) >= config.world:
             raise ElasticError(f"{self.spec.source}: the failure at step {step_event.at_step} leaves no survivor")
         launched = time.time()
-        proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
+        proc = self.proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
                                step_event.fail if step_event else ())  # fmt: skip
         requested: tuple[Event, float] | None = None
         try:
@@ -184,11 +196,11 @@ class Controller:
         saved = saved_dir(self.job_dir, generation)
         complete = (saved / "COMPLETE").exists()
         timing = {**_read_json(saved / "timing.json"), "exit": exited} if complete else {}
-        if proc.returncode != 0 and "failed" not in timing:
-            raise ElasticError(f"generation {generation}: the program exited with code {proc.returncode}; "
-                               f"log {launcher.log_path(self.job_dir, generation)}:\n{launcher.log_tail(self.job_dir, generation)}")  # fmt: skip
         if pending is not None:
             self._finish(pending, generation, launched, final=True)
+        if proc.returncode != 0 and "failed" not in timing:
+            raise ProgramFailed(exited, f"generation {generation}: the program exited with code {proc.returncode}; "
+                                f"log {launcher.log_path(self.job_dir, generation)}:\n{launcher.log_tail(self.job_dir, generation)}")  # fmt: skip
         if not complete:
             raise ElasticError(f"{saved}: generation {generation} exited without a complete checkpoint (no COMPLETE)")
         if "stop_step" not in timing:
@@ -260,6 +272,14 @@ class Controller:
         return self._reshard(generation, src, dst, timing, signal_time, state_dir(self.job_dir, generation),
                              recovered_from="checkpoint", lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
 
+    def _restart(self, generation: int, config: ParallelConfig, failure: ProgramFailed) -> Reconfiguration:
+        """After an unplanned crash: the same layout from the last checkpoint; the steps since lost."""
+        steps = [step for step, _ in self._step_records(generation)]
+        crashed_at = max(steps) + 1 if steps else 0
+        timing = {"stop": failure.exited, "save_end": failure.exited, "exit": failure.exited, "stop_step": crashed_at}
+        return self._reshard(generation, config, config, timing, failure.exited, state_dir(self.job_dir, generation),
+                             recovered_from="checkpoint", lost_steps=crashed_at - min(steps, default=crashed_at))  # fmt: skip
+
     def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
         """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step
         (and re-ran the lost steps); `final` (it exited): with what it logged. True when done."""
@@ -292,6 +312,14 @@ class Controller:
             if record.get("generation") == generation and "time" in record and "step" in record:
                 records.append((int(record["step"]), record["time"]))
         return records
+
+
+class ProgramFailed(ElasticError):
+    """A generation's program exited non-zero (not an injected failure); `exited`: when."""
+
+    def __init__(self, exited: float, message: str) -> None:
+        super().__init__(message)
+        self.exited = exited
 
 
 def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:

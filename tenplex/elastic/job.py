@@ -17,6 +17,8 @@ JSON, or YAML (`.yaml` / `.yml`):
             max_position: 32}             optional: the ModelSpec fields the parallelizer weighs
     gpus_per_host: 8                      optional (default 8)
     timeout: 600                          optional: seconds one generation may run (default 600)
+    max_restarts: 0                       optional: restarts after an unplanned crash (from the last
+                                          checkpoint, same layout; default 0: the job fails)
     recovery: replicas                    optional: after a failure, rebuild the state from the
                                           surviving ranks' replicas (default), or `checkpoint`:
                                           restart from the generation's start state (baseline)
@@ -43,7 +45,7 @@ import attrs
 
 from tenplex.elastic.errors import JobFileError
 
-KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery"}
+KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery", "max_restarts"}
 EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "pp", "fail"}
 RECOVERY = ("replicas", "checkpoint")
 
@@ -74,6 +76,7 @@ class JobSpec:
     gpus_per_host: int = 8
     timeout: float = 600.0
     recovery: str = "replicas"
+    max_restarts: int = 0
     source: str = "<job>"
 
 
@@ -183,7 +186,8 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
             table=None if "parallel" not in root else _table("job.parallel", root["parallel"]),
             model=None if model is None else dict(model),
             gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
-            timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery, source=source)  # fmt: skip
+            timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery,
+            max_restarts=_int("job.max_restarts", root.get("max_restarts", 0), low=0), source=source)  # fmt: skip
     except JobFileError as e:
         raise JobFileError(f"{source}: {e}") from None
 

@@ -4,7 +4,11 @@ replicas when those hold the whole state, else from the last checkpoint — with
 and sample order as a run without the failure."""
 
 import json
+import os
 import re
+import signal
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +76,41 @@ def test_checkpoint_policy_restarts_from_the_generation_start(tmp_path, static_r
     assert [r["step"] for r in run] == [0, 1, 2, 1, 2, 3, 4]  # generation 1 started at step 1
     same_training(static_run, run)
     assert sorted({r['step'] for r in run}) == [r['step'] for r in static_run]
+
+
+def _workers(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_unplanned_crash_restarts_from_the_last_checkpoint(tmp_path, static_run):
+    # a worker killed from outside at an arbitrary moment: torchrun fails the generation, and the
+    # controller (max_restarts 1) runs the same layout again from the last checkpoint
+    controller = Controller(parse_job(_job(steps=10, max_restarts=1)), tmp_path, out=lambda _: None)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
+    thread.start()
+    metrics_path = tmp_path / "metrics.jsonl"
+    while not (metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 2):
+        assert thread.is_alive(), "the job ended before its second step"
+        thread.join(0.05)
+    os.kill(_workers(controller.proc.pid)[1], signal.SIGKILL)
+    thread.join(240)
+    assert not thread.is_alive() and done
+    [rec] = done[0]
+    assert rec.src == rec.dst == ParallelConfig(1, 2) and rec.recovered_from == "checkpoint" and rec.lost_steps >= 2
+    run = _metrics(tmp_path)
+    assert sorted({r["step"] for r in run}) == list(range(10)) and run[-1]["generation"] == 1
+    same_training(static_run, run)
+
+
+def test_unplanned_crash_without_restarts_fails_the_job(tmp_path):
+    program = tmp_path / "crash.py"
+    program.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    spec = parse_job({"program": str(program), "devices": 1, "timeout": 60, "max_restarts": 1})
+    lines: list[str] = []
+    with pytest.raises(ElasticError, match=re.escape("generation 1: the program exited with code")):
+        Controller(spec, tmp_path / "run", out=lines.append).run()
+    assert any("generation 0: the program exited with code" in line and "restart 1 of 1" in line for line in lines)

@@ -60,6 +60,7 @@ ERRORS = {
     "fail_twice": ({**BASE, "schedule": [{"at_step": 2, "fail": [1, 1]}]}, "job.schedule[0].fail: rank listed twice in [1, 1]"),
     "fail_seconds": ({**BASE, "schedule": [{"at_seconds": 2, "fail": [1]}]}, "job.schedule[0].fail: a failure needs at_step"),
     "fail_tp": ({**BASE, "schedule": [{"at_step": 2, "fail": [1], "tp": 1}]}, "job.schedule[0].tp: a tp hint needs devices"),
+    "max_restarts": ({**BASE, "max_restarts": -1}, "job.max_restarts: expected an integer >= 0, got -1"),
     "recovery": ({**BASE, "recovery": "pray"}, "job.recovery: expected one of replicas, checkpoint, got 'pray'"),
 }  # fmt: skip
 
