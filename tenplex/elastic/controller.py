@@ -53,55 +53,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from tenplex.elastic import launch as launcher
-from tenplex.elastic.api import ParallelConfig, metrics_file, saved_dir, state_dir, stop_file
+from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import Event, JobSpec
 from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
+from tenplex.elastic.records import Reconfiguration, describe_config, read_json, step_records
 from tenplex.elastic.requests import scale_request_from_json
 from tenplex.ir.serialize import write_atomic
 
 POLL = 0.05
-
-
-@attrs.frozen
-class Reconfiguration:
-    """One change of layout and the seconds each phase took."""
-
-    step: int
-    src: ParallelConfig
-    dst: ParallelConfig
-    phases: dict[str, float]
-    bytes_moved: int
-    failed: tuple[int, ...] = ()  # the ranks that crashed (a failure recovery)
-    recovered_from: str | None = None  # "replicas" or "checkpoint" after a failure
-    lost_steps: int = 0  # steps to run again (a restart from a checkpoint)
-
-    def describe(self) -> str:
-        total = sum(self.phases.values())
-        parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.phases.items())
-        what = "" if not self.failed else f" after ranks {list(self.failed)} failed, from {self.recovered_from} ({self.lost_steps} steps lost)"
-        return (f"step {self.step}: {_config(self.src)} -> {_config(self.dst)}{what}: {parts}; total {total:.2f}s, "
-                f"{self.bytes_moved} bytes resharded")  # fmt: skip
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "src": self.src.to_json(), "dst": self.dst.to_json(), "phases": self.phases,
-                "bytes_moved": self.bytes_moved, "failed": list(self.failed), "recovered_from": self.recovered_from,
-                "lost_steps": self.lost_steps}  # fmt: skip
-
-
-def _config(c: ParallelConfig) -> str:
-    return f"tp{c.tp} dp{c.dp}{f' pp{c.pp}' if c.pp > 1 else ''} (W={c.world})"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ElasticError(f"{path}: cannot read ({e})") from None
 
 
 class Controller:
@@ -127,7 +89,7 @@ class Controller:
         generation, config, pending, restarts = 0, choose_config(self.spec, self.spec.devices), None, 0
         try:
             while True:
-                self.out(f"generation {generation}: {_config(config)}")
+                self.out(f"generation {generation}: {describe_config(config)}")
                 self._status("running", generation, config)
                 try:
                     event, signal_time, timing = self._run_generation(generation, config, pending)
@@ -195,7 +157,7 @@ class Controller:
         exited = time.time()
         saved = saved_dir(self.job_dir, generation)
         complete = (saved / "COMPLETE").exists()
-        timing = {**_read_json(saved / "timing.json"), "exit": exited} if complete else {}
+        timing = {**read_json(saved / "timing.json"), "exit": exited} if complete else {}
         if pending is not None:
             self._finish(pending, generation, launched, final=True)
         if proc.returncode != 0 and "failed" not in timing:
@@ -217,7 +179,7 @@ class Controller:
             event = self.pending.pop(0)
         for path in sorted((self.job_dir / "control").glob("scale-*.json")):
             try:
-                doc = scale_request_from_json(_read_json(path))
+                doc = scale_request_from_json(read_json(path))
             except ElasticError as e:  # a stray or hand-written file: refuse it, keep training
                 path.rename(path.with_suffix(".rejected"))
                 self.out(f"{path}: scale request refused: {e}")
@@ -268,13 +230,13 @@ class Controller:
                 missing = [str(e)]
             self.out(f"generation {generation}: the survivors do not hold the whole state ({missing[0]}...); "
                      "restarting from the last checkpoint")  # fmt: skip
-        start = min((step for step, _ in self._step_records(generation)), default=int(timing["stop_step"]))
+        start = min((step for step, _ in step_records(self.job_dir, generation)), default=int(timing["stop_step"]))
         return self._reshard(generation, src, dst, timing, signal_time, state_dir(self.job_dir, generation),
                              recovered_from="checkpoint", lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
 
     def _restart(self, generation: int, config: ParallelConfig, failure: ProgramFailed) -> Reconfiguration:
         """After an unplanned crash: the same layout from the last checkpoint; the steps since lost."""
-        steps = [step for step, _ in self._step_records(generation)]
+        steps = [step for step, _ in step_records(self.job_dir, generation)]
         crashed_at = max(steps) + 1 if steps else 0
         timing = {"stop": failure.exited, "save_end": failure.exited, "exit": failure.exited, "stop_step": crashed_at}
         return self._reshard(generation, config, config, timing, failure.exited, state_dir(self.job_dir, generation),
@@ -283,7 +245,7 @@ class Controller:
     def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
         """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step
         (and re-ran the lost steps); `final` (it exited): with what it logged. True when done."""
-        records = self._step_records(generation)
+        records = step_records(self.job_dir, generation)
         caught_up = [t for step, t in records if step >= rec.step - 1]
         if not final and (not records or rec.lost_steps and not caught_up):
             return False
@@ -296,23 +258,7 @@ class Controller:
         return True
 
     def _step_times(self, generation: int) -> list[float]:
-        return [t for _, t in self._step_records(generation)]
-
-    def _step_records(self, generation: int) -> list[tuple[int, float]]:
-        """(step, wall time) of each step generation `generation` logged."""
-        path = metrics_file(self.job_dir)
-        if not path.exists():
-            return []
-        records = []
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line rank 0 is still writing
-            if record.get("generation") == generation and "time" in record and "step" in record:
-                records.append((int(record["step"]), record["time"]))
-        return records
-
+        return [t for _, t in step_records(self.job_dir, generation)]
 
 class ProgramFailed(ElasticError):
     """A generation's program exited non-zero (not an injected failure); `exited`: when."""

@@ -1,0 +1,72 @@
+"""What the controller records: a reconfiguration and its phases, and the steps a generation logged.
+
+`Reconfiguration` is one change of layout (or recovery) with the seconds of each phase, printed
+by `describe` and written to report.json by `to_json`. `step_records(job_dir, generation)` reads
+the (step, wall time) pairs rank 0 appended to metrics.jsonl for that generation; a line still
+being written is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tenplex.elastic.api import ParallelConfig, metrics_file
+from tenplex.elastic.errors import ElasticError
+
+
+@attrs.frozen
+class Reconfiguration:
+    """One change of layout and the seconds each phase took."""
+
+    step: int
+    src: ParallelConfig
+    dst: ParallelConfig
+    phases: dict[str, float]
+    bytes_moved: int
+    failed: tuple[int, ...] = ()  # the ranks that crashed (a failure recovery)
+    recovered_from: str | None = None  # "replicas" or "checkpoint" after a failure
+    lost_steps: int = 0  # steps to run again (a restart from a checkpoint)
+
+    def describe(self) -> str:
+        total = sum(self.phases.values())
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.phases.items())
+        what = "" if not self.failed else f" after ranks {list(self.failed)} failed, from {self.recovered_from} ({self.lost_steps} steps lost)"
+        return (f"step {self.step}: {describe_config(self.src)} -> {describe_config(self.dst)}{what}: {parts}; total {total:.2f}s, "
+                f"{self.bytes_moved} bytes resharded")  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "src": self.src.to_json(), "dst": self.dst.to_json(), "phases": self.phases,
+                "bytes_moved": self.bytes_moved, "failed": list(self.failed), "recovered_from": self.recovered_from,
+                "lost_steps": self.lost_steps}  # fmt: skip
+
+
+def describe_config(c: ParallelConfig) -> str:
+    return f"tp{c.tp} dp{c.dp}{f' pp{c.pp}' if c.pp > 1 else ''} (W={c.world})"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ElasticError(f"{path}: cannot read ({e})") from None
+
+
+def step_records(job_dir: str | os.PathLike, generation: int) -> list[tuple[int, float]]:
+    """(step, wall time) of each step generation `generation` logged."""
+    path = metrics_file(job_dir)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line rank 0 is still writing
+        if record.get("generation") == generation and "time" in record and "step" in record:
+            records.append((int(record["step"]), record["time"]))
+    return records
