@@ -3,7 +3,7 @@
 `Reconfiguration` is one change of layout (or recovery) with the seconds of each phase, printed
 by `describe` and written to report.json by `to_json`. `step_records(job_dir, generation)` reads
 the (step, wall time) pairs rank 0 appended to metrics.jsonl for that generation; a line still
-being written is skipped.
+being written is skipped. `read_json(path)` reads a JSON file or raises ElasticError naming it.
 """
 
 from __future__ import annotations
