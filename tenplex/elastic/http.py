@@ -20,11 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
 import json
 import os
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +30,7 @@ from aiohttp import web
 
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.requests import read_status, scale_request_from_json, write_scale_request
-from tenplex.runtime.rest import bearer_auth
+from tenplex.runtime.rest import RestServer, bearer_auth, is_loopback
 
 __all__ = ["make_app", "serve_in_thread"]
 
@@ -89,32 +86,6 @@ async def _status(request: web.Request) -> web.Response:
 # -- a server in a thread ----------------------------------------------------------------------
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """The server thread: run `loop` until stopped, then close it with its executor's threads."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
-
-
-async def _start(runner: web.AppRunner, host: str, port: int) -> int:
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner.addresses[0][1]
-
-
 @contextmanager
 def serve_in_thread(job_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 0,
                     token: str | None = None) -> Iterator[str]:  # fmt: skip
@@ -126,18 +97,7 @@ def serve_in_thread(job_dir: str | os.PathLike, host: str = "127.0.0.1", port: i
     Raises ElasticError if `host` is not loopback and no token is given, or the token is empty;
     OSError if the address cannot be bound.
     """
-    if not token and not _is_loopback(host):
+    if not token and not is_loopback(host):
         raise ElasticError(f"host: refusing to serve scale requests on non-loopback {host!r} without a token")
-    runner = web.AppRunner(make_app(job_dir, token=token), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=_run_loop, args=(loop,), name=f"tenplex-job-http-{host}", daemon=True)
-    thread.start()
-    try:
-        bound = asyncio.run_coroutine_threadsafe(_start(runner, host, port), loop).result()
-        yield f"http://{f'[{host}]' if ':' in host else host}:{bound}"
-    finally:
-        try:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
+    with RestServer(make_app(job_dir, token=token), host, port, SHUTDOWN_SECONDS, name="tenplex-job-http") as server:
+        yield server.url

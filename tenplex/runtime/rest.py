@@ -300,7 +300,8 @@ def _chunks(data: np.ndarray) -> Iterator[memoryview]:
 # -- a server in a thread ----------------------------------------------------------------------
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for "localhost" and loopback addresses (the hosts that may serve without a token)."""
     if host == "localhost":
         return True
     try:
@@ -309,19 +310,33 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The server thread: run `loop` until stopped, then close it with its executor's threads."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
 class RestServer:
     """A running REST server on its own event loop thread; see `serve`.
 
     `host` and `port` are the bound address (`port` resolved when 0 was asked for); `url` is
-    `http://host:port`. `stop()` (or leaving the `with` block) shuts it down; it is idempotent.
+    `http://host:port`. `stop()` (or leaving the `with` block) shuts it down, giving in-flight
+    requests `shutdown_timeout` seconds, and leaves no thread behind; it is idempotent. Serves any
+    aiohttp app (the store's here, a job's scale endpoint in `tenplex.elastic.http`).
     """
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int, shutdown_timeout: float = 60.0,
+                 name: str = "tenplex-rest") -> None:  # fmt: skip
         self.host = host
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"tenplex-rest-{host}", daemon=True)
+        self._thread = threading.Thread(target=_run_loop, args=(self._loop,), name=f"{name}-{host}", daemon=True)
         self._thread.start()
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
         try:
             self.port = self._call(self._start(host, port))
         except BaseException:
@@ -348,8 +363,7 @@ class RestServer:
             self._call(self._runner.cleanup())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._thread.join()  # _run_loop closes the loop
 
     def __enter__(self) -> RestServer:
         return self
@@ -367,7 +381,7 @@ def serve(store: TensorStore, host: str = "127.0.0.1", port: int = 0, token: str
     Raises: ValueError if `host` is not loopback and no token is given, or the token is empty;
     OSError if the address cannot be bound.
     """
-    if not token and not _is_loopback(host):
+    if not token and not is_loopback(host):
         raise ValueError(f"host: refusing to serve the store on non-loopback {host!r} without a token (pass token=...)")
     return RestServer(make_app(store, token=token), host, port)
 
