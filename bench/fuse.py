@@ -73,7 +73,7 @@ def _read(path: str, buf: bytearray) -> int:
 
 # ---- the driver ------------------------------------------------------------------------------
 def _row(source: str, method: str, path: str, buf: int, passes: int, timeout_s: float, skip: int = 0) -> dict:
-    from bench.runner import run_json
+    from bench.runner import progress, run_json
 
     label = method if method != "read" else f"read {buf // MIB} MiB"
     row = {"source": source, "method": label, "passes": passes}
@@ -81,7 +81,7 @@ def _row(source: str, method: str, path: str, buf: int, passes: int, timeout_s: 
     if r["status"] == "ok":
         gbps = r.pop("gbps")[skip:]
         r |= {"best_gbps": max(gbps), "median_gbps": statistics.median(gbps), "gbps": gbps}
-    print(f"  {r['status']:7} {r.get('wall_s', 0):6.1f} s  {source}: {label}", file=sys.stderr, flush=True)
+    progress(r, f"{source}: {label}")
     return r
 
 

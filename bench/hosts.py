@@ -86,14 +86,13 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
 
 def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
     from bench.report import text_table, write_results
-    from bench.runner import run_json
+    from bench.runner import progress, run_json
 
     rows = []
     for name, model, src, dst in cases(quick):
         row = {"name": name, "src": f"{model},{src}", "dst": f"{model},{dst}"}
         rows.append(run_json(["bench.hosts", model, src, dst], row, timeout_s))
-        r = rows[-1]
-        print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
+        progress(rows[-1], name)
     print(f"\nEmulated hosts ({HOSTS} x {RATE}): P2P vs central (goals >= {GOAL_SPEEDUP}x, <= {GOAL_BOUND}x bound)")
     print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
     stem = "hosts-quick" if quick else "hosts"

@@ -40,6 +40,11 @@ def run_json(module_argv: list[str], row: dict[str, Any], timeout_s: float) -> d
     return {**row, "status": "ok", **json.loads(lines[-1])}
 
 
+def progress(r: dict[str, Any], label: str) -> None:
+    """One stderr line per finished case: its status, seconds and `label`."""
+    print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {label}", file=sys.stderr, flush=True)
+
+
 def run_cases(
     kind: str, cases: Iterable[Case], timeout_s: float, jobs: int = 1, on_done: Callable[[dict], None] | None = None
 ) -> list[dict[str, Any]]:

@@ -154,12 +154,12 @@ def run(
     quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]
 ) -> tuple[list[dict], list[Path]]:
     from bench.report import text_table, write_results
+    from bench.runner import progress
 
     rows = []
     for name, src, dst in cases(quick):
         rows.append(run_case(name, src, dst, timeout_s))
-        r = rows[-1]
-        print(f"  {r['status']:7} {r.get('wall_s', 0):7.1f} s  {r['name']}", file=sys.stderr, flush=True)
+        progress(rows[-1], name)
     print(f"\nRuntime: reshard on one host, {WORKERS} agent processes vs numpy memcpy (goal >= {GOAL_RATIO}x)")
     print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
     stem = "runtime-quick" if quick else "runtime"
