@@ -1,5 +1,5 @@
-"""Fixtures for the CLI tests: small hand-built PTC JSON files (two hosts, padding, values) and
-a CliRunner-based `tenplex(...)` call that returns (exit code, stdout, stderr)."""
+"""Fixtures for the CLI tests: small hand-built PTC JSON files (two hosts, padding, values); the
+`tenplex(...)` call is in tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from tenplex.cli import cli
 
 DEVICES = [{"id": i, "host": f"h{i // 2}"} for i in range(4)]  # h0: 0, 1; h1: 2, 3
 TENSORS = {"w": {"shape": [8, 4], "dtype": "float32"}, "emb": {"shape": [7, 4], "dtype": "float16"}}
@@ -70,14 +67,3 @@ def files(tmp_path: Path) -> dict[str, str]:
         "dst": write(tmp_path / "dst.json", dst_doc()),
         "dir": str(tmp_path),
     }
-
-
-@pytest.fixture
-def tenplex():
-    runner = CliRunner()
-
-    def call(*args: str) -> tuple[int, str, str]:
-        result = runner.invoke(cli, list(args), catch_exceptions=False)
-        return result.exit_code, result.stdout, result.stderr
-
-    return call

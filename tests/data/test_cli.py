@@ -11,24 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from tenplex.cli import cli
 from tenplex.data import DatasetIndex, DataState
 from tests.data.strategies import Job
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def tenplex():
-    runner = CliRunner()
-
-    def call(*args: str) -> tuple[int, str, str]:
-        result = runner.invoke(cli, list(args), catch_exceptions=False)
-        return result.exit_code, result.stdout, result.stderr
-
-    return call
 
 
 @pytest.fixture
