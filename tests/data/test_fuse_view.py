@@ -26,6 +26,7 @@ from tenplex.data.fuse_mount import fuse_unavailable_reason, is_mounted
 from tenplex.data.fuse_view import mount, read_view
 from tests.data import oracle
 from tests.data.helpers import npy_bytes, npz_bytes
+from tests.mounts import start_mount
 
 REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
 pytestmark = [
@@ -225,14 +226,8 @@ def test_megatron_samples_are_npy_files(tmp_path, child):
 
 # ---- tenplex dataset mount ---------------------------------------------------------------------
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tenplex.cli", "dataset", "mount", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    ready, _, _ = select.select([proc.stdout], [], [], 30)
-    line = proc.stdout.readline() if ready else ""
-    if "mounted" not in line:
-        proc.kill()
-        pytest.fail(f"no 'mounted' line: {line!r} {proc.communicate()[1]!r}")
-    return proc, line
+    """`tenplex dataset mount ...` in a subprocess; returns once it printed its 'mounted' line."""
+    return start_mount("dataset", "mount", *args)
 
 
 def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path):

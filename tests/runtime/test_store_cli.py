@@ -10,7 +10,6 @@ exit 0), read-only and with --write-back (written back, or refused with exit 2 a
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from tenplex.runtime.arrays import arange_tensors, materialize
 from tenplex.runtime.fuse import fuse_unavailable_reason, is_mounted
 from tenplex.runtime.reshard import read_checkpoint, write_checkpoint
 from tenplex.runtime.store_cli import StoreDirError, open_dir, write_back
+from tests.mounts import start_mount
 
 SPEC = "gpt-tiny:layers=1,hidden=64,heads=4,ffn=128,vocab=128,tp2@1x2"
 W = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -184,14 +184,7 @@ def test_missing_fusermount3_is_an_error(save_dir, tmp_path, monkeypatch):
 # ---- the command, mounted ---------------------------------------------------------------
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
     """`tenplex store mount ...` in a subprocess; returns once it printed its 'mounted' line."""
-    cmd = [sys.executable, "-m", "tenplex.cli", "store", "mount", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready, _, _ = select.select([proc.stdout], [], [], 30)
-    line = proc.stdout.readline() if ready else ""
-    if "mounted" not in line:
-        proc.kill()
-        pytest.fail(f"no 'mounted' line: {line!r} {proc.communicate()[1]!r}")
-    return proc, line
+    return start_mount("store", "mount", *args)
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> tuple[int, str, str]:
