@@ -59,7 +59,7 @@ from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import Event, JobSpec
 from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
-from tenplex.elastic.records import Reconfiguration, describe_config, read_json, step_records
+from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json
 from tenplex.elastic.requests import scale_request_from_json
 from tenplex.ir.serialize import write_atomic
 
@@ -79,6 +79,7 @@ class Controller:
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
         self.proc: subprocess.Popen | None = None  # the running generation's torchrun
+        self.steps = StepLog(self.job_dir)
 
     def run(self) -> list[Reconfiguration]:
         """Run every generation to the end; returns the reconfigurations (also in report.json)."""
@@ -230,13 +231,13 @@ class Controller:
                 missing = [str(e)]
             self.out(f"generation {generation}: the survivors do not hold the whole state ({missing[0]}...); "
                      "restarting from the last checkpoint")  # fmt: skip
-        start = min((step for step, _ in step_records(self.job_dir, generation)), default=int(timing["stop_step"]))
+        start = min((step for step, _ in self.steps.records(generation)), default=int(timing["stop_step"]))
         return self._reshard(generation, src, dst, timing, signal_time, state_dir(self.job_dir, generation),
                              recovered_from="checkpoint", lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
 
     def _restart(self, generation: int, config: ParallelConfig, failure: ProgramFailed) -> Reconfiguration:
         """After an unplanned crash: the same layout from the last checkpoint; the steps since lost."""
-        steps = [step for step, _ in step_records(self.job_dir, generation)]
+        steps = [step for step, _ in self.steps.records(generation)]
         crashed_at = max(steps) + 1 if steps else 0
         timing = {"stop": failure.exited, "save_end": failure.exited, "exit": failure.exited, "stop_step": crashed_at}
         return self._reshard(generation, config, config, timing, failure.exited, state_dir(self.job_dir, generation),
@@ -245,7 +246,7 @@ class Controller:
     def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
         """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step
         (and re-ran the lost steps); `final` (it exited): with what it logged. True when done."""
-        records = step_records(self.job_dir, generation)
+        records = self.steps.records(generation)
         caught_up = [t for step, t in records if step >= rec.step - 1]
         if not final and (not records or rec.lost_steps and not caught_up):
             return False
@@ -258,7 +259,7 @@ class Controller:
         return True
 
     def _step_times(self, generation: int) -> list[float]:
-        return [t for _, t in step_records(self.job_dir, generation)]
+        return [t for _, t in self.steps.records(generation)]
 
 class ProgramFailed(ElasticError):
     """A generation's program exited non-zero (not an injected failure); `exited`: when."""

@@ -1,9 +1,9 @@
 """What the controller records: a reconfiguration and its phases, and the steps a generation logged.
 
 `Reconfiguration` is one change of layout (or recovery) with the seconds of each phase, printed
-by `describe` and written to report.json by `to_json`. `step_records(job_dir, generation)` reads
-the (step, wall time) pairs rank 0 appended to metrics.jsonl for that generation; a line still
-being written is skipped. `read_json(path)` reads a JSON file or raises ElasticError naming it.
+by `describe` and written to report.json by `to_json`. `StepLog(job_dir).records(generation)`
+gives the (step, wall time) pairs rank 0 appended to metrics.jsonl for that generation, reading
+each byte of the file once however often it is polled. `read_json(path)` reads a JSON file or raises ElasticError naming it.
 """
 
 from __future__ import annotations
@@ -56,17 +56,34 @@ def read_json(path: Path) -> dict:
         raise ElasticError(f"{path}: cannot read ({e})") from None
 
 
-def step_records(job_dir: str | os.PathLike, generation: int) -> list[tuple[int, float]]:
-    """(step, wall time) of each step generation `generation` logged."""
-    path = metrics_file(job_dir)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
+class StepLog:
+    """The (step, wall time) pairs rank 0 appends to metrics.jsonl, per generation. Each call reads
+    only what was appended since the last one (the controller polls it while a generation runs);
+    a line still being written is left for the next call."""
+
+    def __init__(self, job_dir: str | os.PathLike) -> None:
+        self.path = metrics_file(job_dir)
+        self._offset = 0
+        self._steps: dict[int, list[tuple[int, float]]] = {}
+
+    def records(self, generation: int) -> list[tuple[int, float]]:
+        """(step, wall time) of each step generation `generation` logged so far."""
+        self._read_new()
+        return list(self._steps.get(generation, ()))
+
+    def _read_new(self) -> None:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line rank 0 is still writing
-        if record.get("generation") == generation and "time" in record and "step" in record:
-            records.append((int(record["step"]), record["time"]))
-    return records
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not a record of the example's shape: ignore it
+            if isinstance(record, dict) and "generation" in record and "time" in record and "step" in record:
+                self._steps.setdefault(record["generation"], []).append((int(record["step"]), record["time"]))

@@ -105,3 +105,17 @@ def test_pipeline_stages_come_and_go_without_changing_training(tmp_path):
     assert [r["samples"] for r in a] == [r["samples"] for r in b]
     for x, y in zip(a, b):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5), (x["step"], x["loss"], y["loss"])
+
+
+def test_step_log_reads_appended_lines_once_and_waits_for_a_partial_line(tmp_path):
+    from tenplex.elastic.records import StepLog
+
+    log = StepLog(tmp_path)
+    assert log.records(0) == []  # no metrics file yet
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "generation": 0, "time": 1.0}\n{"step": 1, "gener')
+    assert log.records(0) == [(0, 1.0)]
+    with path.open("a") as f:
+        f.write('ation": 0, "time": 2.0}\n{"step": 2, "generation": 1, "time": 3.0}\nnot json\n')
+    assert log.records(0) == [(0, 1.0), (1, 2.0)] and log.records(1) == [(2, 3.0)]
+    assert log.records(0) == [(0, 1.0), (1, 2.0)]  # nothing new: nothing counted twice
