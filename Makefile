@@ -25,7 +25,7 @@ test: lint
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider -q
 
 demo: deps
-	$(PY) -m tenplex.demo
+	$(PY) -m demo
 
 bench: deps
 	$(PY) -m bench

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tenplex.data import DatasetIndex, DataState, Prefetcher, RankView, SampleReader
-from tenplex.data.prefetch import plan_slots
+from tenplex.data.prefetch.prefetcher import plan_slots
 
 G, OLD_W, NEW_W, K, N, LOOKAHEAD = 16, 4, 2, 2, 128, 2
 STORAGE_GBIT, STORAGE_LATENCY_S, PEER_GBIT, PEER_LATENCY_S = 1.0, 1e-3, 10.0, 1e-4

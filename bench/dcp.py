@@ -71,9 +71,9 @@ def tensors(quick: bool) -> dict[str, tuple[int, ...]]:
 
 def write_source(root: Path, quick: bool) -> int:
     """Layout A (1-D mesh of 4, Shard(0); scalars replicated) written as DCP; returns bytes."""
-    from tenplex.frameworks.dcp_write import write_dcp
-    from tenplex.frameworks.dtensor_boxes import Replicate, Shard
-    from tenplex.frameworks.dtensor_layout import TensorSpec, ptc_from_specs, subtensor_id
+    from tenplex.frameworks.dcp.write import write_dcp
+    from tenplex.frameworks.dtensor.boxes import Replicate, Shard
+    from tenplex.frameworks.dtensor.layout import TensorSpec, ptc_from_specs, subtensor_id
     from tenplex.ir.tensor import TensorMeta
 
     specs, arrays = [], {}
@@ -132,10 +132,10 @@ def _load_rank(rank: int, src: Path, ckpt: Path, layout: dict, tmp: Path, tag: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from tenplex.frameworks.dcp_layout import MeshLayout, dst_specs
-    from tenplex.frameworks.dcp_load import load_dcp
-    from tenplex.frameworks.dcp_read import ptc_of_index, read_index
-    from tenplex.frameworks.dtensor_torch import to_numpy
+    from tenplex.frameworks.dcp.load import load_dcp
+    from tenplex.frameworks.dcp.read import ptc_of_index, read_index
+    from tenplex.frameworks.dtensor.convert import to_numpy
+    from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_specs
 
     ml = MeshLayout.from_json(layout)
     src_ptc = ptc_of_index(read_index(src))
@@ -164,7 +164,7 @@ def _load_rank(rank: int, src: Path, ckpt: Path, layout: dict, tmp: Path, tag: s
 def run_case(name: str, layout: dict, world: int, src: Path, tmp: Path, quick: bool, repeat: int) -> dict[str, Any]:
     """Each measurement `repeat` times, interleaved; the row keeps the best (least disturbed by
     other load on the machine) and every sample."""
-    from tenplex.frameworks.dcp_reshard import reshard_dcp
+    from tenplex.frameworks.dcp.reshard import reshard_dcp
 
     names = list(tensors(quick))
     sample = [names[0], names[-4], names[-2], names[-1]]
@@ -186,8 +186,8 @@ def run_case(name: str, layout: dict, world: int, src: Path, tmp: Path, quick: b
 def deserialized_bytes(src: Path, layout: dict) -> int:
     """Bytes DCP's load `torch.load`s: every saved chunk once per local shard it overlaps (DCP
     reads a whole chunk for each read item, then narrows it)."""
-    from tenplex.frameworks.dcp_layout import MeshLayout, dst_specs
-    from tenplex.frameworks.dcp_read import ptc_of_index, read_index
+    from tenplex.frameworks.dcp.read import ptc_of_index, read_index
+    from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_specs
 
     index = read_index(src)
     total = 0
@@ -200,8 +200,8 @@ def deserialized_bytes(src: Path, layout: dict) -> int:
 
 def check(src: Path, layout: dict, world: int, tmp: Path, sample: list[str], quick: bool) -> int:
     """Bytes compared with the oracle: every load in LOADS, per rank and sample."""
-    from tenplex.frameworks.dcp_layout import MeshLayout, dst_specs
-    from tenplex.frameworks.dcp_read import ptc_of_index, read_index
+    from tenplex.frameworks.dcp.read import ptc_of_index, read_index
+    from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_specs
 
     specs = {s.name: s for s in dst_specs(ptc_of_index(read_index(src)), MeshLayout.from_json(layout))}
     index = {n: i for i, n in enumerate(tensors(quick))}

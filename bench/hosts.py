@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 HOSTS = 4
-RATE, RATE_BYTES = "1gbit", 125e6  # tbf rate and the same in bytes/s (as tenplex.demo_hosts)
+RATE, RATE_BYTES = "1gbit", 125e6  # tbf rate and the same in bytes/s (as demo.hosts)
 GOAL_SPEEDUP, GOAL_BOUND = 2.5, 1.3
 MODEL = "gpt-tiny:layers=4,hidden=768,heads=12,ffn=3072,vocab=8192"
 QUICK_MODEL = "gpt-tiny:layers=4,hidden=256,heads=8,ffn=1024,vocab=4096"
@@ -42,7 +42,7 @@ def cases(quick: bool) -> list[tuple[str, str, str, str]]:
 
 # ---- one case, in a fresh process ------------------------------------------------------
 def measure(model: str, src: str, dst: str) -> dict[str, Any]:
-    from tenplex.demo_hosts import run_hosts
+    from demo.hosts import run_hosts
 
     rows, reason = run_hosts(model, [("case", src, dst)], RATE, RATE_BYTES)
     if reason:

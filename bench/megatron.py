@@ -2,7 +2,7 @@
 optimizer state (bf16 weights, fp32 masters, both Adam moments), `reshard_megatron` vs a
 single-process convert-everything baseline.
 
-Source: a legacy-format tree written by the test builder (`tests/frameworks/megatron_tree.py`,
+Source: a legacy-format tree written by the test builder (`fixtures/megatron/tree.py`,
 Megatron's on-disk format, random values): GPT with 8 layers, hidden 1024, 16 heads, ffn 4096,
 vocab 50257, 1024 positions (--quick: 4 layers, hidden 256, 4 heads, ffn 1024).
 
@@ -77,11 +77,11 @@ def split(full, rule, tp: int, rank: int, padded: int):
 
 def baseline(src_dir: Path, out_dir: Path) -> dict[str, float]:
     """Convert everything: read, torch.cat every tensor to full size, torch.chunk for the target, write."""
-    from tenplex.frameworks.megatron_files import to_torch
-    from tenplex.frameworks.megatron_meta import cluster_for
-    from tenplex.frameworks.megatron_read import read_megatron
-    from tenplex.frameworks.megatron_reshard import target_layout
-    from tenplex.frameworks.megatron_write import write_megatron
+    from tenplex.frameworks.megatron.files import to_torch
+    from tenplex.frameworks.megatron.meta import cluster_for
+    from tenplex.frameworks.megatron.read import read_megatron
+    from tenplex.frameworks.megatron.reshard import target_layout
+    from tenplex.frameworks.megatron.write import write_megatron
     from tenplex.frontends.layout import padded_vocab
     from tenplex.frontends.optimizer import optim_kinds, optim_tensor
     from tenplex.frontends.transformer import build_ptc, model_partition_id, stage_params
@@ -117,13 +117,13 @@ def baseline(src_dir: Path, out_dir: Path) -> dict[str, float]:
 
 
 def _numpy(t) -> np.ndarray:
-    from tenplex.frameworks.megatron_files import to_numpy
+    from tenplex.frameworks.megatron.files import to_numpy
 
     return to_numpy(t, Path("<baseline>"), "tensor")  # one contiguous copy of the chunk, as torch.chunk().contiguous()
 
 
 def check(a: Path, b: Path) -> int:
-    from tenplex.frameworks.megatron_read import read_megatron
+    from tenplex.frameworks.megatron.read import read_megatron
 
     x, y = read_megatron(a), read_megatron(b)
     if x.arrays.keys() != y.arrays.keys():
@@ -135,9 +135,9 @@ def check(a: Path, b: Path) -> int:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from tenplex.frameworks.megatron_reshard import reshard_megatron
+    from fixtures.megatron.tree import build_tree
+    from tenplex.frameworks.megatron.reshard import reshard_megatron
     from tenplex.frontends.spec import parse_spec
-    from tests.frameworks.megatron_tree import build_tree
 
     sizes = QUICK if quick else FULL
     opts = ",".join(f"{k}={v}" for k, v in sizes.items())

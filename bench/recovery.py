@@ -102,12 +102,12 @@ def _restart(rt, ckpt: Path, dst, alive: list[str], first_device: int) -> tuple[
 
 def measure(quick: bool) -> dict[str, Any]:
     """Every variant's row (see the module docstring), or {"skipped": reason}."""
+    from demo.hosts import shaped, unavailable
     from tenplex.compiler.central import compile_central
-    from tenplex.demo_hosts import shaped, unavailable
     from tenplex.elastic.recovery import onto_hosts, recovery_plan, replication_plan, survivors
     from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.runtime.agent.fleet import AgentFleet
     from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
-    from tenplex.runtime.fleet import AgentFleet
     from tenplex.runtime.netns import EmulatedHosts
     from tenplex.runtime.oracle import check_state
     from tenplex.runtime.runtime import Runtime

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tenplex.elastic.convergence import FULL, SMALL, compare  # noqa: E402
+from demo.convergence import FULL, SMALL, compare  # noqa: E402
 
 
 def plot(result: dict, path: Path) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from demo.convergence import EXAMPLE, metrics  # noqa: E402
 from tenplex.elastic.controller import Controller  # noqa: E402
-from tenplex.elastic.convergence import EXAMPLE, metrics  # noqa: E402
 from tenplex.elastic.job import parse_job  # noqa: E402
 
 POLICIES = ("none", "replicas", "checkpoint")

@@ -15,7 +15,7 @@ A layout change costs (no progress meanwhile):
 
     plan.stats.lower_bound_seconds  (the real plan compiled by `tenplex.compiler.compile_plan`
                                      between the old and new specs, with the topology's network
-                                     link set to `network_bandwidth`, as `demo_hosts.shaped` does)
+                                     link set to `network_bandwidth`, as `demo.hosts.shaped` does)
   + restart_s                       (stop, save, process exit, relaunch, first step).
 
 A stopped job that resumes pays the move from its last running layout plus restart_s (static:
@@ -41,8 +41,8 @@ from typing import Any
 import attrs
 
 from tenplex.compiler import compile_plan
-from tenplex.elastic.parallelizer import NoFitError, choose
-from tenplex.elastic.parallelizer_cost import Hardware, Workload, check_valid, evaluate, parallel_config
+from tenplex.elastic.parallelizer.choose import NoFitError, choose
+from tenplex.elastic.parallelizer.cost import Hardware, Workload, check_valid, evaluate, parallel_config
 from tenplex.frontends.presets import preset
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.ptc import PTC

@@ -23,7 +23,7 @@ def tenplex():
     """`tenplex(*args)` runs the `tenplex` CLI in-process: (exit code, stdout, stderr)."""
     from click.testing import CliRunner
 
-    from tenplex.cli import cli
+    from tenplex.cli.app import cli
 
     runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""`python -m tenplex.demo --quick` exits 0 and prints its headline lines (part 3 starts two
+"""`python -m demo --quick` exits 0 and prints its headline lines (part 3 starts two
 local agent processes, bounded by the Runtime's timeouts, or says why it is skipped)."""
 
 import io
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tenplex import demo
+from demo import main as demo
 
 
 @pytest.mark.timeout(120)

@@ -7,10 +7,10 @@
 - `partition` and `schedule`: each rank's share of a step, for any W at any step boundary;
 - `reader`: sample bytes and decoded values; `torch_data` (imports torch): datasets and samplers;
 - `prefetch`: a rank's next steps fetched in reading order into a bounded cache, peers first;
-- `rank_files` and `fuse_view` (imports mfusepy when mounting): a rank's upcoming samples as a
+- `rank_files` and `fuse.dataset` (imports mfusepy when mounting): a rank's upcoming samples as a
   read-only FUSE directory, switched atomically at a rescale.
 
-The names below load their module on first use, so `tenplex.data.cli` (registered by the
+The names below load their module on first use, so `tenplex.cli.dataset` (registered by the
 `tenplex` command) costs no numpy work at start-up.
 """
 
@@ -25,7 +25,7 @@ _EXPORTS = {
     "Layout": "partition", "RankStep": "partition", "RankView": "partition", "rank_view": "partition",
     "split_bounds": "partition", "split_counts": "partition", "Schedule": "schedule", "replay": "schedule",
     "STATE_VERSION": "state", "DataState": "state", "SampleReader": "reader",
-    "PrefetchConfig": "prefetch", "PrefetchStats": "fetch_plan", "Prefetcher": "prefetch", "RankFiles": "rank_files",
+    "PrefetchConfig": "prefetch.prefetcher", "PrefetchStats": "prefetch.plan", "Prefetcher": "prefetch.prefetcher", "RankFiles": "rank_files",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS)

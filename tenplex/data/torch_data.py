@@ -8,7 +8,7 @@
 - `RankIterableDataset(reader, view, steps, prefetch=None)`: the same sequence as (sample id,
   sample) pairs. With DataLoader workers, position p of the sequence goes to worker p %
   num_workers, so a `DataLoader(..., batch_size=None)` keeps the order. `prefetch` reads the
-  samples through a `tenplex.data.prefetch.Prefetcher`: a `PrefetchConfig` (each worker makes its
+  samples through a `tenplex.data.prefetch.prefetcher.Prefetcher`: a `PrefetchConfig` (each worker makes its
   own, with the whole budget, and closes it at the end) or, in the main process only, a
   `Prefetcher` that outlives the dataset (retargeted to this view by each `__iter__`, so it keeps
   the samples that a rescaled rank shares with the previous view).
@@ -26,7 +26,7 @@ import torch.utils.data as tud
 
 from tenplex.data.errors import DataError
 from tenplex.data.partition import RankView, split_bounds
-from tenplex.data.prefetch import PrefetchConfig, Prefetcher, plan_slots
+from tenplex.data.prefetch.prefetcher import PrefetchConfig, Prefetcher, plan_slots
 from tenplex.data.reader import SampleReader
 
 

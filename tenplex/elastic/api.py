@@ -189,7 +189,7 @@ class Job:
             if self.generation > 0 and not state_dir(self.job_dir, self.generation).is_dir():
                 raise ElasticError(f"{state_dir(self.job_dir, self.generation)}: generation {self.generation} has no state")
             return False  # generation 0, or a restart from the job's start (an empty state dir)
-        from tenplex.frameworks.dcp_load import load_dcp
+        from tenplex.frameworks.dcp.load import load_dcp
 
         load_dcp(state_dict, state_dir(self.job_dir, self.generation), rank=self.rank)
         return True

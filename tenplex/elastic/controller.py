@@ -196,7 +196,7 @@ class Controller:
                  source: Path | None = None, **failure: Any) -> Reconfiguration:  # fmt: skip
         """Reshard `source` (default: generation N's save) into N + 1's layout, with its data
         state; the reconfiguration so far. `source` without a checkpoint: N + 1 starts afresh."""
-        from tenplex.frameworks.dcp_reshard import reshard_dcp
+        from tenplex.frameworks.dcp.reshard import reshard_dcp
 
         begin = time.time()
         source = source or saved_dir(self.job_dir, generation)
@@ -217,7 +217,7 @@ class Controller:
                  signal_time: float) -> Reconfiguration:  # fmt: skip
         """After an injected failure: the survivors' save if it covers the state (and the job
         asks for replicas), else the last checkpoint (see the module docstring)."""
-        from tenplex.frameworks.dcp_format import DcpError
+        from tenplex.frameworks.dcp.format import DcpError
 
         survivors = src.world - len(event.fail)
         dst = choose_config(self.spec, event.devices or survivors, event.tp, event.pp)
@@ -271,7 +271,7 @@ class ProgramFailed(ElasticError):
 
 def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:
     """The FQNs of `expected` that the DCP checkpoint `saved` does not hold."""
-    from tenplex.frameworks.dcp_read import read_index
+    from tenplex.frameworks.dcp.read import read_index
 
     held = {t.name for t in read_index(saved).tensors}
     return [name for name in expected if name not in held]

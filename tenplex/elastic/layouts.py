@@ -6,7 +6,7 @@ the tp mesh dim) or `"rowwise"` (input features split: `weight` `Shard(1)`, `bia
 Everything else is replicated. Data parallelism replicates over the dp mesh dim.
 
 `layout_json(tp, dp, plan, pp=1, stages=None)` turns a plan into `reshard_dcp`'s dst layout
-(`tenplex.dtensor-layout/1`, see `tenplex.frameworks.dcp_layout`) for a state dict
+(`tenplex.dtensor-layout/1`, see `tenplex.frameworks.dtensor.mesh`) for a state dict
 `{"model": model_state, "optim": optimizer_state}` as `get_state_dict` gives it:
 
 - pp == 1: the mesh is `[dp, tp]` (rank r at coordinate (r // tp, r % tp), as

@@ -8,15 +8,15 @@ import importlib
 from typing import Any
 
 _MEGATRON = {
-    "CheckpointFormatError": "megatron_files", "read_megatron": "megatron_read", "write_megatron": "megatron_write",
-    "reshard_megatron": "megatron_reshard", "inspect_megatron": "megatron_reshard", "parse_layout": "megatron_args",
+    "CheckpointFormatError": "megatron.files", "read_megatron": "megatron.read", "write_megatron": "megatron.write",
+    "reshard_megatron": "megatron.reshard", "inspect_megatron": "megatron.reshard", "parse_layout": "megatron.args",
 }  # fmt: skip
 _DCP = {
-    "read_dcp": "dcp_read", "write_dcp": "dcp_write", "reshard_dcp": "dcp_reshard", "inspect_dcp": "dcp_reshard",
-    "load_dcp": "dcp_load", "DcpError": "dcp_format", "ptc_from_state_dicts": "dtensor", "state_dicts_from_arrays": "dtensor",
+    "read_dcp": "dcp.read", "write_dcp": "dcp.write", "reshard_dcp": "dcp.reshard", "inspect_dcp": "dcp.reshard",
+    "load_dcp": "dcp.load", "DcpError": "dcp.format", "ptc_from_state_dicts": "dtensor.state", "state_dicts_from_arrays": "dtensor.state",
 }  # fmt: skip
-_STRUCTURE = {"read_structure": "structure", "write_structure": "structure", "inspect_structure": "structure",
-              "StructureError": "structure"}  # fmt: skip
+_STRUCTURE = {"read_structure": "structure.read", "write_structure": "structure.read", "inspect_structure": "structure.read",
+              "StructureError": "structure.read"}  # fmt: skip
 _NAMES = {**_MEGATRON, **_DCP, **_STRUCTURE}
 
 

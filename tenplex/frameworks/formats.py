@@ -53,12 +53,12 @@ def detect(path: str | os.PathLike) -> str:
 def read(path: str | os.PathLike, fmt: str) -> tuple[PTC, dict, dict, Any]:
     """(PTC, sub-tensor id -> array, partition id -> values, format metadata or None)."""
     if fmt == "megatron":
-        from tenplex.frameworks.megatron_read import read_megatron
+        from tenplex.frameworks.megatron.read import read_megatron
 
         ckpt = read_megatron(path)
         return ckpt.ptc, ckpt.arrays, ckpt.values, ckpt.meta
     if fmt == "dcp":
-        from tenplex.frameworks.dcp_read import read_dcp
+        from tenplex.frameworks.dcp.read import read_dcp
 
         return (*read_dcp(path), None)
     from tenplex.runtime.reshard import read_checkpoint
@@ -69,15 +69,15 @@ def read(path: str | os.PathLike, fmt: str) -> tuple[PTC, dict, dict, Any]:
 def dst_ptc(fmt: str, src: PTC, meta: Any, to: str, load_state: Callable[[str], PTC]) -> PTC:
     """The dst PTC for layout text `to` in source format `fmt` (see the module docstring)."""
     if fmt == "megatron" and "=" in to and not to.endswith(".json"):
-        from tenplex.frameworks.megatron_meta import cluster_for
-        from tenplex.frameworks.megatron_reshard import target_layout
+        from tenplex.frameworks.megatron.meta import cluster_for
+        from tenplex.frameworks.megatron.reshard import target_layout
         from tenplex.frontends.transformer import build_ptc
 
         parallel = target_layout(meta, to)
         return build_ptc(meta.model, parallel, cluster_for(parallel))
     if fmt == "dcp" and _is_mesh_layout(to):
-        from tenplex.frameworks.dcp_layout import MeshLayout
-        from tenplex.frameworks.dcp_layout import dst_ptc as mesh_ptc
+        from tenplex.frameworks.dtensor.mesh import MeshLayout
+        from tenplex.frameworks.dtensor.mesh import dst_ptc as mesh_ptc
 
         return mesh_ptc(src, MeshLayout.from_json(to))
     return load_state(to)
@@ -107,11 +107,11 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         if src_fmt != "megatron" or "=" not in to or to.endswith(".json"):
             raise FormatError(f"Megatron output needs a Megatron source and a layout like tp=4,pp=1 (got {src_fmt} "
                               f"{src_dir} and {to!r}): args, parameter names and optimizer groups come from the source")  # fmt: skip
-        from tenplex.frameworks.megatron_reshard import reshard_megatron
+        from tenplex.frameworks.megatron.reshard import reshard_megatron
 
         return reshard_megatron(src_dir, to, out_dir, workers).summary()
     if fmt == src_fmt == "dcp" and _is_mesh_layout(to):
-        from tenplex.frameworks.dcp_reshard import reshard_dcp
+        from tenplex.frameworks.dcp.reshard import reshard_dcp
 
         return reshard_dcp(src_dir, to, out_dir, workers).summary()
     return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers)
@@ -119,7 +119,7 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
 
 def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], src_fmt: str, fmt: str,
              workers: int) -> str:  # fmt: skip
-    from tenplex.frameworks.dcp_reshard import reshard_arrays
+    from tenplex.frameworks.dcp.reshard import reshard_arrays
 
     src, arrays, values, meta = read(src_dir, src_fmt)
     dst = dst_ptc(src_fmt, src, meta, to, load_state)
@@ -132,7 +132,7 @@ def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PT
 
 def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None:
     if fmt == "dcp":
-        from tenplex.frameworks.dcp_write import write_dcp
+        from tenplex.frameworks.dcp.write import write_dcp
 
         write_dcp(dst, arrays, values, out_dir)
     else:
@@ -145,18 +145,18 @@ def inspect(path: str) -> list[str]:
     """Plain-words findings about a checkpoint directory of any format."""
     fmt = detect(path)
     if fmt == "structure":
-        from tenplex.frameworks.structure import inspect_structure
+        from tenplex.frameworks.structure.read import inspect_structure
 
         return inspect_structure(path)
     if fmt == "megatron":
-        from tenplex.frameworks.megatron_reshard import inspect_megatron
+        from tenplex.frameworks.megatron.reshard import inspect_megatron
 
         return inspect_megatron(path)
     if fmt == "dcp":
-        from tenplex.frameworks.dcp_reshard import inspect_dcp
+        from tenplex.frameworks.dcp.reshard import inspect_dcp
 
         return inspect_dcp(path)
-    from tenplex.inspect import describe
+    from tenplex.compiler.emit.describe import describe
     from tenplex.runtime.reshard import read_checkpoint
 
     return [f"tenplex checkpoint directory {path}", *describe(read_checkpoint(path)[0]).splitlines()]

@@ -35,8 +35,8 @@ from tenplex.compiler.plan import Plan, plan_to_json
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_to_json
-from tenplex.runtime.agent_main import serve
-from tenplex.runtime.store_layout import Instance, tag_path
+from tenplex.runtime.agent.server import serve
+from tenplex.runtime.store.layout import Instance, tag_path
 
 
 class _Failed(Exception):
@@ -114,7 +114,7 @@ class Runtime:
         (shared memory on one node, UCX over TCP between nodes). Closing the runtime leaves them running.
 
         Raises: ExecutionError naming the host that cannot be reached or that has another name."""
-        from tenplex.runtime.agent_main import connect
+        from tenplex.runtime.agent.server import connect
 
         rt = cls({}, round_timeout)
         with rt._closed_on_error("connecting to agents"):

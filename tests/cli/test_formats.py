@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tenplex.frameworks.dcp_read import read_dcp  # noqa: E402
-from tenplex.frameworks.dcp_write import write_dcp  # noqa: E402
+from fixtures.megatron.tree import build_tree  # noqa: E402
+from tenplex.frameworks.dcp.read import read_dcp  # noqa: E402
+from tenplex.frameworks.dcp.write import write_dcp  # noqa: E402
 from tenplex.frameworks.formats import detect  # noqa: E402
-from tenplex.frameworks.megatron_read import read_megatron  # noqa: E402
+from tenplex.frameworks.megatron.read import read_megatron  # noqa: E402
 from tenplex.frontends.spec import parse_spec  # noqa: E402
 from tenplex.runtime.reshard import read_checkpoint  # noqa: E402
-from tests.frameworks.megatron_tree import build_tree  # noqa: E402
 from tests.frameworks.test_dcp_files import sharded_state  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -102,7 +102,7 @@ def test_impossible_requests_are_one_line_errors(megatron, dcp_dir, tmp_path, te
 
 
 def test_reference_structure_directories_are_ptcs_for_compile_and_inspect(tmp_path, tenplex):
-    from tenplex.frameworks.structure import write_structure
+    from tenplex.frameworks.structure.read import write_structure
 
     dirs = []
     for name, text in (("a", "gpt-tiny:tp2,pp2@1x4"), ("b", "gpt-tiny:tp1,pp2,dp2@1x4")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tenplex.inspect import describe
+from tenplex.compiler.emit.describe import describe
 from tenplex.ir.serialize import ptc_from_json
 from tests.cli.conftest import dst_doc, padded, ptc_doc, rows, src_doc, write
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenplex.data import DataError, DatasetIndex, Order, PrefetchConfig, Prefetcher, RankView, SampleReader, Schedule
-from tenplex.data.prefetch import plan_slots
+from tenplex.data.prefetch.prefetcher import plan_slots
 from tests.data.helpers import write_raw_samples
 from tests.data.strategies import jobs, schedules
 

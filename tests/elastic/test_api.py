@@ -140,7 +140,7 @@ def test_stop_agreement_and_save_with_two_ranks(tmp_path):
     assert {p.name for p in saved.iterdir()} >= {".metadata", "COMPLETE", "data_state.json", "timing.json"}
     timing = json.loads((saved / "timing.json").read_text())
     assert timing["stop_step"] == 5 and timing["save_start"] <= timing["save_end"]
-    from tenplex.frameworks.dcp_load import load_dcp
+    from tenplex.frameworks.dcp.load import load_dcp
 
     target = {"w": torch.zeros(4)}
     load_dcp(target, saved, rank=0)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tenplex.cli.job import job
 from tenplex.elastic.api import ParallelConfig, stop_file
-from tenplex.elastic.cli import job
 from tenplex.elastic.controller import Controller
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import Event, parse_job

@@ -11,9 +11,9 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 
-from tenplex.cli import cli
+from tenplex.cli.app import cli
+from tenplex.cli.job import job
 from tenplex.elastic import requests as scale_requests
-from tenplex.elastic.cli import job
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.http import serve_in_thread
 from tenplex.elastic.requests import read_status, write_scale_request

@@ -7,9 +7,9 @@ import pytest
 
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
-from tenplex.frameworks.dcp_layout import MeshLayout, dst_specs
-from tenplex.frameworks.dtensor_boxes import Replicate
-from tenplex.frameworks.dtensor_layout import TensorSpec, ptc_from_specs
+from tenplex.frameworks.dtensor.boxes import Replicate
+from tenplex.frameworks.dtensor.layout import TensorSpec, ptc_from_specs
+from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_specs
 from tenplex.ir.tensor import TensorMeta
 
 

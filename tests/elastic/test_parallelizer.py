@@ -3,8 +3,8 @@
 import attrs
 import pytest
 
-from tenplex.elastic.parallelizer import Choice, NoFitError, TableEntryError, choose, describe
-from tenplex.elastic.parallelizer_cost import (
+from tenplex.elastic.parallelizer.choose import Choice, NoFitError, TableEntryError, choose, describe
+from tenplex.elastic.parallelizer.cost import (
     Hardware,
     Workload,
     check_valid,

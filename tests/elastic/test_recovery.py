@@ -24,7 +24,7 @@ from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import TenplexError
 from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
 from tenplex.runtime.oracle import check_state
-from tenplex.runtime.transport.ucx import ucx_available
+from tenplex.runtime.transport.ucx.peer import ucx_available
 
 MODEL = "gpt-tiny:layers=12,hidden=64,heads=4,ffn=256,vocab=512"
 SRC = f"{MODEL},tp2,pp2,dp1@4x1"  # 4 partitions, one per host
@@ -172,7 +172,7 @@ def test_local_agents_recover_from_dp_replicas_alone():
 @pytest.mark.timeout(90)
 @pytest.mark.skipif(_UCX is not None, reason=f"ucxx cannot be imported: {_UCX}")
 def test_emulated_hosts_recover_after_an_agent_is_killed():
-    from tenplex.runtime.fleet import AgentFleet
+    from tenplex.runtime.agent.fleet import AgentFleet
     from tenplex.runtime.netns import EmulatedHosts, netns_unavailable_reason
     from tenplex.runtime.runtime import Runtime
 

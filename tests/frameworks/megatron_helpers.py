@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from tenplex.compiler import compile_plan
-from tenplex.frameworks.megatron_meta import MegatronCheckpoint, cluster_for
-from tenplex.frameworks.megatron_reshard import target_layout
+from tenplex.frameworks.megatron.meta import MegatronCheckpoint, cluster_for
+from tenplex.frameworks.megatron.reshard import target_layout
 from tenplex.frontends.transformer import build_ptc
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype, piece_view, view

@@ -1,4 +1,4 @@
-"""`load_dcp` (tenplex as DCP's loader) and `dcp_apply` in one process: equal to DCP's own
+"""`load_dcp` (tenplex as DCP's loader) and `dcp.apply` in one process: equal to DCP's own
 loader, shards of any rank filled in place, errors; plan application picks a forward-free
 replica and says so when there is none."""
 
@@ -11,12 +11,12 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from tenplex.compiler import CopyOp, compile_plan  # noqa: E402
-from tenplex.frameworks.dcp_apply import StreamedArrays, ops_by_dst  # noqa: E402
-from tenplex.frameworks.dcp_load import load_dcp  # noqa: E402
-from tenplex.frameworks.dcp_write import write_dcp  # noqa: E402
-from tenplex.frameworks.dtensor_boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
-from tenplex.frameworks.dtensor_layout import LocalShard  # noqa: E402
-from tenplex.frameworks.dtensor_torch import to_numpy  # noqa: E402
+from tenplex.frameworks.dcp.apply import StreamedArrays, ops_by_dst  # noqa: E402
+from tenplex.frameworks.dcp.load import load_dcp  # noqa: E402
+from tenplex.frameworks.dcp.write import write_dcp  # noqa: E402
+from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
+from tenplex.frameworks.dtensor.convert import to_numpy  # noqa: E402
+from tenplex.frameworks.dtensor.layout import LocalShard  # noqa: E402
 from tenplex.ir import PTC, Allocation, Box, Device, ExecutionError, Partition, Piece, SubTensor, TensorMeta, Topology  # noqa: E402
 from tests.frameworks.test_dcp_files import GLOBAL, VALUES, sharded_state  # noqa: E402
 

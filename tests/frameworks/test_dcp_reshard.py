@@ -10,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from tenplex.frameworks import dcp_write  # noqa: E402
-from tenplex.frameworks.dcp_format import DcpError  # noqa: E402
-from tenplex.frameworks.dcp_layout import FORMAT, MeshLayout, dst_ptc, source_placements  # noqa: E402
-from tenplex.frameworks.dcp_read import read_dcp  # noqa: E402
-from tenplex.frameworks.dcp_reshard import inspect_dcp, reshard_dcp  # noqa: E402
-from tenplex.frameworks.dtensor_boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
-from tenplex.frameworks.dtensor_layout import LocalShard  # noqa: E402
-from tenplex.frameworks.dtensor_torch import to_numpy  # noqa: E402
+from tenplex.frameworks.dcp import write as dcp_write  # noqa: E402
+from tenplex.frameworks.dcp.format import DcpError  # noqa: E402
+from tenplex.frameworks.dcp.read import read_dcp  # noqa: E402
+from tenplex.frameworks.dcp.reshard import inspect_dcp, reshard_dcp  # noqa: E402
+from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
+from tenplex.frameworks.dtensor.convert import to_numpy  # noqa: E402
+from tenplex.frameworks.dtensor.layout import LocalShard  # noqa: E402
+from tenplex.frameworks.dtensor.mesh import FORMAT, MeshLayout, dst_ptc, source_placements  # noqa: E402
 from tests.frameworks.test_dcp_files import GLOBAL, VALUES, sharded_state  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

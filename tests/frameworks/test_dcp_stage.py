@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from tenplex.frameworks.dcp_layout import FORMAT, MeshLayout, dst_ptc, dst_specs  # noqa: E402
-from tenplex.frameworks.dcp_load import load_dcp  # noqa: E402
-from tenplex.frameworks.dcp_read import read_dcp  # noqa: E402
-from tenplex.frameworks.dcp_reshard import reshard_dcp  # noqa: E402
-from tenplex.frameworks.dcp_stage import Stage, parse_layout_placement, stage_slice  # noqa: E402
-from tenplex.frameworks.dtensor_boxes import PlacementError, Replicate, Shard, coordinate_of, parse_placement  # noqa: E402
-from tenplex.frameworks.dtensor_layout import LocalShard, TensorSpec, ptc_from_specs  # noqa: E402
+from tenplex.frameworks.dcp.load import load_dcp  # noqa: E402
+from tenplex.frameworks.dcp.read import read_dcp  # noqa: E402
+from tenplex.frameworks.dcp.reshard import reshard_dcp  # noqa: E402
+from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinate_of, parse_placement  # noqa: E402
+from tenplex.frameworks.dtensor.layout import LocalShard, TensorSpec, ptc_from_specs  # noqa: E402
+from tenplex.frameworks.dtensor.mesh import FORMAT, MeshLayout, dst_ptc, dst_specs  # noqa: E402
+from tenplex.frameworks.dtensor.stage import Stage, parse_layout_placement, stage_slice  # noqa: E402
 from tenplex.ir.tensor import TensorMeta  # noqa: E402
 from tests.strategies import shapes  # noqa: E402
 

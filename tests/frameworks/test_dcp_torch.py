@@ -26,12 +26,12 @@ pytest.importorskip("torch.distributed.checkpoint")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from tenplex.frameworks.dcp_format import python_value  # noqa: E402
-from tenplex.frameworks.dcp_layout import MeshLayout, dst_ptc, dst_specs  # noqa: E402
-from tenplex.frameworks.dcp_read import ptc_of_index, read_dcp, read_index  # noqa: E402
-from tenplex.frameworks.dcp_reshard import reshard_arrays, reshard_dcp  # noqa: E402
-from tenplex.frameworks.dtensor import ptc_from_state_dicts  # noqa: E402
-from tenplex.frameworks.dtensor_layout import LocalShard, subtensor_id  # noqa: E402
+from tenplex.frameworks.dcp.format import python_value  # noqa: E402
+from tenplex.frameworks.dcp.read import ptc_of_index, read_dcp, read_index  # noqa: E402
+from tenplex.frameworks.dcp.reshard import reshard_arrays, reshard_dcp  # noqa: E402
+from tenplex.frameworks.dtensor.layout import LocalShard, subtensor_id  # noqa: E402
+from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc, dst_specs  # noqa: E402
+from tenplex.frameworks.dtensor.state import ptc_from_state_dicts  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -86,7 +86,7 @@ def _entry(fn, rank: int, world: int, tmp: Path, tag: str) -> None:
 
 
 def _dump(path: Path, state: dict) -> None:
-    from tenplex.frameworks.dtensor import local_state
+    from tenplex.frameworks.dtensor.state import local_state
 
     path.write_bytes(pickle.dumps(local_state(state)))
 
@@ -144,7 +144,7 @@ def _load_layout(src: Path, ckpt: Path, layout_doc: dict, loader: str = "dcp") -
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
-    from tenplex.frameworks.dtensor_torch import torch_dtype
+    from tenplex.frameworks.dtensor.convert import torch_dtype
 
     layout = MeshLayout.from_json(layout_doc)
     src_ptc = ptc_of_index(read_index(src))
@@ -156,7 +156,7 @@ def _load_layout(src: Path, ckpt: Path, layout_doc: dict, loader: str = "dcp") -
                                           src_data_rank=None)  # fmt: skip
     sd.update(dict.fromkeys({n for p in src_ptc.partitions for n, _ in p.values}))
     if loader == "tenplex":
-        from tenplex.frameworks.dcp_load import load_dcp
+        from tenplex.frameworks.dcp.load import load_dcp
 
         load_dcp(sd, ckpt)
     else:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenplex.frameworks.dtensor_boxes import (
+from tenplex.frameworks.dtensor.boxes import (
     PlacementError,
     Replicate,
     Shard,

@@ -6,15 +6,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tenplex.frameworks.dcp_layout import MeshLayout, dst_ptc
-from tenplex.frameworks.dcp_reshard import reshard_arrays
-from tenplex.frameworks.dtensor_boxes import PlacementError, Replicate, Shard, coordinates, local_box
-from tenplex.frameworks.dtensor_layout import LocalShard, TensorSpec, ptc_from_specs
+from tenplex.frameworks.dcp.reshard import reshard_arrays
+from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinates, local_box
+from tenplex.frameworks.dtensor.layout import LocalShard, TensorSpec, ptc_from_specs
+from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
 from tenplex.ir.tensor import TensorMeta
 
 torch = pytest.importorskip("torch")
-dtensor = pytest.importorskip("tenplex.frameworks.dtensor")
-dtensor_torch = pytest.importorskip("tenplex.frameworks.dtensor_torch")
+dtensor = pytest.importorskip("tenplex.frameworks.dtensor.state")
+dtensor_torch = pytest.importorskip("tenplex.frameworks.dtensor.convert")
 
 S, R = Shard, Replicate
 # fqn: (global array, mesh, placements)

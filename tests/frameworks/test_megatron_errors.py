@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.megatron.tree import build_tree
 from tenplex.frameworks import CheckpointFormatError, inspect_megatron
-from tenplex.frameworks.megatron_read import read_megatron
+from tenplex.frameworks.megatron.read import read_megatron
 from tenplex.frontends.spec import parse_spec
 from tenplex.ir.errors import TenplexError
-from tests.frameworks.megatron_tree import build_tree
 
 STEP = "iter_0000100"
 R01 = f"{STEP}/mp_rank_01_001/model_optim_rng.pt"

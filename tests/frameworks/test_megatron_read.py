@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tenplex.frameworks.megatron_read import read_megatron
-from tenplex.frameworks.megatron_write import write_megatron
+from fixtures.megatron.tree import build_tree
+from tenplex.frameworks.megatron.read import read_megatron
+from tenplex.frameworks.megatron.write import write_megatron
 from tenplex.frontends.spec import parse_spec
 from tests.frameworks.megatron_helpers import assert_truth, diff, load_tree
-from tests.frameworks.megatron_tree import build_tree
 
 CASES = {  # name: (compact spec, builder options)
     "legacy_tp2_pp2": ("gpt-tiny:tp2,pp2@1x4", {}),

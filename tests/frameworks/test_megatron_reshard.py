@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.megatron.tree import build_tree
 from tenplex.frameworks import CheckpointFormatError, reshard_megatron
-from tenplex.frameworks.megatron_read import read_megatron
-from tenplex.frameworks.megatron_write import write_megatron
+from tenplex.frameworks.megatron.read import read_megatron
+from tenplex.frameworks.megatron.write import write_megatron
 from tenplex.frontends.spec import parse_spec
-from tenplex.runtime.transport.ucx import ucx_available
+from tenplex.runtime.transport.ucx.peer import ucx_available
 from tests.frameworks.megatron_helpers import assert_truth, diff, load_tree, reshard
-from tests.frameworks.megatron_tree import build_tree
 
 PAIRS = {  # name: (src spec, dst layout, builder options)
     "tp2pp2_to_tp4pp1": ("gpt-tiny:tp2,pp2@1x4", "tp=4,pp=1", {}),

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from tenplex.frameworks.megatron_read import read_megatron
-from tenplex.frameworks.megatron_rng import cuda_state
-from tenplex.frameworks.megatron_write import write_megatron
+from fixtures.megatron.builder import Builder, chunk_layers
+from fixtures.megatron.tree import _no_decay, build_tree
+from tenplex.frameworks.megatron.read import read_megatron
+from tenplex.frameworks.megatron.rng import cuda_state
+from tenplex.frameworks.megatron.write import write_megatron
 from tenplex.frontends.spec import parse_spec
-from tests.frameworks.megatron_builder import Builder, chunk_layers
 from tests.frameworks.megatron_helpers import diff, load_tree, reshard
-from tests.frameworks.megatron_tree import _no_decay, build_tree
 
 ENC = "language_model/encoder"
 

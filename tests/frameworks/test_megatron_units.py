@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from tenplex.frameworks import parse_layout
-from tenplex.frameworks.megatron_args import args_for
-from tenplex.frameworks.megatron_distrib import buckets, world_slots
-from tenplex.frameworks.megatron_meta import MegatronMeta
-from tenplex.frameworks.megatron_names import Naming, detect_naming, extra_module
-from tenplex.frameworks.megatron_read import qkv_v2
-from tenplex.frameworks.megatron_reshard import target_layout
-from tenplex.frameworks.megatron_rng import cuda_state, rng_layout, rng_state
+from tenplex.frameworks.megatron.args import args_for
+from tenplex.frameworks.megatron.distrib import buckets, world_slots
+from tenplex.frameworks.megatron.meta import MegatronMeta
+from tenplex.frameworks.megatron.names import Naming, detect_naming, extra_module
+from tenplex.frameworks.megatron.read import qkv_v2
+from tenplex.frameworks.megatron.reshard import target_layout
+from tenplex.frameworks.megatron.rng import cuda_state, rng_layout, rng_state
 from tenplex.frontends.parallel import ParallelConfig
 from tenplex.frontends.presets import preset
 from tenplex.frontends.spec import parse_spec

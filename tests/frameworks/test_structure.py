@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.megatron.tree import build_tree
 from tenplex.compiler import compile_plan
-from tenplex.frameworks.megatron_read import read_megatron
-from tenplex.frameworks.structure import inspect_structure, read_structure, write_structure
-from tenplex.frameworks.structure_files import NOT_PRIMITIVE, RankMap, model_key_paths, tensor_leaves
-from tenplex.frameworks.structure_model import guess_heads
+from tenplex.frameworks.megatron.read import read_megatron
+from tenplex.frameworks.structure.files import NOT_PRIMITIVE, RankMap, model_key_paths, tensor_leaves
+from tenplex.frameworks.structure.model import guess_heads
+from tenplex.frameworks.structure.read import inspect_structure, read_structure, write_structure
 from tenplex.frontends.spec import parse_spec
-from tests.frameworks.megatron_tree import build_tree
 
 CASES = {  # name: (compact spec, builder options)
     "pp1_tp1_fp16": ("gpt-tiny:tp1,pp1,dtype=float16@1x1", {}),

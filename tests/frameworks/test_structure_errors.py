@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tenplex.frameworks.structure import inspect_structure, read_structure, write_structure
-from tenplex.frameworks.structure_files import StructureError
+from fixtures.megatron.tree import build_tree
+from tenplex.frameworks.structure.files import StructureError
+from tenplex.frameworks.structure.read import inspect_structure, read_structure, write_structure
 from tenplex.frontends.spec import parse_spec
 from tenplex.ir.errors import TenplexError
-from tests.frameworks.megatron_tree import build_tree
 
 R0, R1, R3 = "rank00/mp_rank_00_000.json", "rank01/mp_rank_01_000.json", "rank03/mp_rank_01_001.json"
 ENC = ("model", "language_model", "encoder")

@@ -15,12 +15,12 @@ from tenplex.compiler import compile_plan
 from tenplex.compiler.central import compile_central
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent.fleet import AgentFleet
 from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
-from tenplex.runtime.fleet import AgentFleet
 from tenplex.runtime.netns import EmulatedHosts, netns_unavailable_reason
 from tenplex.runtime.oracle import check_state
 from tenplex.runtime.runtime import Runtime
-from tenplex.runtime.transport.ucx import ucx_available
+from tenplex.runtime.transport.ucx.peer import ucx_available
 
 _REASON = ucx_available()
 pytestmark = [
@@ -112,7 +112,7 @@ def test_emulated_hosts_p2p_and_central_over_tcp():
 
 
 def test_control_addresses_and_tokens():
-    from tenplex.runtime.agent_main import listen, parse_address
+    from tenplex.runtime.agent.server import listen, parse_address
 
     assert parse_address("/tmp/a.sock") == ("/tmp/a.sock", "AF_UNIX")
     assert parse_address("10.0.0.1:7000") == (("10.0.0.1", 7000), "AF_INET")
@@ -151,7 +151,7 @@ def test_tcp_control_with_a_token_and_a_wrong_token(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(netns_unavailable_reason() is not None, reason=f"{netns_unavailable_reason()}")
 def test_run_hosts_compares_p2p_with_central_and_leaves_no_tags():
-    from tenplex.demo_hosts import hosts_ok, run_hosts
+    from demo.hosts import hosts_ok, run_hosts
 
     rows, skipped = run_hosts("gpt-tiny", [("pp", "tp1,pp2,dp1@2x1", "tp1,pp4,dp1@4x1")])
     assert skipped == "" and hosts_ok(rows, skipped), rows

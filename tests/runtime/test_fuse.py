@@ -24,9 +24,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tenplex.runtime.fuse import DTYPE_XATTR, READ_AHEAD_KB, NpyFile, load_npy, mount, parse_npy, read_ahead_of
-from tenplex.runtime.fuse import fuse_unavailable_reason as _reason
-from tenplex.runtime.store import TensorStore
+from tenplex.runtime.fuse.store.mount import (
+    DTYPE_XATTR,
+    READ_AHEAD_KB,
+    NpyFile,
+    load_npy,
+    mount,
+    parse_npy,
+    read_ahead_of,
+)
+from tenplex.runtime.fuse.store.mount import fuse_unavailable_reason as _reason
+from tenplex.runtime.store.tree import TensorStore
 
 REASON = _reason()
 if os.geteuid() != 0 and REASON is None:

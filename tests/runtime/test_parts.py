@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tenplex.ir.box import Box
 from tenplex.ir.tensor import Piece
+from tenplex.runtime.agent.parts import Prefaulter, Scratch, contiguous
 from tenplex.runtime.arrays import region
-from tenplex.runtime.parts import Prefaulter, Scratch, contiguous
 
 
 @st.composite
@@ -90,9 +90,9 @@ def test_prefaulter_claim_waits_for_a_chunk_in_progress():
 def test_split_agrees_with_the_views_and_keeps_every_op_once():
     from tenplex.compiler import CopyOp, compile_plan
     from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.runtime.agent.parts import SINGLE_MIN, split
     from tenplex.runtime.arrays import empty_local
     from tenplex.runtime.executor import source_region, target_region
-    from tenplex.runtime.parts import SINGLE_MIN, split
 
     src = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp2,pp1,dp1@2x1")
     dst = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp1,pp2,dp1@2x1")

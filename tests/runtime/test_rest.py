@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tenplex.runtime import rest
-from tenplex.runtime.rest import make_app, parse_range, serve
-from tenplex.runtime.store import TensorStore
+from tenplex.runtime.rest import app as rest
+from tenplex.runtime.rest.app import make_app, parse_range, serve
+from tenplex.runtime.store.tree import TensorStore
 
 D = "/job/j/t/0"
 W = f"{D}/w"  # float32 (4, 4) arange

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tenplex.ir.box import Box
 from tenplex.ir.errors import TenplexError
-from tenplex.runtime.store import StoreError, TensorStore
+from tenplex.runtime.store.tree import StoreError, TensorStore
 from tests.strategies import boxes_in, shapes
 
 W = "/job/j/t/0/w"  # a float32 (4, 4) arange

@@ -1,4 +1,4 @@
-"""Plain-text formatting shared by the emitters and `tenplex.inspect`: sizes, durations, tables.
+"""Plain-text formatting shared by the emitters and `tenplex.compiler.emit.describe`: sizes, durations, tables.
 
 Everything here returns plain strings (no terminal markup), so output can go to files and
 golden tests; tables are left-aligned text with right-aligned numbers.

@@ -1,0 +1,5 @@
+"""`python -m tenplex.cli`: the `tenplex` command without the console script."""
+
+from tenplex.cli.app import main
+
+main()

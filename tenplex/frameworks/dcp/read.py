@@ -1,0 +1,239 @@
+"""Read a PyTorch DCP checkpoint directory (`.metadata` + `*.distcp`) as a PTC triple.
+
+`read_dcp(dir) -> (PTC, {sub-tensor id: array}, {partition id: {name: value}})`, the same
+triple as `tenplex.runtime.reshard.read_checkpoint`:
+
+- tensors: one `TensorMeta` per tensor FQN of `state_dict_metadata` (global `size`, dtype);
+- partitions: **one per data file** (`__0_0.distcp` → partition `__0_0`), i.e. what one saving
+  rank wrote through one writer thread. Files, not ranks, because DCP deduplicates replicated
+  chunks across ranks (a rank's file is not its state dict) and a rank may write several files;
+  partition i is allocated to device i of one host `h0`, files in sorted order;
+- sub-tensors: one per saved chunk, id `{fqn}@[o0,o1,...]` (its global offsets), path the FQN
+  (`{fqn}@[...]` if one file holds two chunks of a tensor), one piece covering the chunk;
+  zero-size chunks (empty DTensor shards) are kept as sub-tensors without pieces;
+- values: each bytes entry (non-tensor leaf) becomes a value of its file's partition, JSON data
+  or an opaque bytes value (see `dcp.format`);
+- arrays: by default read-only views of the memory-mapped files at each chunk's saved storage
+  (found with a meta-device `torch.load`, which reads no tensor data), so reading costs no copy
+  and only the bytes a plan touches are ever paged in; `mmap=False` loads copies instead.
+
+Raises `DcpError` naming the file and key for: a missing or unreadable `.metadata`, a missing or
+truncated data file, a chunk outside its tensor or overlapping another, a tensor region no
+chunk covers, stream transforms (compression) and chunk bytes that do not hold the tensor the
+metadata describes. The metadata is unpickled as DCP's own reader does: read only trusted dirs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
+from tenplex.frameworks.dcp.format import DcpError, FileSlice, value_from_bytes
+from tenplex.frameworks.dtensor.convert import dtype_name, to_numpy
+from tenplex.ir.box import Box
+from tenplex.ir.errors import IRError, TenplexError
+from tenplex.ir.ptc import PTC, Allocation, Partition, Value
+from tenplex.ir.sweep import overlapping_pairs
+from tenplex.ir.tensor import Piece, SubTensor, TensorMeta, itemsize
+from tenplex.ir.topology import Device, Topology
+from tenplex.runtime.arrays import np_dtype
+
+SUFFIX = ".distcp"
+
+
+@attrs.frozen
+class Entry:
+    """One stored item: a tensor chunk (`box` set) or a bytes entry (`box` None)."""
+
+    fqn: str
+    box: Box | None
+    file: str
+    offset: int
+    length: int
+
+    @property
+    def key(self) -> str:
+        return self.fqn if self.box is None else f"{self.fqn}@[{','.join(map(str, self.box.start))}]"
+
+
+@attrs.frozen
+class DcpIndex:
+    """What `.metadata` says: tensors, stored entries and the flatten mapping (planner_data)."""
+
+    root: Path
+    tensors: tuple[TensorMeta, ...]
+    entries: tuple[Entry, ...]
+    mapping: dict[str, tuple[Any, ...]] = attrs.field(eq=False)
+    version: str | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(sorted({e.file for e in self.entries}))
+
+    def partition_of(self, file: str) -> str:
+        return file.removesuffix(SUFFIX)
+
+
+def read_index(root: str | os.PathLike) -> DcpIndex:
+    """Parse `root/.metadata`. Raises DcpError naming the file or key that is wrong."""
+    root = Path(root)
+    path = root / ".metadata"
+    if not path.is_file():
+        raise DcpError(f"{path}: missing (not a DCP checkpoint directory)")
+    try:
+        md = FileSystemReader(root).read_metadata()
+    except Exception as e:  # noqa: BLE001 (any unpickling failure is a bad file)
+        raise DcpError(f"{path}: not a readable DCP metadata file ({type(e).__name__}: {e})") from None
+    if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
+        raise DcpError(f"{path}: holds {type(md).__name__} without storage_data, not DCP Metadata")
+    tensors, entries = [], []
+    for fqn, item in sorted(md.state_dict_metadata.items()):
+        if isinstance(item, TensorStorageMetadata):
+            meta = _meta(path, fqn, item)
+            tensors.append(meta)
+            entries += [_chunk_entry(path, md, meta, i, c) for i, c in enumerate(item.chunks)]
+        elif isinstance(item, BytesStorageMetadata):
+            entries.append(_entry(path, md, fqn, None))
+        else:
+            raise DcpError(f"{path}: key {fqn!r} has storage type {type(item).__name__}, not tensor or bytes")
+    mapping = md.planner_data if isinstance(md.planner_data, dict) else {}
+    return DcpIndex(root, tuple(tensors), tuple(entries), mapping, md.version)
+
+
+def _meta(path: Path, fqn: str, item: TensorStorageMetadata) -> TensorMeta:
+    try:
+        return TensorMeta(fqn, tuple(item.size), dtype_name(item.properties.dtype))
+    except TenplexError as e:
+        raise DcpError(f"{path}: tensor {fqn!r}: {e}") from None
+
+
+def _chunk_entry(path: Path, md: Metadata, meta: TensorMeta, i: int, chunk: Any) -> Entry:
+    offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+    try:
+        box = Box(offsets, tuple(o + s for o, s in zip(offsets, sizes)))
+    except IRError as e:
+        raise DcpError(f"{path}: tensor {meta.name!r} chunk {i}: {e}") from None
+    if box.ndim != len(meta.shape) or not meta.box.contains(box):
+        raise DcpError(f"{path}: tensor {meta.name!r} chunk {i} at offsets {list(offsets)} sizes {list(sizes)} is outside its size {list(meta.shape)}")
+    return _entry(path, md, meta.name, box)
+
+
+def _entry(path: Path, md: Metadata, fqn: str, box: Box | None) -> Entry:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    index = MetadataIndex(fqn, None if box is None else box.start)
+    info = md.storage_data.get(index)
+    where = fqn if box is None else f"{fqn} chunk at offsets {list(box.start)}"
+    if info is None:
+        raise DcpError(f"{path}: storage_data has no entry for {where}")
+    if getattr(info, "transform_descriptors", None):
+        raise DcpError(f"{path}: {where} in {info.relative_path} uses stream transforms {list(info.transform_descriptors)}, which tenplex does not read")
+    return Entry(fqn, box, str(info.relative_path), int(info.offset), int(info.length))
+
+
+def ptc_of_index(index: DcpIndex) -> PTC:
+    """The PTC of the saved layout (see the module docstring). Raises DcpError when chunks
+    overlap or leave a tensor region uncovered."""
+    by_tensor: dict[str, list[Entry]] = defaultdict(list)
+    by_file: dict[str, list[Entry]] = defaultdict(list)
+    for e in index.entries:
+        by_file[e.file].append(e)
+        if e.box is not None:
+            by_tensor[e.fqn].append(e)
+    for fqn, chunks in by_tensor.items():
+        for i, j in overlapping_pairs([c.box for c in chunks], [c.box for c in chunks]):
+            if i < j:
+                raise DcpError(f"{index.root / '.metadata'}: tensor {fqn!r} chunks {chunks[i].box} ({chunks[i].file}) and {chunks[j].box} ({chunks[j].file}) overlap")
+    subtensors, partitions = [], []
+    for file in index.files:
+        chunks = [e for e in by_file[file] if e.box is not None]
+        paths = [e.fqn for e in chunks]
+        for e, p in zip(chunks, paths):
+            pieces = (Piece(e.box, Box.from_shape(e.box.shape)),) if e.box.volume else ()
+            subtensors.append(SubTensor(e.key, e.fqn, p if paths.count(p) == 1 else e.key, e.box.shape, pieces))
+        values = {e.fqn: Value() for e in by_file[file] if e.box is None}
+        partitions.append(Partition(index.partition_of(file), [e.key for e in chunks], values))
+    devices = range(len(partitions))
+    ptc = PTC(index.tensors, tuple(subtensors), tuple(partitions), Allocation({p.id: (i,) for i, p in zip(devices, partitions)}),
+              Topology(tuple(Device(i, "h0") for i in devices)))  # fmt: skip
+    gaps = ptc.uncovered()
+    if gaps:
+        name = sorted(gaps)[0]
+        raise DcpError(f"{index.root / '.metadata'}: tensor {name!r} region {gaps[name][0]} is in no saved chunk (the metadata does not cover it)")
+    return ptc
+
+
+def read_dcp(root: str | os.PathLike, index: DcpIndex | None = None, *,
+             mmap: bool = True) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:  # fmt: skip
+    """(PTC, sub-tensor id -> array, partition id -> values) of a DCP directory (see above);
+    `index`, when given, is `read_index(root)` already done. With `mmap` (the default) arrays
+    are read-only views of the memory-mapped `.distcp` files (no copy; the files must not
+    change while the arrays are used), else copies loaded by `torch.load`."""
+    index = index or read_index(root)
+    ptc = ptc_of_index(index)
+    arrays: dict[str, np.ndarray] = {}
+    values: dict[str, dict[str, Any]] = {p.id: {} for p in ptc.partitions}
+    dtypes = {t.name: t.dtype for t in index.tensors}
+    by_file: dict[str, list[Entry]] = defaultdict(list)
+    for e in index.entries:
+        by_file[e.file].append(e)
+    for file, entries in sorted(by_file.items()):
+        pid = index.partition_of(file)
+        for e, got in _read_file(index.root / file, entries, dtypes, mmap):
+            if e.box is None:
+                values[pid][e.fqn] = value_from_bytes(got)
+            else:
+                arrays[e.key] = got
+    return ptc, arrays, values
+
+
+def _read_file(path: Path, entries: list[Entry], dtypes: dict[str, str], use_mmap: bool):
+    """(entry, raw bytes or array) per entry, in file order."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; yields while open)
+    except FileNotFoundError:
+        raise DcpError(f"{path}: missing (holds {entries[0].key} and {len(entries) - 1} more)") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if use_mmap and size else None
+        for e in sorted(entries, key=lambda e: e.offset):
+            if e.offset + e.length > size:
+                raise DcpError(f"{path}: truncated: {e.key} needs bytes [{e.offset}, {e.offset + e.length}) but the file has {size}")
+            if e.box is None:
+                f.seek(e.offset)
+                yield e, f.read(e.length)
+            else:
+                yield e, _chunk(path, f, mm, e, dtypes[e.fqn])
+
+
+def _chunk(path: Path, f: Any, mm: mmap.mmap | None, e: Entry, dtype: str) -> np.ndarray:
+    """The chunk's array: a view of `mm` at the saved storage (its offset from a meta-device
+    `torch.load`, which reads no data), or a `torch.load`ed copy without `mm`."""
+    where = f"{path}: {e.key} at bytes [{e.offset}, {e.offset + e.length})"
+    try:
+        t = torch.load(FileSlice(f, e.offset, e.length), map_location="meta" if mm else "cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 (a corrupt slice, whatever torch raises)
+        raise DcpError(f"{where} is not a saved tensor ({type(err).__name__}: {err})") from None
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.box.shape or dtype_name(t.dtype) != dtype:
+        got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise DcpError(f"{where} holds {got}, expected {dtype}{list(e.box.shape)}")
+    if mm is None:
+        return to_numpy(t)
+    base = getattr(t.untyped_storage(), "_checkpoint_offset", None)
+    if not e.box.volume or base is None:  # nothing to map, or an old format without offsets
+        return to_numpy(torch.load(FileSlice(f, e.offset, e.length), map_location="cpu", weights_only=True))
+    size = itemsize(dtype)
+    start = e.offset + base + t.storage_offset() * size
+    span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * size
+    if start < e.offset or start + span > e.offset + e.length:
+        raise DcpError(f"{where}: its storage [{start}, {start + span}) lies outside the entry")
+    return np.ndarray(t.shape, np_dtype(dtype), buffer=mm, offset=start, strides=tuple(s * size for s in t.stride()))

@@ -1,0 +1,175 @@
+"""`reshard_dcp`: DCP directory in layout A → DCP directory in a DTensor layout B, and
+`inspect_dcp`: what a DCP directory holds, in plain words.
+
+`reshard_dcp(src_dir, dst_layout, out_dir, workers=1)` reads SRC (`read_dcp`), builds the dst
+PTC from `dst_layout` (a `MeshLayout`, its JSON dict, a JSON string or a file path; see
+`dtensor.mesh`), compiles the plan and writes OUT_DIR with `write_dcp` (one `__{rank}_0.distcp`
+per dst rank; the flatten mapping of SRC kept). With `workers == 1` the plan runs in-process and
+streams: each dst chunk is produced from the memory-mapped source into a reused per-thread
+buffer right before DCP's writer serializes it (`dcp.apply.StreamedArrays`), so the reshard
+holds neither the source nor a second copy of the state in memory (the "execute" time is then
+part of "write"). With `workers >= 2` it runs on local agents through
+`tenplex.runtime.reshard`'s `rehome`/`execute_steps` and the dst arrays are materialized.
+OUT_DIR is complete or absent: it is written beside itself and renamed; on any error nothing is
+left. The result loads with `torch.distributed.checkpoint.load` into layout-B DTensors with no
+resharding left to do (each rank's chunk is one stored chunk).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tenplex.compiler import CompileOptions, Plan, compile_plan
+from tenplex.compiler.emit import human_bytes
+from tenplex.frameworks.dcp.apply import StreamedArrays, plan_values
+from tenplex.frameworks.dcp.format import DcpError
+from tenplex.frameworks.dcp.read import DcpIndex, ptc_of_index, read_dcp, read_index
+from tenplex.frameworks.dcp.write import write_dcp
+from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
+from tenplex.ir.errors import ExecutionError, TenplexError
+from tenplex.ir.ptc import PTC
+from tenplex.runtime.reshard import execute_steps, rehome
+
+
+@attrs.frozen
+class DcpReshardResult:
+    out_dir: str
+    workers: int
+    plan: Plan
+    bytes_moved: int  # bytes the plan copies between devices (host links + network)
+    seconds: dict[str, float]  # read, compile, execute, write
+
+    def summary(self) -> str:
+        total = sum(self.seconds.values())
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items())
+        return f"tenplex: resharded DCP into {self.out_dir} with {self.workers} worker(s): {human_bytes(self.bytes_moved)} moved between ranks, {total:.2f}s ({parts})"
+
+
+def reshard_dcp(src_dir: str | os.PathLike, dst_layout: MeshLayout | dict | str | os.PathLike, out_dir: str | os.PathLike,
+                workers: int = 1, *, sync: bool = True, timeout: float = 30.0) -> DcpReshardResult:  # fmt: skip
+    """Reshard the DCP checkpoint in `src_dir` to `dst_layout` into `out_dir` (see above).
+
+    Raises:
+        DcpError: bad SRC (names file and key), an existing OUT_DIR.
+        PlacementError: a bad layout. CompileError / ExecutionError: planning or execution."""
+    out = Path(out_dir)
+    if out.exists():
+        raise DcpError(f"{out}: already exists (refusing to overwrite)")
+    layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
+    clock = {"read": time.perf_counter()}
+    index = read_index(src_dir)
+    src, arrays, values = read_dcp(src_dir, index)
+    dst = dst_ptc(src, layout)
+    clock["compile"] = time.perf_counter()
+    out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers, timeout=timeout, clock=clock,
+                                                  stream=workers == 1)  # fmt: skip
+    clock["write"] = time.perf_counter()
+    write_dcp(dst, out_arrays, out_values, out, mapping=index.mapping, sync=sync)
+    clock["end"] = time.perf_counter()
+    steps = list(clock)
+    seconds = {k: clock[n] - clock[k] for k, n in zip(steps, steps[1:])}
+    stats = plan.stats
+    return DcpReshardResult(str(out), workers, plan, stats.host_bytes + stats.network_bytes, seconds)
+
+
+def reshard_arrays(src: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]], dst: PTC,
+                   workers: int = 1, *, timeout: float = 30.0, clock: dict[str, float] | None = None,
+                   stream: bool = False) -> tuple[Mapping[str, np.ndarray], dict, Plan]:  # fmt: skip
+    """Move a PTC triple (`read_dcp` / `ptc_from_state_dicts` output) into `dst`'s layout:
+    (sub-tensor id -> array, partition id -> values, plan), in-process for `workers == 1`, else
+    on local agents. `stream` (workers == 1 only) returns a lazy `StreamedArrays` instead of
+    arrays. `clock["execute"]` is set when compiling is done (for timings).
+
+    Raises CompileError when src lacks what dst needs; ExecutionError when a run fails."""
+    src_h, dst_h = rehome(src, dst, workers)
+    plan = compile_plan(src_h, dst_h, CompileOptions(place_ranks=workers > 1))  # placing ranks matters across hosts only
+    if clock is not None:
+        clock["execute"] = time.perf_counter()
+    first_src = {p.id: src_h.allocation.devices_of(p.id)[0] for p in src_h.partitions}
+    src_arrays = {(sid, first_src[src_h.partition_of[sid]]): a for sid, a in arrays.items()}
+    if stream and workers == 1:
+        return StreamedArrays(plan, src_h, dst_h, src_arrays), plan_values(plan, values), plan
+    src_values = {(pid, first_src[pid]): v for pid, v in values.items()}
+    got_arrays, got_values = execute_steps([(plan, src_h, dst_h)], src_arrays, src_values, workers, timeout, 600.0, None)
+    out_arrays, out_values = _first_instances(dst_h.with_allocation(plan.allocation), got_arrays, got_values)
+    return out_arrays, out_values, plan
+
+
+def _first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dict]:
+    """Sub-tensor id -> array and partition id -> values, from each partition's first device."""
+    first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
+    try:
+        out_arrays = {st.id: arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
+    except KeyError as e:
+        raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
+    return out_arrays, {pid: values.get((pid, d), {}) for pid, d in first.items()}
+
+
+def inspect_dcp(root: str | os.PathLike) -> list[str]:
+    """Plain-words findings about a DCP directory: what it holds, how each tensor is cut, and
+    the problems visible without reading tensor data (unreadable metadata, chunks that overlap
+    or leave a gap, missing or short files), listed as "problem: ..." lines, never raised.
+    Reads `.metadata` and file sizes only."""
+    root = Path(root)
+    try:
+        index = read_index(root)
+    except TenplexError as e:
+        return [f"problem: {e}"]
+    out = [_overview(index)]
+    try:
+        ptc = ptc_of_index(index)
+    except TenplexError as e:
+        return out + [f"problem: {e}"]
+    out += [_tensor_line(ptc, meta.name) for meta in ptc.tensors]
+    out += _value_lines(index)
+    out += _file_problems(index)
+    return out
+
+
+def _overview(index: DcpIndex) -> str:
+    nbytes = sum(t.nbytes for t in index.tensors)
+    n_bytes = sum(1 for e in index.entries if e.box is None)
+    return (f"{index.root}: DCP checkpoint (format version {index.version or 'unknown'}), {len(index.files)} data files, "
+            f"{len(index.tensors)} tensors ({human_bytes(nbytes)} of tensor data), {n_bytes} bytes entries (non-tensor values)")  # fmt: skip
+
+
+def _tensor_line(ptc: PTC, name: str) -> str:
+    meta = ptc.tensor_map[name]
+    subs = ptc.by_tensor[name]
+    boxes = [p.global_box for st in subs for p in st.pieces]
+    cut = [d for d in range(len(meta.shape)) if len({(b.start[d], b.stop[d]) for b in boxes}) > 1]
+    how = f"cut along dim(s) {cut}" if cut else "one whole chunk (replicated or unsharded)"
+    empty = sum(1 for st in subs if not st.pieces)
+    extra = f", {empty} empty chunk(s) (zero-size shards)" if empty else ""
+    files = {ptc.partition_of[st.id] for st in subs}
+    return f"tensor {name}: {meta.dtype}{list(meta.shape)}, {len(subs)} chunk(s) in {len(files)} file(s), {how}{extra}"
+
+
+def _value_lines(index: DcpIndex) -> list[str]:
+    names = [e.fqn for e in index.entries if e.box is None]
+    if not names:
+        return []
+    return [f"{len(names)} bytes entries ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): read as JSON values "
+            "when torch.load(weights_only=True) gives JSON data, else kept as opaque torch.save bytes and written back unchanged"]  # fmt: skip
+
+
+def _file_problems(index: DcpIndex) -> list[str]:
+    out = []
+    need: Counter[str] = Counter()
+    for e in index.entries:
+        need[e.file] = max(need[e.file], e.offset + e.length)
+    for file, end in sorted(need.items()):
+        path = index.root / file
+        if not path.is_file():
+            out.append(f"problem: {path}: missing (needed up to byte {end})")
+        elif path.stat().st_size < end:
+            out.append(f"problem: {path}: truncated: has {path.stat().st_size} bytes, entries need {end}")
+    return out or ["all data files are present and long enough for their entries"]

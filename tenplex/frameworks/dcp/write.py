@@ -1,0 +1,200 @@
+"""Write any PTC layout as a PyTorch DCP checkpoint directory, through DCP's own writer.
+
+`write_dcp(ptc, arrays, values, out_dir)` plays the part of `torch.distributed.checkpoint.save`
+for all of the PTC's partitions at once, in one process, with DCP's public pieces: one
+`SavePlan` of `WriteItem`s per partition (partition i in rank order writes `__{i}_0.distcp`),
+`create_default_global_save_plan` for the `Metadata`, and `FileSystemWriter` for the files and
+`.metadata` (each chunk `torch.save`d, exactly as DCP writes it). `torch.distributed.checkpoint.
+load` therefore reads the result back with its own resharding.
+
+What is written:
+- for each tensor, its sub-tensors' piece global boxes, deduplicated: a box held by several
+  partitions (replicas) is written once, by the first partition in rank order (as DCP's dedup
+  does); boxes that partially overlap are cut into disjoint parts; a tensor without elements
+  gets one empty chunk so that `.metadata` lists it;
+- each value once, by the first partition that lists it, as a bytes entry (`dcp.format`);
+- `planner_data` = the FQN → nested-key mapping (`mapping`; default: each FQN is a top-level key).
+
+`arrays` may be lazy (`dcp.apply.StreamedArrays`): each chunk's array is looked up only when
+DCP's writer serializes it — one item at a time per file, right before writing it (DCP's serial
+loader, chosen with `per_thread_copy_ahead=0`) — and files are written by parallel threads.
+
+`out_dir` is written into a temporary directory beside it and renamed at the end: it is complete
+or absent. Raises DcpError (an existing out_dir, an incomplete PTC, a missing or mis-shaped
+array or value).
+
+Invariants:
+- the chunks written for a tensor are pairwise disjoint and cover it exactly (what DCP's own
+  save validates), each lies inside the piece of the sub-tensor that provides its bytes;
+- partition i of `rank_order` writes exactly the file `__{i}_0.distcp` (possibly empty).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, TensorWriteData, WriteItem, WriteItemType
+
+from tenplex.frameworks.dcp.format import DcpError, bytes_of_value
+from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
+from tenplex.ir.box import Box, subtract_all
+from tenplex.ir.ptc import PTC
+from tenplex.ir.serialize import atomic_dir
+from tenplex.ir.sweep import overlapping_pairs
+from tenplex.runtime.arrays import np_dtype, region
+
+Source = tuple[str, str | None, int, Box]  # (tensor, sub-tensor id, piece index or -1 for empty, global box)
+
+
+def rank_order(ptc: PTC) -> list[str]:
+    """Partition ids, `rank<r>` ones by r first, then the rest by id: the file order."""
+    key = lambda pid: (0, int(pid[4:]), "") if re.fullmatch(r"rank\d+", pid) else (1, 0, pid)  # noqa: E731
+    return sorted(ptc.partition_map, key=key)
+
+
+def plan_chunks(ptc: PTC) -> dict[str, list[Source]]:
+    """Partition id -> the chunks it writes (see the module docstring). Pure; deterministic.
+
+    Raises DcpError when the PTC leaves a tensor region uncovered (DCP could not load it)."""
+    gaps = ptc.uncovered()
+    if gaps:
+        name = sorted(gaps)[0]
+        raise DcpError(f"tensor {name!r} region {gaps[name][0]} is held by no sub-tensor: cannot write a complete checkpoint")
+    pids = rank_order(ptc)
+    order = {pid: i for i, pid in enumerate(pids)}
+    out: dict[str, list[Source]] = {pid: [] for pid in pids}
+    for meta in ptc.tensors:
+        held = [(order[ptc.partition_of[st.id]], st.id, i, p.global_box)
+                for st in ptc.by_tensor[meta.name] for i, p in enumerate(st.pieces) if p.global_box.volume]  # fmt: skip
+        first: dict[Box, tuple[int, str, int]] = {}
+        for rank, sid, i, box in sorted(held):
+            first.setdefault(box, (rank, sid, i))
+        boxes = list(first)
+        cut = any(i < j for i, j in overlapping_pairs(boxes, boxes))
+        for box in _disjoint(boxes) if cut else boxes:
+            # a part lies in the box it was cut from, the first in priority order containing it
+            rank, sid, i = first[box] if not cut else next(first[b] for b in first if b.contains(box))
+            out[pids[rank]].append((meta.name, sid, i, box))
+        if meta.box.volume == 0 and pids:
+            holders = [ptc.partition_of[st.id] for st in ptc.by_tensor[meta.name]]
+            out[min(holders or pids, key=order.__getitem__)].append((meta.name, None, -1, meta.box))
+    return out
+
+
+def _disjoint(boxes: list[Box]) -> list[Box]:
+    """Parts of `boxes` (in priority order) that earlier boxes do not cover."""
+    done: list[Box] = []
+    for box in boxes:
+        parts = [box]
+        for d in done:
+            parts = subtract_all(parts, d) if parts and d.overlaps(box) else parts
+        done += parts
+    return done
+
+
+class _ArrayPlanner(SavePlanner):
+    """A SavePlanner whose plans are built outside; it only resolves items to data, each when
+    the writer asks for it (a tensor view of an array region, or a value's bytes)."""
+
+    def __init__(self, data: dict[MetadataIndex, Callable[[], torch.Tensor] | bytes]):
+        self.data = data
+
+    def set_up_planner(self, state_dict: Any = None, storage_meta: Any = None, is_coordinator: bool = True) -> None:
+        pass
+
+    def create_local_plan(self) -> SavePlan:
+        raise NotImplementedError("plans are built by write_dcp")
+
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        return create_default_global_save_plan(all_plans)
+
+    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
+        return new_plan
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        data = self.data[write_item.index]
+        return io.BytesIO(data) if isinstance(data, bytes) else data()
+
+
+def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]],
+              out_dir: str | os.PathLike, *, mapping: Mapping[str, tuple] | None = None, sync: bool = True) -> Metadata:  # fmt: skip
+    """Write the DCP directory `out_dir` (see the module docstring); returns its Metadata."""
+    out = Path(out_dir)
+    if out.exists():
+        raise DcpError(f"{out}: already exists (refusing to overwrite)")
+    plans, data = _plans(ptc, arrays, values)
+    with atomic_dir(out, DcpError) as tmp:
+        return _save(plans, data, tmp, mapping, sync)
+
+
+def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None, sync: bool) -> Metadata:
+    planner = _ArrayPlanner(data)
+    # per_thread_copy_ahead=0: DCP's serial loader resolves each item right before writing it
+    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=sync, per_thread_copy_ahead=0, overwrite=False)
+    writer.set_up_storage_writer(True, rank=0, use_collectives=True)
+    plans = [writer.prepare_local_plan(p) for p in plans]
+    plans, md = planner.create_global_plan(plans)
+    fqns = md.state_dict_metadata
+    md.planner_data = {f: tuple(mapping[f]) if mapping and f in mapping else (f,) for f in fqns}
+    plans = writer.prepare_global_plan(plans)
+    with ThreadPoolExecutor(max(1, min(len(plans), os.cpu_count() or 1))) as pool:  # files in parallel
+        results = list(pool.map(lambda p: writer.write_data(planner.finish_plan(p), planner).wait(), plans))
+    writer.finish(md, results)
+    return md
+
+
+def _plans(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]]) -> tuple[list[SavePlan], dict]:
+    chunks = plan_chunks(ptc)
+    written: set[str] = set()
+    plans, data = [], {}
+    for pid in rank_order(ptc):
+        items = []
+        for name, sid, piece, box in chunks[pid]:
+            item, tensor = _tensor_item(ptc, arrays, name, sid, piece, box)
+            items.append(item)
+            data[item.index] = tensor
+        for name, _ in ptc.partition_map[pid].values:
+            if name in written:
+                continue
+            if name not in values.get(pid, {}):
+                raise DcpError(f"partition {pid!r}: no value for {name!r}")
+            written.add(name)
+            index = MetadataIndex(name)
+            items.append(WriteItem(index=index, type=WriteItemType.BYTE_IO))
+            data[index] = bytes_of_value(values[pid][name])
+        plans.append(SavePlan(items))
+    return plans, data
+
+
+def _tensor_item(ptc: PTC, arrays: Mapping[str, np.ndarray], name: str, sid: str | None, piece: int,
+                 box: Box) -> tuple[WriteItem, Callable[[], torch.Tensor]]:  # fmt: skip
+    """The write item of one chunk and a function that gives its data when DCP writes it (so a
+    lazy `arrays` mapping produces each array only then)."""
+    meta = ptc.tensor_map[name]
+
+    def data() -> torch.Tensor:
+        if sid is None:  # the empty chunk of a tensor without elements
+            return torch.empty(meta.shape, dtype=torch_dtype(meta.dtype))
+        st = ptc.subtensor_map[sid]
+        a = arrays.get(sid)
+        if a is None or tuple(a.shape) != st.shape or a.dtype != np_dtype(meta.dtype):
+            got = "nothing" if a is None else f"{a.dtype}{list(a.shape)}"
+            raise DcpError(f"sub-tensor {sid!r}: array is {got}, expected {meta.dtype}{list(st.shape)}")
+        return from_numpy(region(a, st.pieces[piece], box))  # a copy only if not contiguous
+
+    index = MetadataIndex(meta.name, box.start)
+    chunk = ChunkStorageMetadata(offsets=torch.Size(box.start), sizes=torch.Size(box.shape))
+    props = TensorProperties(dtype=torch_dtype(meta.dtype))
+    item = WriteItem(index=index, type=WriteItemType.SHARD, tensor_data=TensorWriteData(chunk, props, torch.Size(meta.shape)))
+    return item, data

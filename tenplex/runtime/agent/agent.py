@@ -1,0 +1,274 @@
+"""A per-host agent: owns the host's `TensorStore` and `UcxPeer` and executes its share of a plan.
+
+The agent obeys commands from a runtime; `agent.server` runs it as a process (spawned by
+`Runtime.local`, or `tenplex agent` listening for runtimes). A command is `(name, kwargs)`;
+every reply is `("ok", result)` or `("err", text)`, the text naming the command and, where
+known, the message and op that failed (the runtime adds the host). Commands: `name`,
+`address`, `connect`, `load`, `prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`,
+`delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
+
+Store layout: `store.layout`. Execution (`rounds`):
+`prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
+dst tag does not, creates zeroed dst arrays under the staging tag and starts the prefaulter.
+`run_round(r)` runs fills and values first (round 0), then the round's messages touching this
+host: local ones region to region, then every network message of the round posted at once to
+all peers (`UcxPeer.exchange`: no ordering between them, so no deadlock and every link busy),
+direct parts zero-copy and the rest through the scratch pool (`parts`). The plan's schedule
+bounds a round's bytes per host, and so the scratch pool. `commit` renames staging to the dst
+tag in one store step; `abort` deletes staging. The src tag is only ever read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tenplex.compiler.ops import CopyOp
+from tenplex.compiler.plan import plan_from_json
+from tenplex.ir.box import Box
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.serialize import ptc_from_json
+from tenplex.runtime.agent import parts, rounds
+from tenplex.runtime.agent.rounds import Execution
+from tenplex.runtime.store.layout import Instance, array_path, parse_leaf, staging_tag, tag_path, value_path
+from tenplex.runtime.store.tree import TensorStore
+
+__all__ = ["Agent", "Instance", "node_id", "tag_path"]
+
+
+def node_id() -> str:
+    """This machine and network namespace: agents with equal ids can use shared memory."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return f"{boot}/net:{os.stat('/proc/self/ns/net').st_ino}"
+
+
+class Agent:
+    """One host's store and UCX worker. `ucx_ip` (with `ucx_port`, 0 = any) opens a UCX TCP
+    listener on that address for agents on other nodes."""
+
+    def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0):
+        self.host, self.timeout = host, timeout
+        self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
+        self.store = TensorStore()
+        self.peer: Any = None
+        self.endpoints: dict[str, Any] = {}
+        self.execution: Execution | None = None
+        self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
+        self.rest: Any = None
+
+    def _ucx(self) -> Any:
+        if self.peer is None:
+            from tenplex.runtime.transport.ucx.peer import UcxPeer  # only agents need UCX
+
+            self.peer = UcxPeer(self.host, timeout=self.timeout)
+        return self.peer
+
+    # ---- commands --------------------------------------------------------------------
+    def name(self) -> str:
+        return self.host
+
+    def address(self) -> dict[str, Any]:
+        """How peers reach this agent: {"worker": UCX worker address, "node": machine and network
+        namespace, "tcp": [ip, port] of the UCX listener or None}."""
+        peer = self._ucx()
+        tcp = [self.ucx_ip, peer.listen(self.ucx_port)] if self.ucx_ip is not None else None
+        return {"worker": peer.address, "node": node_id(), "tcp": tcp}
+
+    def connect(self, peers: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Connect to every other agent in `peers` ({host: its `address()`}); returns {host: mode}.
+
+        Same node: shared memory (worker address, both directions). Other nodes: UCX over TCP; an
+        agent dials the hosts named after it and then accepts the ones named before it, so the
+        dialling order has no cycle and every pair connects once."""
+        me = node_id()
+        remote = sorted(h for h, a in peers.items() if h != self.host and h not in self.endpoints and a["node"] != me)
+        for host, addr in sorted(peers.items()):
+            if host != self.host and host not in self.endpoints and addr["node"] == me:
+                self.endpoints[host] = self._ucx().connect(addr["worker"])
+        for host in (h for h in remote if h > self.host):
+            if peers[host]["tcp"] is None:
+                raise ExecutionError(
+                    f"agent {host!r} is on another node but has no UCX TCP listener (start it with --ucx-ip)"
+                )
+            self.endpoints[host] = self._ucx().connect_tcp(*peers[host]["tcp"])
+        for _ in (h for h in remote if h < self.host):
+            if self.ucx_ip is None:
+                raise ExecutionError(f"agent {self.host!r} must accept TCP peers but has no UCX listener (--ucx-ip)")
+            ep = self._ucx().accept()
+            if ep.remote_name not in remote or ep.remote_name in self.endpoints:
+                raise ExecutionError(f"agent {self.host!r} accepted an unexpected peer {ep.remote_name!r}")
+            self.endpoints[ep.remote_name] = ep
+        return {h: ep.mode for h, ep in sorted(self.endpoints.items())}
+
+    def load(self, job: str, tag: str, arrays: Mapping[Instance, np.ndarray], values: Mapping | None = None) -> int:
+        """Put a state into `/job/<job>/<tag>` (replacing it); returns the bytes stored."""
+        if self.store.exists(tag_path(job, tag)):
+            self.store.delete(tag_path(job, tag))
+        for (sid, device), array in arrays.items():
+            self.store.put(array_path(job, tag, device, sid), np.ascontiguousarray(array))
+        for (pid, device), named in (values or {}).items():
+            for name, value in named.items():
+                self.store.put(value_path(job, tag, device, pid, name), value)
+        return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
+
+    def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict) -> int:
+        """Parse the plan, check inputs, create zeroed dst arrays under staging; returns dst bytes."""
+        self._finish()
+        ex = Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
+        if self.store.exists(tag_path(job, dst_tag)):
+            raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
+        if self.store.exists(tag_path(job, ex.staging)):
+            self.store.delete(tag_path(job, ex.staging))
+        mine = set(ex.topology.devices_on(self.host))
+        for i, op in enumerate(ex.plan.ops):
+            if isinstance(op, CopyOp) and op.src_side == "src" and op.src_device in mine:
+                key = (op.src_subtensor, op.src_device)
+                if key not in ex.src_arrays:
+                    path = array_path(job, src_tag, op.src_device, op.src_subtensor)
+                    if not self.store.exists(path):
+                        raise ExecutionError(f"op {i}: src array {path} is missing")
+                    ex.src_arrays[key] = self.store.get(path)
+        devices = sorted(d for d in ex.dst.allocation.devices if d in mine)
+        self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
+        for st in ex.dst.subtensors:
+            for d in ex.dst.devices_of_subtensor(st.id):
+                if d in mine:
+                    path = array_path(job, ex.staging, d, st.id)
+                    self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
+                    ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
+        ex.first_round = rounds.first_rounds(ex)
+        # UCX writing into untouched pages is ~2x slower: fault them in ahead of their round
+        ordered = sorted(ex.dst_arrays, key=lambda k: ex.first_round.get(k, 0))
+        ex.prefaulter = parts.Prefaulter([(k, ex.dst_arrays[k]) for k in ordered])
+        self.execution = ex
+        return sum(a.nbytes for a in ex.dst_arrays.values())
+
+    def values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
+        """{op id: value} for (op id, partition, device, name) of values this host holds."""
+        out = {}
+        for op_id, pid, device, name in wanted:
+            path = value_path(job, tag, device, pid, name)
+            if not self.store.exists(path):
+                raise ExecutionError(f"value op {op_id}: src value {path} is missing")
+            out[op_id] = self.store.get(path)
+        return out
+
+    def run_round(self, round: int, values: Mapping[int, Any] | None = None) -> int:
+        """Run this host's share of round `round`; returns the bytes it sent."""
+        ex = self._execution()
+        if round in ex.rounds_done:
+            raise ExecutionError(f"round {round} already ran")
+        if ex.prefaulter is not None:
+            ex.prefaulter.claim(k for k, r in ex.first_round.items() if r <= round)
+        if round == 0:
+            rounds.fills_and_values(ex, self.store, values or {})
+        messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
+        local = rounds.local(ex, [m for m in messages if m.src_host == m.dst_host == self.host])
+        remote = [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
+        if remote:
+            sent = rounds.network(ex, remote, self._ucx(), self._endpoint, self.scratch, work=local)
+        else:
+            sent = sum(0 for _ in local)
+        ex.rounds_done.add(round)
+        return sent
+
+    def commit(self, job: str, dst_tag: str) -> dict[str, float]:
+        """Make the dst tag visible (rename staging); returns the execution's seconds per activity."""
+        ex = self._execution()
+        if (ex.job, ex.dst_tag) != (job, dst_tag):
+            raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
+        self._finish()
+        self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
+        return ex.seconds
+
+    def abort(self, job: str, dst_tag: str) -> bool:
+        """Drop the staging tag (if any); True if there was one."""
+        self._finish()
+        path = tag_path(job, staging_tag(dst_tag))
+        if self.store.exists(path):
+            self.store.delete(path)
+            return True
+        return False
+
+    def _finish(self) -> None:
+        """Forget the current execution and stop its prefaulter. The scratch pool (at most one
+        round's packed bytes) is kept for the next execution: its pages are already touched."""
+        if self.execution is not None and self.execution.prefaulter is not None:
+            self.execution.prefaulter.stop()
+        self.execution = None
+
+    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
+        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition, device): values})."""
+        arrays: dict[Instance, np.ndarray] = {}
+        values: dict[tuple[str, int], dict[str, Any]] = {}
+        if not self.store.exists(tag_path(job, tag)):
+            return arrays, values
+        for path in self.store.walk(tag_path(job, tag)):
+            parsed = parse_leaf(job, tag, path)
+            if parsed is None:
+                continue
+            kind, key = parsed
+            if kind == "array":
+                arrays[key] = np.array(self.store.get(path))
+            else:
+                values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
+        return arrays, values
+
+    def memory(self, reset_peak: bool = False) -> dict[str, int]:
+        """This process's resident bytes now and at peak (Linux VmRSS/VmHWM); `reset_peak`
+        restarts the peak from now (/proc/self/clear_refs), to measure one execution."""
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        fields = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(rest.split()[0]) * 1024
+        return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
+
+    def delete_tag(self, job: str, tag: str) -> bool:
+        """Delete `/job/<job>/<tag>` if present; True if it was."""
+        if self.store.exists(tag_path(job, tag)):
+            self.store.delete(tag_path(job, tag))
+            return True
+        return False
+
+    def exists(self, path: str) -> bool:
+        return self.store.exists(path)
+
+    def serve_rest(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
+        """Serve this agent's store over the REST API (`rest.serve`) from a thread; returns its URL."""
+        from tenplex.runtime.rest.app import serve
+
+        if self.rest is None:
+            self.rest = serve(self.store, host, port, token)
+        return self.rest.url
+
+    def rest_url(self) -> str | None:
+        return None if self.rest is None else self.rest.url
+
+    def stop(self) -> None:
+        self._finish()
+        self.scratch.release()
+        if self.rest is not None:
+            self.rest.stop()
+        if self.peer is not None:
+            self.peer.shutdown()
+        self.store.close()
+
+    # ---- execution -------------------------------------------------------------------
+    def _execution(self) -> Execution:
+        if self.execution is None:
+            raise ExecutionError("no prepared execution (prepare first)")
+        return self.execution
+
+    def _endpoint(self, host: str) -> Any:
+        if host not in self.endpoints:
+            raise ExecutionError(f"not connected to host {host!r} (connected: {sorted(self.endpoints)})")
+        return self.endpoints[host]

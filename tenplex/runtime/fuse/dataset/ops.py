@@ -1,0 +1,303 @@
+"""One data-parallel rank's upcoming samples as a read-only FUSE directory, switched atomically.
+
+`mount(index, state, world, rank, DIR)` shows `RankFiles` (layout in `tenplex.data.rank_files`:
+`DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`) and yields a `FuseView` whose
+`switch(state, world, rank)` publishes the view of another committed state, W or rank.
+
+Reads: a sample file's bytes come straight from its source byte range (`SampleReader.read_into`:
+one `os.preadv` into the kernel's reply buffer, no copy of the whole file), or, with a
+`Prefetcher`, from its cache (`Prefetcher.take` on the file's first read; the prefetcher is
+retargeted by every switch). The kernel keeps a sample file's cached pages across opens: a path
+names the same bytes in every view. The mount's read-ahead is raised (`fuse.dataset.mount`).
+
+Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
+`switch`; every operation reads it once, so each answer comes from one view:
+- `opendir` pins the view: listing an open directory shows the view it was opened in;
+- an open file keeps serving the bytes it named when it was opened;
+- after a switch, a name that the new view does not have is ENOENT (the old view's unread
+  files are not served);
+- `.state.json` (read without the page cache; read it to EOF, its size may be a second stale)
+  names the view's `generation`, which every switch increments: a reader that reads it before
+  and after listing and reading files, and gets the same generation twice, has read exactly
+  that view (a seqlock; `read_view` does it).
+Reading the mount from the process that serves it works with plain Python I/O; numpy's C-level
+I/O there deadlocks on the GIL, so readers belong in other processes.
+
+Invariants:
+- the mount is read-only; generations of published views strictly increase;
+- `mount` yields a live mount and unmounts it (and stops nothing else) when the block ends.
+
+Raises: `DataError` (bad state, W or rank: nothing changes), `FuseUnavailable` (cannot mount).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import itertools
+import json
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tenplex.data.errors import DataError
+from tenplex.data.index import DatasetIndex
+from tenplex.data.prefetch.prefetcher import Prefetcher
+from tenplex.data.rank_files import STATE_FILE, RankFiles, SampleFile
+from tenplex.data.reader import SampleReader
+from tenplex.data.state import DataState
+from tenplex.runtime.fuse.dataset.mount import READ_AHEAD_KB
+from tenplex.runtime.fuse.dataset.mount import mount as mount_ops
+
+_MEMO_PATHS = 1 << 16  # resolved paths remembered per view
+
+
+def _enoent(path: str) -> OSError:
+    return OSError(errno.ENOENT, f"{os.strerror(errno.ENOENT)}: {path}")
+
+
+class _Open:
+    """An open file: `header` bytes, then `length` bytes of sample `sample_id` (fetched lazily)."""
+
+    __slots__ = ("data", "header", "length", "lock", "position", "sample_id", "step")
+
+    def __init__(self, header: bytes, file: SampleFile | None = None) -> None:
+        self.header, self.data, self.lock = header, None, threading.Lock()
+        self.step, self.position, self.sample_id, self.length = (
+            (file.step, file.position, file.sample_id, file.length) if file else (-1, -1, -1, 0)
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.length
+
+
+class ViewFS:
+    """mfusepy operations showing the current `RankFiles` (module doc). Thread-safe."""
+
+    use_ns = True
+
+    def __init__(self, files: RankFiles, reader: SampleReader, prefetcher: Prefetcher | None = None) -> None:
+        self.reader, self.prefetcher = reader, prefetcher
+        self._files = files
+        self._lock = threading.Lock()
+        self._handles: dict[int, _Open] = {}
+        self._dirs: dict[int, tuple[RankFiles, int | None]] = {}
+        self._suffixes: dict[int, str] = {}
+        self._nodes: tuple[RankFiles, dict[str, tuple[str, Any]]] = (files, {})
+        self._ids = itertools.count(1)
+        now, ids = time.time_ns(), {"st_uid": os.getuid(), "st_gid": os.getgid()}
+        self._attrs = {"st_atime": now, "st_mtime": now, "st_ctime": now, **ids, "st_nlink": 1}
+
+    @property
+    def files(self) -> RankFiles:
+        return self._files
+
+    def publish(self, files: RankFiles) -> None:
+        """Make `files` the current view. Raises DataError unless its generation is newer."""
+        with self._lock:
+            if files.generation <= self._files.generation:
+                raise DataError(f"generation: {files.generation} is not after the current {self._files.generation}")
+            self._nodes = (files, {})
+            self._files = files
+
+    # -- names -------------------------------------------------------------------------------
+
+    def _suffix(self, files: RankFiles, sample_id: int) -> str:
+        if sample_id not in self._suffixes:
+            head = bytearray(2)
+            if files.needs_head(sample_id):
+                try:
+                    self.reader.read_into(sample_id, memoryview(head))
+                except DataError as e:
+                    raise OSError(errno.EIO, str(e)) from None
+            self._suffixes[sample_id] = files.suffix(sample_id, bytes(head))
+        return self._suffixes[sample_id]
+
+    def _resolve(self, files: RankFiles, path: str) -> tuple[str, Any]:
+        """("root", None), ("state", None), ("step", step) or ("sample", SampleFile) for `path`
+        (remembered for the current view: a lookup, getattr and open each resolve it)."""
+        memo_files, memo = self._nodes
+        if memo_files is not files:
+            return self._parse_path(files, path)
+        if path not in memo:
+            if len(memo) >= _MEMO_PATHS:
+                memo.clear()
+            memo[path] = self._parse_path(files, path)
+        return memo[path]
+
+    def _parse_path(self, files: RankFiles, path: str) -> tuple[str, Any]:
+        if path == "/":
+            return "root", None
+        parts = path[1:].split("/")
+        if parts == [STATE_FILE]:
+            return "state", None
+        step = files.parse_step(parts[0])
+        if step is None or len(parts) > 2:
+            raise _enoent(path)
+        if len(parts) == 1:
+            return "step", step
+        parsed = files.parse(step, parts[1])
+        if parsed is None or parsed[2] != self._suffix(files, parsed[1]):
+            raise _enoent(path)
+        return "sample", files.sample_file(step, parsed[0])
+
+    def _entries(self, files: RankFiles, step: int | None) -> list[str]:
+        if step is None:
+            return [STATE_FILE, *map(files.step_name, files.steps)]
+        return files.names(step, [self._suffix(files, i) for i in files.ids(step)])
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        """Attributes of `path` in the current view; of the open file `fh` (fstat) in its own."""
+        handle = self._handles.get(fh) if fh is not None else None
+        if handle is not None:
+            return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.size}
+        files = self._files
+        kind, node = self._resolve(files, path)
+        if kind in ("root", "step"):
+            return {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+        size = len(files.state_bytes()) if kind == "state" else node.size
+        return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": size}
+
+    def opendir(self, path: str) -> int:
+        files = self._files
+        kind, step = self._resolve(files, path)
+        if kind not in ("root", "step"):
+            raise OSError(errno.ENOTDIR, path)
+        with self._lock:
+            fh = next(self._ids)
+            self._dirs[fh] = (files, step)
+        return fh
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        files, step = self._dirs[fh]
+        return [".", "..", *self._entries(files, step)]
+
+    def releasedir(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
+
+    def open(self, path: str, flags: int) -> int:
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise OSError(errno.EROFS, path)
+        files = self._files
+        kind, node = self._resolve(files, path)
+        if kind in ("root", "step"):
+            raise OSError(errno.EISDIR, path)
+        handle = _Open(files.state_bytes()) if kind == "state" else _Open(node.header, node)
+        with self._lock:
+            fh = next(self._ids)
+            self._handles[fh] = handle
+        return fh
+
+    def open_flags(self, fh: int) -> tuple[bool, bool]:
+        """(direct_io, keep_cache): `.state.json` bypasses the page cache, sample files keep it."""
+        is_state = self._handles[fh].sample_id < 0
+        return is_state, not is_state
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        """`read_into` through a bytes object (the mount calls `read_into` itself)."""
+        buf = (ctypes.c_char * max(size, 1))()
+        count = self.read_into(fh, ctypes.addressof(buf), size, offset)
+        return buf.raw[:count]
+
+    def read_into(self, fh: int, address: int, size: int, offset: int) -> int:
+        """Copy up to `size` bytes at `offset` of open file `fh` to memory at `address`; the count."""
+        h = self._handles[fh]
+        end = min(offset + size, h.size)
+        if end <= offset:
+            return 0
+        out = memoryview((ctypes.c_char * (end - offset)).from_address(address)).cast("B")
+        n = max(0, min(len(h.header), end) - offset)
+        out[:n] = h.header[offset : offset + n]
+        if n < len(out):
+            start = offset + n - len(h.header)
+            try:
+                self._read_sample(h, out[n:], start)
+            except DataError as e:
+                raise OSError(errno.EIO, str(e)) from None
+        return len(out)
+
+    def _read_sample(self, h: _Open, out: memoryview, start: int) -> None:
+        if self.prefetcher is not None and h.data is None:
+            with h.lock:
+                if h.data is None:
+                    h.data = self.prefetcher.take(h.step, h.position, h.sample_id)
+        if h.data is not None:
+            out[:] = memoryview(h.data)[start : start + len(out)]
+        else:
+            self.reader.read_into(h.sample_id, out, start)
+
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._handles.pop(fh, None)
+        return 0
+
+
+class FuseView:
+    """A mounted view (`mount` yields it): the directory, the current files, and `switch`."""
+
+    def __init__(self, ops: ViewFS, directory: str, steps: int | None, uneven: bool) -> None:
+        self.ops, self.directory, self.steps, self.uneven = ops, directory, steps, uneven
+        self._switching = threading.Lock()
+
+    @property
+    def files(self) -> RankFiles:
+        return self.ops.files
+
+    def switch(self, state: DataState, world: int, rank: int, steps: int | None = None) -> RankFiles:
+        """Publish the view of rank `rank` of `world` from `state`'s next step, for `steps` steps
+        (default: as mounted), and retarget the prefetcher. Raises DataError (nothing changes)."""
+        with self._switching:
+            old = self.ops.files
+            steps = self.steps if steps is None else steps
+            files = RankFiles.build(old.index, state, world, rank, steps, self.uneven, old.generation + 1)
+            if self.ops.prefetcher is not None:
+                self.ops.prefetcher.start(files.view, files.stop)
+            self.ops.publish(files)
+            return files
+
+
+@contextlib.contextmanager
+def mount(index: DatasetIndex, state: DataState, world: int, rank: int, directory: str | os.PathLike, *,
+          steps: int | None = None, uneven: bool = False, reader: SampleReader | None = None,
+          prefetcher: Prefetcher | None = None, timeout: float = 10.0,
+          read_ahead_kb: int | None = READ_AHEAD_KB, threads: bool = False) -> Iterator[FuseView]:  # fmt: skip
+    """Mount rank `rank` of `world`'s view of `steps` steps from `state` (None: to the end of
+    the epoch) at `directory`; yield the `FuseView`. `reader` (default: the index's files)
+    serves reads unless a `prefetcher` is given; `threads` serves requests in several threads
+    (`fuse.dataset.mount`; with one thread, a read waiting for its prefetch holds up the others).
+    Raises DataError, FuseUnavailable."""
+    files = RankFiles.build(index, state, world, rank, steps, uneven)
+    reader = reader or (prefetcher.reader if prefetcher is not None else SampleReader(index, decode=False))
+    ops = ViewFS(files, reader, prefetcher)
+    if prefetcher is not None:
+        prefetcher.start(files.view, files.stop)
+    with mount_ops(ops, os.fspath(directory), timeout, read_ahead_kb, threads) as live:
+        yield FuseView(ops, live, steps, uneven)
+
+
+def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of one whole view of a mount at `directory`,
+    read with the generation seqlock (module doc), retrying while switches race it.
+    Raises DataError after `attempts` tries that each saw a switch."""
+    root = Path(directory)
+    for _ in range(attempts):
+        try:
+            before = json.loads((root / STATE_FILE).read_bytes())
+            files = {f"{d}/{name}": (root / d / name).read_bytes()
+                     for d in sorted(os.listdir(root)) if d != STATE_FILE for name in sorted(os.listdir(root / d))}  # fmt: skip
+            after = json.loads((root / STATE_FILE).read_bytes())
+        except (FileNotFoundError, ValueError):
+            continue  # a switch removed what the listing named, or cut a state read short
+        if before["generation"] == after["generation"]:
+            return before, files
+    raise DataError(f"{directory}: no consistent view in {attempts} reads (switches keep racing them)")

@@ -1,0 +1,164 @@
+"""Mounting FUSE operations (mfusepy on libfuse3) in a background thread: shared by the tensor
+store's view (`tenplex.runtime.fuse.store.mount`) and the dataset's per-rank view (`tenplex.runtime.fuse.dataset.ops`).
+
+- reads copy once: `read` hands the kernel's reply buffer to `ops.read_into(fh, address, size,
+  offset)` instead of going through a `bytes` object;
+- `open` lets the operations choose per file whether the kernel bypasses or keeps its cached
+  pages (`ops.open_flags(fh) -> (direct_io, keep_cache)`);
+- the mount's kernel read-ahead is raised to `READ_AHEAD_KB`, so sequential reads of large files
+  arrive as 1 MiB requests, several in flight (needs root; else the default stays, logged).
+
+Invariants:
+- `mount` returns only once the directory is a live mount point, and on exit unmounts it and
+  joins the FUSE thread whatever happened inside the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tenplex.ir.errors import TenplexError
+
+READ_AHEAD_KB = 8192  # see bench/results/fuse.md: 1 MiB requests, several in flight
+log = logging.getLogger(__name__)
+
+
+class FuseUnavailable(TenplexError):
+    """FUSE cannot be used here (no /dev/fuse, fusermount3 or libfuse3) or a mount failed."""
+
+
+def fuse_unavailable_reason() -> str | None:
+    """Why FUSE cannot be used on this machine, or None if it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing (load the fuse module or run the container with --device /dev/fuse)"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is missing (apt-get install -y fuse3)"
+    try:
+        fuse_class()
+    except FuseUnavailable as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def fuse_class() -> type:
+    """mfusepy's FUSE with the fast paths of the module doc (defined once mfusepy loads)."""
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+    try:
+        import mfusepy
+    except (ImportError, OSError, AttributeError) as e:
+        raise FuseUnavailable(f"cannot load mfusepy on libfuse3 ({e}); install fuse3 (apt-get install -y fuse3) "
+                              "and mfusepy") from None  # fmt: skip
+
+    class FastFUSE(mfusepy.FUSE):
+        def open(self, path: bytes, fip: Any) -> int:
+            fi = fip.contents
+            fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
+            fi.direct_io, fi.keep_cache = self.operations.open_flags(fi.fh)
+            return 0
+
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            return self.operations.read_into(fip.contents.fh, ctypes.addressof(buf.contents), size, offset)
+
+    return FastFUSE
+
+
+def serve(ops: Any, directory: str, **options: Any) -> None:
+    """Mount `ops` at `directory` in the calling thread; return once it is unmounted.
+    Raises: FuseUnavailable if libfuse fails to mount."""
+    try:
+        fuse_class()(ops, directory, foreground=True, **options)
+    except RuntimeError as e:
+        raise FuseUnavailable(f"libfuse failed to mount {directory}: error {e}") from None
+
+
+@contextlib.contextmanager
+def mount(serve_here: Callable[[str], None], directory: str, *, timeout: float = 10.0,
+          read_ahead_kb: int | None = READ_AHEAD_KB, what: str = "FUSE view") -> Iterator[str]:  # fmt: skip
+    """Run `serve_here(directory)` in a background thread until the block ends; yield the
+    resolved directory once it is a live mount point. Raises: FuseUnavailable naming the
+    directory and why (FUSE unavailable, or not live within `timeout` s)."""
+    directory = os.path.realpath(directory)
+    if (reason := fuse_unavailable_reason()) is not None:
+        raise FuseUnavailable(f"cannot mount the {what} at {directory}: {reason}")
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve_here(directory)
+        except BaseException as e:  # reported to the caller below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name=f"tenplex-fuse:{directory}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not is_mounted(directory):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            unmount(directory, thread)
+            why = failure[0] if failure else f"not mounted after {timeout} s"
+            raise FuseUnavailable(f"cannot mount the {what} at {directory}: {why}")
+        time.sleep(0.01)
+    try:
+        if read_ahead_kb is not None:
+            set_read_ahead(directory, read_ahead_kb)
+        yield directory
+    finally:
+        unmount(directory, thread)
+
+
+def unmount(directory: str, thread: threading.Thread | None = None) -> None:
+    for args in (["-u"], ["-u", "-z"]):  # lazy unmount if a file is still open
+        if not is_mounted(directory):
+            break
+        subprocess.run(["fusermount3", *args, directory], capture_output=True, check=False)
+    if thread is not None:
+        thread.join(timeout=10)
+        if thread.is_alive():
+            log.warning("FUSE thread for %s did not stop within 10 s", directory)
+
+
+def read_ahead_of(directory: str) -> int | None:
+    """The kernel read-ahead (KiB) of the file system mounted at `directory`; None if unknown."""
+    try:
+        with open(_bdi_file(directory)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _bdi_file(directory: str) -> str:
+    return f"/sys/class/bdi/{mount_entry(directory)}/read_ahead_kb"
+
+
+def set_read_ahead(directory: str, kb: int) -> None:
+    """Raise the mount's read-ahead to `kb` KiB; log (and go on) where sysfs does not allow it."""
+    os.stat(directory)  # waits for FUSE's INIT reply, which would cap an earlier setting at 128 KiB
+    try:
+        with open(_bdi_file(directory), "w") as f:
+            f.write(str(kb))
+    except OSError as e:
+        log.info("cannot set the read-ahead of the FUSE mount %s: %s", directory, e)
+
+
+def is_mounted(directory: str) -> bool:
+    """Whether `directory` (an absolute, resolved path) is a mount point, from the mount table (a
+    stat could hang on a dead FUSE mount)."""
+    return mount_entry(directory) is not None
+
+
+def mount_entry(directory: str) -> str | None:
+    """The `major:minor` of the file system mounted at `directory` (the last one), or None."""
+    escaped = directory.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+    with open("/proc/self/mountinfo") as f:
+        devices = [fields[2] for line in f if (fields := line.split(" "))[4] == escaped]
+    return devices[-1] if devices else None

@@ -1,0 +1,84 @@
+"""FUSE view of a TensorStore: a store (or a subtree of it) mounted as a directory.
+
+What the view shows and how writes map to the store is `StoreFS` (`fuse.store.ops`); the bytes of a
+file are `NpyFile` (`fuse.npy`). This module mounts it (`tenplex.runtime.fuse.mount`: mfusepy on libfuse3)
+and tunes reads:
+
+- reads copy once: a read request is served by one `memmove` from the stored array into
+  libfuse's reply buffer (mfusepy's own `read` goes through a `bytes` object, a second copy);
+- the page cache stays on (no `direct_io`, so `np.load(mmap_mode="r")` works), and with
+  `keep_cache` an open keeps the pages that earlier reads cached (see `StoreFS`);
+- kernel read-ahead for the mount is raised to `read_ahead_kb` (its backing device's
+  `/sys/class/bdi/<major:minor>/read_ahead_kb`; FUSE starts at 128 KiB), so sequential reads
+  arrive as 1 MiB requests (the largest a FUSE request gets, 256 pages) several at a time.
+  Without permission to write it (not root), the mount keeps the kernel's default.
+
+Buffered reads are bound by the reader's side (page-cache pages filled by FUSE, then copied
+out); a reader that opens with O_DIRECT (`load_npy`) skips both and is 3-4x faster. Attributes
+and names are cached by the kernel for 1 s, so changes made to the store directly show in sizes
+and listings within a second. Numbers: bench/results/fuse.md (`python -m bench --only fuse`).
+
+Invariants:
+- `mount` returns only once the directory is a live mount point, and on exit unmounts it and
+  joins the FUSE thread whatever happened inside the block;
+- a mount with `read_only` is mounted `ro` and its `StoreFS` refuses every change (EROFS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from tenplex.runtime.fuse import mount as fusemount
+from tenplex.runtime.fuse.mount import (
+    READ_AHEAD_KB,
+    FuseUnavailable,
+    fuse_unavailable_reason,
+    is_mounted,
+    read_ahead_of,
+)
+from tenplex.runtime.fuse.npy import NpyFile, load_npy, npy_dtype, parse_npy
+from tenplex.runtime.fuse.store.ops import DTYPE_XATTR, StoreFS
+from tenplex.runtime.store.tree import TensorStore
+
+__all__ = [
+    "DTYPE_XATTR", "READ_AHEAD_KB", "FuseError", "NpyFile", "StoreFS", "fuse_unavailable_reason",
+    "is_mounted", "load_npy", "mount", "npy_dtype", "parse_npy", "read_ahead_of", "serve",
+]  # fmt: skip
+
+FuseError = FuseUnavailable  # FUSE cannot be used here, or a mount failed
+
+
+def serve(store: TensorStore, directory: str, *, prefix: str = "/", read_only: bool = False,
+          keep_cache: bool = False) -> None:  # fmt: skip
+    """Mount `store` at `directory` in the calling thread and block until it is unmounted.
+
+    Raises: FuseError if FUSE is unavailable or libfuse fails to mount.
+    """
+    if (reason := fuse_unavailable_reason()) is not None:
+        raise FuseError(reason)
+    ops = StoreFS(store, prefix, read_only=read_only, keep_cache=keep_cache)
+    # max_idle_threads: libfuse 3.14 warns about its own default (UINT_MAX) on every mount
+    fusemount.serve(ops, directory, fsname="tenplex", attr_timeout=1.0, max_idle_threads=10, ro=read_only)
+
+
+@contextlib.contextmanager
+def mount(store: TensorStore, directory: str, *, prefix: str = "/", timeout: float = 10.0, read_only: bool = False,
+          keep_cache: bool = False, read_ahead_kb: int | None = READ_AHEAD_KB) -> Iterator[str]:  # fmt: skip
+    """Mount `store` (its subtree `prefix`) at `directory` in a background thread; yield the path.
+
+    The mount is live when the block starts and gone (unmounted, thread joined) when it ends.
+    The view serves other processes. In this process, plain Python file I/O works, but numpy's
+    C-level I/O on the mount (`np.load`, `np.save`, `np.fromfile`, and page faults of a
+    `mmap_mode` array) holds the GIL that the FUSE thread needs and deadlocks: use `serve` in a
+    separate process, or read the store directly, for that. While mounted, libfuse handles
+    SIGTERM and SIGHUP (SIGINT too where it is at its default) unless the process has its own
+    handlers, as `tenplex store mount` does. `read_ahead_kb=None` keeps the kernel's read-ahead.
+    Raises: FuseError if FUSE is unavailable or the mount is not live within `timeout` seconds.
+    """
+
+    def serve_here(path: str) -> None:
+        serve(store, path, prefix=prefix, read_only=read_only, keep_cache=keep_cache)
+
+    with fusemount.mount(serve_here, directory, timeout=timeout, read_ahead_kb=read_ahead_kb, what="store") as path:
+        yield path

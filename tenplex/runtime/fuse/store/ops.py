@@ -1,0 +1,321 @@
+"""The file system operations of the FUSE view (`StoreFS`): a TensorStore as a directory tree.
+
+Layout: store directories are directories; an array leaf `<name>` is the file `<name>.npy` (see
+`fuse.npy`: a `.npy` that `numpy.load` reads, also with `mmap_mode="r"`); a value leaf is
+`<name>.json` holding its JSON. bfloat16 and float8 appear as raw bits in the unsigned integer of
+the same width (`<u2`, `|u1`), as `tenplex.save` stores them; `getxattr(path,
+"user.tenplex.dtype")` names the stored dtype, and writing the raw-bits file over such a leaf
+keeps its dtype, so read-modify-write round trips are exact.
+
+Writes: creating or opening `<name>.npy` (or `<name>.json`) for writing buffers the bytes in
+memory; each close parses the buffer (`parse_npy` or `json`) and stores the leaf at `<name>`,
+replacing any old one. Other file names cannot be created (EPERM). `mkdir` makes a directory that
+lives only in this view until a leaf is written under it (the store has no empty directories of
+its own); `unlink`/`rmdir` (empty directories only) map to `store.delete`, `rename` to
+`store.rename`. With `read_only`, every change fails with EROFS.
+
+Page cache: with `keep_cache`, an open for reading keeps the file's cached pages unless the
+file was rewritten through this view since its last open that dropped them; use it only when
+nothing but this view changes the store (else a reader may see old bytes).
+
+Invariants:
+- a close that fails to parse returns EINVAL and leaves the store unchanged;
+- a read serves the bytes of the leaf as it was when the file was opened (a handle holds it);
+- with `read_only`, no operation changes the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import itertools
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+
+from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.fuse.npy import Handle, NpyFile, npy_dtype
+from tenplex.runtime.store.tree import StoreError, TensorStore
+
+__all__ = ["DTYPE_XATTR", "StoreFS"]
+
+NPY, JSON = ".npy", ".json"
+DTYPE_XATTR = "user.tenplex.dtype"
+
+
+def _oserror(code: int, what: str) -> OSError:
+    return OSError(code, f"{os.strerror(code)}: {what}")
+
+
+class StoreFS:
+    """mfusepy operations over `store` rooted at `prefix` (see module doc). Thread-safe."""
+
+    use_ns = True
+
+    def __init__(self, store: TensorStore, prefix: str = "/", *, read_only: bool = False,
+                 keep_cache: bool = False) -> None:  # fmt: skip
+        self.store, self.prefix = store, prefix.rstrip("/")
+        self.read_only, self.keep_cache = read_only, keep_cache
+        self._handles: dict[int, Handle] = {}
+        self._dirs: set[str] = set()  # mkdir'ed mount paths not (yet) in the store
+        self._rewritten: set[str] = set()  # mount paths whose kernel page cache may be stale
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._time = time.time_ns()
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def _store_path(self, path: str, strip: bool = True) -> str:
+        suffix = next((s for s in (NPY, JSON) if strip and path.endswith(s)), "")
+        return (self.prefix + path[: len(path) - len(suffix)]) or "/"
+
+    def _kind(self, path: str) -> str | None:
+        """'dir', 'array', 'value' or 'pending' (a file being written) for a mount path, else None."""
+        with self._lock:
+            if path in self._dirs or any(d.startswith(path.rstrip("/") + "/") for d in self._dirs):
+                return "dir"
+            if any(h.writer and h.path == path for h in self._handles.values()):
+                return "pending"
+        try:
+            if self.store.exists(self._store_path(path, strip=False)):
+                with contextlib.suppress(StoreError):
+                    self.store.meta(self._store_path(path, strip=False))
+                    return None  # a leaf shows only under its suffixed name
+                return "dir"
+            want = "array" if path.endswith(NPY) else "value" if path.endswith(JSON) else None
+            if want is not None and self.store.exists(sp := self._store_path(path)):
+                return want if self.store.meta(sp).kind == want else None
+        except StoreError:
+            return None
+        return None
+
+    def _file(self, path: str) -> NpyFile:
+        try:
+            return NpyFile.from_leaf(self.store.get(self._store_path(path)))
+        except StoreError:
+            raise _oserror(errno.ENOENT, path) from None
+
+    def _need(self, path: str) -> str:
+        kind = self._kind(path)
+        if kind is None:
+            raise _oserror(errno.ENOENT, path)
+        return kind
+
+    def _writable(self, path: str) -> None:
+        if self.read_only:
+            raise _oserror(errno.EROFS, path)
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    def getattr(self, path: str, fh: int | None = None) -> dict:
+        kind = self._need(path)
+        t = {"st_atime": self._time, "st_mtime": self._time, "st_ctime": self._time}
+        ids = {"st_uid": os.getuid(), "st_gid": os.getgid()}
+        if kind == "dir":
+            return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, **t, **ids}
+        return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": self._size(path), **t, **ids}
+
+    def _size(self, path: str) -> int:
+        with self._lock:
+            for h in self._handles.values():
+                if h.writer and h.path == path and h.buf is not None:
+                    return len(h.buf)
+        return self._file(path).size
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        if self._need(path) != "dir":
+            raise _oserror(errno.ENOTDIR, path)
+        sp, names = self._store_path(path, strip=False), set()
+        with contextlib.suppress(StoreError):
+            for name in self.store.list(sp):
+                child = sp.rstrip("/") + "/" + name
+                kind = "dir" if not _is_leaf(self.store, child) else self.store.meta(child).kind
+                names.add(name + {"dir": "", "array": NPY, "value": JSON}[kind])
+        base = path.rstrip("/") + "/"
+        with self._lock:
+            extra = [p for p in self._dirs | {h.path for h in self._handles.values() if h.writer}]
+        names.update(p[len(base) :].split("/")[0] for p in extra if p.startswith(base))
+        return [".", "..", *sorted(names)]
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        if name == DTYPE_XATTR and self._need(path) == "array":
+            return self.store.meta(self._store_path(path)).dtype.encode()
+        raise _oserror(errno.ENODATA, f"{path} has no attribute {name}")
+
+    def listxattr(self, path: str) -> list[str]:
+        return [DTYPE_XATTR] if self._need(path) == "array" else []
+
+    def utimens(self, path: str, times: object = None) -> int:
+        self._need(path)
+        return 0
+
+    # -- reading and writing ------------------------------------------------------------------
+
+    def open(self, path: str, flags: int) -> int:
+        kind = self._need(path)
+        if kind == "dir":
+            raise _oserror(errno.EISDIR, path)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            return self._add(Handle(path, file=self._file(path)))
+        self._writable(path)
+        return self._add(Handle(path, buf=bytearray() if flags & os.O_TRUNC else None, writer=True))
+
+    def open_flags(self, fh: int) -> tuple[bool, bool]:
+        """(direct_io, keep_cache) for an open file: the page cache stays on (mmap works)."""
+        return False, self.keep_cached_pages(fh)
+
+    def keep_cached_pages(self, fh: int) -> bool:
+        """Whether the kernel may keep the cached pages of the file open as `fh` (see module doc)."""
+        with self._lock:
+            h = self._handles[fh]
+            stale = h.path in self._rewritten
+            self._rewritten.discard(h.path)  # an open that does not keep them drops them
+            return self.keep_cache and not h.writer and not stale
+
+    def create(self, path: str, mode: int, flags: int = 0) -> int:
+        self._writable(path)
+        if not path.endswith((NPY, JSON)) or path.endswith(("/" + NPY, "/" + JSON)):
+            raise _oserror(errno.EPERM, f"{path}: only <name>.npy and <name>.json files can be created")
+        return self._add(Handle(path, buf=bytearray(), writer=True, dirty=True))
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        h = self._handles[fh]
+        if h.writer:
+            self._materialize(h)
+            return bytes(h.buf[offset : offset + size])
+        return h.file.read(size, offset)
+
+    def read_into(self, fh: int, dst: int, size: int, offset: int) -> int:
+        """`read` into memory at address `dst` (the kernel's reply buffer); the byte count."""
+        h = self._handles[fh]
+        if not h.writer:
+            return h.file.read_into(dst, size, offset)
+        data = self.read(h.path, size, offset, fh)
+        ctypes.memmove(dst, data, len(data))
+        return len(data)
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        h = self._handles[fh]
+        self._materialize(h)
+        h.write(data, offset)
+        return len(data)
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._writable(path)
+        with self._lock:
+            handles = [h for h in self._handles.values() if h.writer and h.path == path]
+        if not handles:
+            raise _oserror(errno.EPERM, f"{path}: truncate a file only while it is open for writing")
+        for h in handles:
+            if length == 0:
+                h.buf = bytearray()  # skip copying the old contents of a file about to be rewritten
+            self._materialize(h)
+            h.truncate(length)
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        h = self._handles[fh]
+        if h.writer and h.dirty:
+            self._commit(h)
+        return 0
+
+    def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            h = self._handles.pop(fh)
+        if h.writer and h.dirty:
+            with contextlib.suppress(OSError):  # close() already saw the error from flush
+                self._commit(h)
+        return 0
+
+    def _add(self, handle: Handle) -> int:
+        with self._lock:
+            fh = next(self._ids)
+            self._handles[fh] = handle
+            return fh
+
+    def _materialize(self, h: Handle) -> None:
+        if h.buf is None:  # opened for writing without O_TRUNC: start from the current bytes
+            f = self._file(h.path)
+            h.buf = bytearray(f.read(f.size, 0))
+
+    def _commit(self, h: Handle) -> None:
+        sp = self._store_path(h.path)
+        try:
+            data = h.parse()
+            if isinstance(data, np.ndarray):
+                data = self._keep_raw_dtype(sp, data)
+            self.store.put(sp, data, replace=True)
+        except (ValueError, UnicodeDecodeError, StoreError) as e:
+            raise _oserror(errno.EINVAL, f"{h.path}: {e}") from None
+        h.dirty = False
+        with self._lock:
+            self._rewritten.add(h.path)
+
+    def _keep_raw_dtype(self, sp: str, array: np.ndarray) -> np.ndarray:
+        """Raw bits written over a bfloat16/float8 leaf stay that dtype (see module doc)."""
+        with contextlib.suppress(StoreError):
+            meta = self.store.meta(sp)
+            if meta.kind == "array" and npy_dtype(old := np_dtype(meta.dtype)) == array.dtype != old:
+                return array.view(old)
+        return array
+
+    # -- namespace ---------------------------------------------------------------------------
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._writable(path)
+        if self._kind(path) is not None:
+            raise _oserror(errno.EEXIST, path)
+        with self._lock:
+            self._dirs.add(path)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._writable(path)
+        if self._need(path) not in ("array", "value"):
+            raise _oserror(errno.EISDIR if self._kind(path) == "dir" else errno.EBUSY, path)
+        self.store.delete(self._store_path(path))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._writable(path)
+        if self._need(path) != "dir":
+            raise _oserror(errno.ENOTDIR, path)
+        if path == "/":
+            raise _oserror(errno.EBUSY, "the mount root cannot be removed")
+        if len(self.readdir(path, 0)) > 2:
+            raise _oserror(errno.ENOTEMPTY, path)
+        with self._lock:
+            self._dirs.discard(path)
+        with contextlib.suppress(StoreError):
+            self.store.delete(self._store_path(path, strip=False))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._writable(old)
+        kind = self._need(old)
+        strip = kind != "dir"
+        if (
+            kind == "pending"
+            or (strip and old.endswith(NPY) != new.endswith(NPY))
+            or (strip and not new.endswith((NPY, JSON)))
+        ):
+            raise _oserror(errno.EPERM, f"cannot rename {old} to {new}: keep the suffix and close the file first")
+        try:
+            self.store.rename(self._store_path(old, strip), self._store_path(new, strip), replace=True)
+        except StoreError as e:
+            raise _oserror(errno.EINVAL, str(e)) from None
+        with self._lock:  # the kernel moves cached pages with the file
+            self._rewritten |= {new + p[len(old) :] for p in self._rewritten if p == old or p.startswith(old + "/")}
+        return 0
+
+
+def _is_leaf(store: TensorStore, path: str) -> bool:
+    try:
+        store.meta(path)
+        return True
+    except StoreError:
+        return False
