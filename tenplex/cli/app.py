@@ -29,9 +29,10 @@ from tenplex.cli.store import store
 from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, load_plan
 from tenplex.compiler.emit import EMITTERS, human_bytes, plural, table
 from tenplex.ir.errors import ParseError, TenplexError
+from tenplex.ir.files import read_json, write_atomic
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import FORMAT as PTC_FORMAT
-from tenplex.ir.serialize import dumps, ptc_from_json, read_json, write_atomic
+from tenplex.ir.serialize import dumps, ptc_from_json
 
 EXIT_ERROR = 2
 EXECUTE_LIMIT = 256 << 20

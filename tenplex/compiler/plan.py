@@ -19,8 +19,9 @@ import attrs
 from tenplex.compiler.graph import EdgeKind, OpGraph
 from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp
 from tenplex.ir.errors import IRError
+from tenplex.ir.files import read_json
 from tenplex.ir.ptc import Allocation
-from tenplex.ir.serialize import JsonDoc, canonical_text, read_json
+from tenplex.ir.serialize import JsonDoc, canonical_text
 
 FORMAT = "tenplex.plan/1"
 MiB = 1 << 20

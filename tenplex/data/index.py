@@ -34,7 +34,7 @@ import numpy as np
 
 from tenplex.data.errors import DataError
 from tenplex.data.storage import join, size_of
-from tenplex.ir.serialize import write_atomic
+from tenplex.ir.files import write_atomic
 
 INDEX_FORMAT = "tenplex.data-index/1"
 SAMPLE_FORMATS = ("numpy", "megatron", "tfrecord", "raw")

@@ -29,7 +29,7 @@ import attrs
 from tenplex.data.errors import DataError
 from tenplex.data.index import DatasetIndex
 from tenplex.data.order import TAIL_POLICIES, Order
-from tenplex.ir.serialize import read_json, write_atomic
+from tenplex.ir.files import read_json, write_atomic
 
 STATE_VERSION = 1
 FIELDS = ("version", "fingerprint", "seed", "epoch", "cursor", "global_batch", "tail_policy")

@@ -61,7 +61,7 @@ from tenplex.elastic.job import Event, JobSpec
 from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
 from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json
 from tenplex.elastic.requests import scale_request_from_json
-from tenplex.ir.serialize import write_atomic
+from tenplex.ir.files import write_atomic
 
 POLL = 0.05
 

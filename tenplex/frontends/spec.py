@@ -31,8 +31,8 @@ from tenplex.frontends.parallel import Cluster, ParallelConfig, fit
 from tenplex.frontends.presets import MODEL_FIELDS, PRESETS, model_from_fields, preset
 from tenplex.frontends.transformer import build_ptc
 from tenplex.ir.errors import SpecError
+from tenplex.ir.files import read_json
 from tenplex.ir.ptc import PTC
-from tenplex.ir.serialize import read_json
 
 ALIASES = {
     "layers": "num_layers",

@@ -40,8 +40,9 @@ import numpy as np
 from tenplex.compiler import Plan, compile_plan
 from tenplex.compiler.central import compile_central
 from tenplex.ir.errors import ExecutionError, TenplexError
+from tenplex.ir.files import atomic_dir, read_json
 from tenplex.ir.ptc import PTC, Allocation
-from tenplex.ir.serialize import atomic_dir, dumps, load_ptc, read_json
+from tenplex.ir.serialize import dumps, load_ptc
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.arrays import np_dtype
 

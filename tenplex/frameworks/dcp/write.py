@@ -49,8 +49,8 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, TensorWr
 from tenplex.frameworks.dcp.format import DcpError, bytes_of_value
 from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
 from tenplex.ir.box import Box, subtract_all
+from tenplex.ir.files import atomic_dir
 from tenplex.ir.ptc import PTC
-from tenplex.ir.serialize import atomic_dir
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.runtime.arrays import np_dtype, region
 

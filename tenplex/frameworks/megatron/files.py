@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 import torch
 
-from tenplex.ir import serialize
+from tenplex.ir import files
 from tenplex.ir.errors import TenplexError
 from tenplex.runtime.arrays import np_dtype
 
@@ -183,5 +183,5 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def atomic_dir(out: Path) -> contextlib.AbstractContextManager[Path]:
-    """`tenplex.ir.serialize.atomic_dir` raising CheckpointFormatError."""
-    return serialize.atomic_dir(out, CheckpointFormatError)
+    """`tenplex.ir.files.atomic_dir` raising CheckpointFormatError."""
+    return files.atomic_dir(out, CheckpointFormatError)
