@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from tenplex.runtime.transport.ucx.peer import UcxPeer, import_ucx
+from tenplex.runtime.transport.ucx import UcxPeer, import_ucx
 
 TIMEOUT = 60.0
 

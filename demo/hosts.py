@@ -93,7 +93,7 @@ def _spec(model: str, layout: str) -> str:
 def unavailable() -> str | None:
     """Why emulated hosts with agents cannot run here, or None."""
     from tenplex.runtime.netns import netns_unavailable_reason
-    from tenplex.runtime.transport.ucx.peer import ucx_available
+    from tenplex.runtime.transport.ucx import ucx_available
 
     return netns_unavailable_reason() or ucx_available()
 

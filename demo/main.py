@@ -204,7 +204,7 @@ def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
     """Run the chain on `workers` local agents (one `Runtime.local` for all steps, the dst of
     one step the src of the next). Returns (steps, skip reason); the reason is "" unless ucxx
     cannot be imported, and then no step is run."""
-    from tenplex.runtime.transport.ucx.peer import ucx_available
+    from tenplex.runtime.transport.ucx import ucx_available
 
     reason = ucx_available()
     if reason is not None:

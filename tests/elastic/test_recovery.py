@@ -24,7 +24,7 @@ from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import TenplexError
 from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
 from tenplex.runtime.oracle import check_state
-from tenplex.runtime.transport.ucx.peer import ucx_available
+from tenplex.runtime.transport.ucx import ucx_available
 
 MODEL = "gpt-tiny:layers=12,hidden=64,heads=4,ffn=256,vocab=512"
 SRC = f"{MODEL},tp2,pp2,dp1@4x1"  # 4 partitions, one per host

@@ -14,7 +14,7 @@ from tenplex.frameworks import CheckpointFormatError, reshard_megatron
 from tenplex.frameworks.megatron.read import read_megatron
 from tenplex.frameworks.megatron.write import write_megatron
 from tenplex.frontends.spec import parse_spec
-from tenplex.runtime.transport.ucx.peer import ucx_available
+from tenplex.runtime.transport.ucx import ucx_available
 from tests.frameworks.megatron_helpers import assert_truth, diff, load_tree, reshard
 
 PAIRS = {  # name: (src spec, dst layout, builder options)

@@ -20,7 +20,7 @@ from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_al
 from tenplex.runtime.netns import EmulatedHosts, netns_unavailable_reason
 from tenplex.runtime.oracle import check_state
 from tenplex.runtime.runtime import Runtime
-from tenplex.runtime.transport.ucx.peer import ucx_available
+from tenplex.runtime.transport.ucx import ucx_available
 
 _REASON = ucx_available()
 pytestmark = [

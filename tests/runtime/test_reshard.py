@@ -21,7 +21,7 @@ from tenplex.ir.ptc import PTC
 from tenplex.runtime import reshard as rs
 from tenplex.runtime.arrays import arange_tensors, materialize
 from tenplex.runtime.reshard import CheckpointError, read_checkpoint, reshard, write_checkpoint
-from tenplex.runtime.transport.ucx.peer import ucx_available
+from tenplex.runtime.transport.ucx import ucx_available
 
 SRC, DST = "gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,pp1@1x4"
 UCX = pytest.mark.skipif(ucx_available() is not None, reason=f"ucxx cannot be imported: {ucx_available()}")

@@ -15,7 +15,7 @@ from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
 from tenplex.runtime.oracle import check_state
-from tenplex.runtime.transport.ucx.peer import ucx_available
+from tenplex.runtime.transport.ucx import ucx_available
 
 _REASON = ucx_available()
 pytestmark = [

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tenplex.ir.errors import TenplexError
+from tenplex.runtime.transport.ucx import ANY, TransportError, UcxPeer, ucx_available
 from tenplex.runtime.transport.ucx import wire as ucx_wire
-from tenplex.runtime.transport.ucx.peer import ANY, TransportError, UcxPeer, ucx_available
 
 _REASON = ucx_available()
 needs_ucx = pytest.mark.skipif(_REASON is not None, reason=f"ucxx cannot be imported: {_REASON}")

@@ -62,7 +62,7 @@ class Agent:
 
     def _ucx(self) -> Any:
         if self.peer is None:
-            from tenplex.runtime.transport.ucx.peer import UcxPeer  # only agents need UCX
+            from tenplex.runtime.transport.ucx import UcxPeer  # only agents need UCX
 
             self.peer = UcxPeer(self.host, timeout=self.timeout)
         return self.peer

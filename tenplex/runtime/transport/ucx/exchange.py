@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from tenplex.runtime.transport.ucx.peer import Received, UcxEndpoint, UcxPeer, _as_bytes, _Timeout
 from tenplex.runtime.transport.ucx.wire import (
     DATA,
     FULL_MASK,
@@ -26,10 +25,11 @@ from tenplex.runtime.transport.ucx.wire import (
     pack_header,
     unpack_header,
 )
+from tenplex.runtime.transport.ucx.worker import Received, Timeout, UcxEndpoint, Worker, as_bytes
 
 
 class Exchange:
-    def __init__(self, peer: UcxPeer, timeout: float | None):
+    def __init__(self, peer: Worker, timeout: float | None):
         self.peer, self.deadline = peer, peer._deadline(timeout)
         self.A, self.T, self.M = peer._Array, peer._api.UCXXTag, peer._api.UCXXTagMask
         self.keep: list = []  # buffers UCX may still use
@@ -49,7 +49,7 @@ class Exchange:
             self.peer._progress_until(self._post_payloads, self.deadline, what, iter(work) if work is not None else None)
         except TransportError as e:
             self.peer._abandon(self.keep + self.reqs)
-            if not isinstance(e, _Timeout):
+            if not isinstance(e, Timeout):
                 raise
             waiting = [item[4] for item in self.pending if item[0] is not None]
             raise TransportError(f"{what}: timed out (peer {self.peer.name!r}); headers still missing for messages "
@@ -68,7 +68,7 @@ class Exchange:
         A, T, peer = self.A, self.T, self.peer
         check_user_tag(message_id)
         peer._check_open(ep)
-        arr = A(_as_bytes(buffer, False, f"send of message {message_id} to {ep.remote_name!r}"))
+        arr = A(as_bytes(buffer, False, f"send of message {message_id} to {ep.remote_name!r}"))
         seq = peer._next_seq()
         header = np.frombuffer(pack_header(peer.id, message_id, arr.nbytes, seq), dtype=np.uint8).copy()
         self.keep += [arr, header]
@@ -103,7 +103,7 @@ class Exchange:
     def _post_payload(self, header: np.ndarray, ep: UcxEndpoint, out: Any, message_id: int) -> Received:
         A = self.A
         _, got_id, nbytes, seq = unpack_header(header.tobytes())
-        view = _as_bytes(out, True, f"recv of message {message_id} from {ep.remote_name!r}")
+        view = as_bytes(out, True, f"recv of message {message_id} from {ep.remote_name!r}")
         if got_id != message_id or nbytes > A(view).nbytes:
             raise TransportError(f"message {got_id} of {nbytes} B from peer {ep.remote_name!r} does not fit "
                                  f"the receive of message {message_id} ({A(view).nbytes} B)")  # fmt: skip

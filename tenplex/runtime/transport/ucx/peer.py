@@ -1,13 +1,8 @@
 """Point-to-point UCX transport between processes (`ucxx-cu12`, synchronous core API).
 
-Design: one `UcxPeer` per process owns a UCX context and worker in *blocking* progress mode
-(`init_blocking_progress_mode`). There is no progress thread and no event loop: every call
-posts non-blocking UCX requests and then progresses the worker in the caller's thread with
-`progress_worker_event(epoll_timeout)` (sleeping on the worker's epoll fd, waking at least every
-100 ms) until the requests complete or the call's deadline passes. A peer is therefore used by
-one thread at a time. Every wait has a deadline; on expiry a `TransportError` names the peer and
-the operation, in-flight requests are cancelled and their buffers are kept alive (never freed
-under UCX), and the peer should be closed.
+Design: one `UcxPeer` per process, a `Worker` (`worker`: the UCX context and worker in blocking
+progress mode, every wait with a deadline; used by one thread at a time) with endpoints and
+messages on top.
 
 Endpoints:
 - `connect(address)`: from a worker address exchanged out of band (`peer.address`), without
@@ -23,23 +18,17 @@ payload (zero copy; numpy or, where UCX has CUDA support, CUDA-array-interface o
 `recv(ep_or_ANY, out, tag)` receives the header, then the payload straight into `out`.
 Wire format: `ucx.wire`. `close(ep)` is acknowledged: each side sends FIN after its last
 send and closes only after the other side's FIN arrived, so no close races a pending message.
-
-Env: importing sets `UCX_WARN_UNUSED_ENV_VARS=n` (unless set); the context gets
-`TCP_TX_SEG_SIZE`/`TCP_RX_SEG_SIZE=512k` unless `UCX_TCP_*_SEG_SIZE` are set in the environment.
 """
+
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import os
-import secrets
-import time
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
+from tenplex.runtime.transport.ucx.exchange import Exchange
 from tenplex.runtime.transport.ucx.wire import (
     ANY_SOURCE_MASK,
     DATA,
@@ -48,138 +37,24 @@ from tenplex.runtime.transport.ucx.wire import (
     HDR,
     HEADER_SIZE,
     HELLO_SIZE,
-    ID_BITS,
     TransportError,
     check_user_tag,
     make_tag,
-    pack_address,
     pack_header,
     pack_hello,
     unpack_address,
     unpack_header,
     unpack_hello,
 )
+from tenplex.runtime.transport.ucx.worker import Received, UcxEndpoint, Worker, as_bytes
 
-__all__ = ["ANY", "Received", "TransportError", "UcxEndpoint", "UcxPeer", "ucx_available"]
+__all__ = ["ANY", "UcxPeer"]
 
 ANY = None  # `recv(ANY, ...)`: from any connected sender
-_POLL_MS = 100
-_DONE = object()
-_SEG = "512k"
 
 
-def import_ucx() -> Any:
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-    try:
-        import ucxx._lib.libucxx as ucx_api
-        from ucxx._lib.arr import Array
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise TransportError(f"UCX transport needs ucxx-cu12 (pip install ucxx-cu12): {e}") from e
-    return ucx_api, Array
-
-
-def ucx_available() -> str | None:
-    """None when ucxx imports, else the reason it does not."""
-    try:
-        import_ucx()
-    except TransportError as e:
-        return str(e)
-    return None
-
-
-class _Timeout(TransportError):
-    """A wait reached its deadline."""
-
-
-class Received(NamedTuple):
-    message_id: int
-    data: np.ndarray  # a view of the first nbytes of the out buffer (or the out object itself)
-    sender: str
-
-
-class UcxEndpoint:
-    """A connection to one remote peer (from `UcxPeer.connect*` / `accept`)."""
-
-    def __init__(self, ep: Any, remote_id: int, remote_name: str, mode: str):
-        self._ep = ep
-        self.remote_id = remote_id
-        self.remote_name = remote_name
-        self.mode = mode  # "address" (shared memory on one host) or "tcp"
-        self.closed = False
-
-    def __repr__(self) -> str:
-        return f"UcxEndpoint({self.remote_name!r}, {self.mode})"
-
-
-def _as_bytes(buf: Any, writable: bool, what: str) -> Any:
-    """A zero-copy uint8 view of a contiguous numpy array; CUDA arrays pass through."""
-    if hasattr(buf, "__cuda_array_interface__") and not isinstance(buf, np.ndarray):
-        return buf
-    if not isinstance(buf, np.ndarray):
-        raise TransportError(f"{what}: expected a numpy array, got {type(buf).__name__}")
-    if not buf.flags.c_contiguous:
-        raise TransportError(f"{what}: buffer must be C-contiguous")
-    if writable and not buf.flags.writeable:
-        raise TransportError(f"{what}: buffer is read-only")
-    return buf.reshape(-1).view(np.uint8)
-
-
-class UcxPeer:
-    """One process's UCX worker. `timeout` (s) bounds every wait unless a call overrides it."""
-
-    def __init__(self, name: str = "", timeout: float = 30.0):
-        api, self._Array = import_ucx()
-        self._api = api
-        self.name = name or f"pid{os.getpid()}"
-        self.timeout = timeout
-        self.id = secrets.randbits(ID_BITS) or 1
-        config = {k: _SEG for k in ("TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE") if f"UCX_{k}" not in os.environ}
-        self._ctx = api.UCXContext(config, feature_flags=(api.Feature.TAG, api.Feature.WAKEUP, api.Feature.STREAM))
-        self._worker = api.UCXWorker(self._ctx)
-        self._worker.init_blocking_progress_mode()
-        self._names: dict[int, str] = {}
-        self._endpoints: list[UcxEndpoint] = []
-        self._seq = 0
-        self._listener: Any = None
-        self._pending: collections.deque = collections.deque()
-        self._abandoned: list = []  # buffers of cancelled requests, kept alive
-        self.address = pack_address(self.id, self.name, bytes(self._worker.address.tobytes()))
-
-    # ---- waiting -----------------------------------------------------------------------
-    def _deadline(self, timeout: float | None) -> float:
-        return time.monotonic() + (self.timeout if timeout is None else timeout)
-
-    def _progress_until(self, done: Any, deadline: float, what: str, work: Iterator[Any] | None = None) -> None:
-        """Progress the worker until `done()`; between progress calls, run `work` items one at a
-        time (non-blocking progress while there is work, sleeping on the worker's fd after)."""
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Timeout(f"{what}: timed out (peer {self.name!r})")
-            if work is not None and next(work, _DONE) is not _DONE:
-                self._worker.progress()
-                continue
-            work = None
-            self._worker.progress_worker_event(epoll_timeout=max(1, min(_POLL_MS, int(left * 1000))))
-        for _ in work or ():  # the transfers finished first: the rest of the work now
-            pass
-
-    def _wait(self, reqs: list, keep: list, deadline: float, what: str, peer: str) -> None:
-        try:
-            self._progress_until(lambda: all(r.completed for r in reqs), deadline, what)
-        except _Timeout:
-            self._abandon(keep)
-            raise TransportError(f"{what}: no progress from peer {peer!r} before the timeout; it may be dead") from None
-        for r in reqs:
-            try:
-                r.check_error()
-            except Exception as e:  # UCXError subclasses: connection reset, canceled, truncated
-                raise TransportError(f"{what} with peer {peer!r} failed: {type(e).__name__}: {e}") from e
-
-    def _abandon(self, keep: list) -> None:
-        self._abandoned.append(keep)
-        with contextlib.suppress(Exception):  # best effort on a failure path
-            self._worker.cancel_inflight_requests()
+class UcxPeer(Worker):
+    """One process's UCX endpoint of the transport: connects, sends and receives (see the module doc)."""
 
     # ---- endpoints ---------------------------------------------------------------------
     def connect(self, address: bytes) -> UcxEndpoint:
@@ -230,15 +105,6 @@ class UcxPeer:
         self._check_remote(remote_id, remote_name)
         return self._register(UcxEndpoint(ep, remote_id, remote_name, "tcp"))
 
-    def _check_remote(self, remote_id: int, remote_name: str) -> None:
-        if remote_id == self.id:
-            raise TransportError(f"peer {remote_name!r} has the same id as {self.name!r}; recreate one of them")
-
-    def _register(self, ep: UcxEndpoint) -> UcxEndpoint:
-        self._names[ep.remote_id] = ep.remote_name
-        self._endpoints.append(ep)
-        return ep
-
     # ---- messages ----------------------------------------------------------------------
     def send(
         self, ep: UcxEndpoint, buffer: Any, tag: int = 0, message_id: int | None = None, timeout: float | None = None
@@ -247,7 +113,7 @@ class UcxPeer:
         check_user_tag(tag)
         self._check_open(ep)
         A = self._Array
-        payload = _as_bytes(buffer, False, f"send to {ep.remote_name!r}")
+        payload = as_bytes(buffer, False, f"send to {ep.remote_name!r}")
         arr = A(payload)
         self._seq += 1
         message_id = self._seq if message_id is None else message_id
@@ -280,7 +146,7 @@ class UcxPeer:
         self._wait([req], [header], deadline, f"recv of a header (tag {tag})", peer)
         sender, message_id, nbytes, seq = unpack_header(header.tobytes())
         peer = self._names.get(sender, f"id {sender}")
-        view = _as_bytes(out, True, f"recv from {peer!r}")
+        view = as_bytes(out, True, f"recv from {peer!r}")
         capacity = A(view).nbytes
         if nbytes > capacity:
             raise TransportError(
@@ -305,19 +171,9 @@ class UcxPeer:
         from that peer. Returns the receives in order. Sends and receives overlap with each
         other and across peers, so a host exchanging with several peers keeps every link busy.
         """
-        from tenplex.runtime.transport.ucx.exchange import Exchange
-
         return Exchange(self, timeout).run(sends, recvs, work)
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
     # ---- closing -----------------------------------------------------------------------
-    def _check_open(self, ep: UcxEndpoint) -> None:
-        if ep.closed:
-            raise TransportError(f"endpoint to peer {ep.remote_name!r} is closed")
-
     def close(self, ep: UcxEndpoint, timeout: float | None = None) -> None:
         """Acknowledged close: send FIN, wait for the peer's FIN, then close the endpoint.
 
@@ -336,20 +192,6 @@ class UcxPeer:
             self._wait(reqs, [mine, theirs], self._deadline(timeout), "acknowledged close", ep.remote_name)
         finally:
             self._drop(ep)
-
-    def _drop(self, ep: UcxEndpoint) -> None:
-        ep.closed = True
-        with contextlib.suppress(Exception):  # closing a broken endpoint
-            ep._ep.close_blocking()
-        if ep in self._endpoints:
-            self._endpoints.remove(ep)
-
-    def shutdown(self) -> None:
-        """Close every endpoint without acknowledgement (after errors) and stop listening."""
-        for ep in list(self._endpoints):
-            self._drop(ep)
-        self._listener = None
-        self._pending.clear()
 
     def __enter__(self) -> UcxPeer:
         return self
