@@ -24,7 +24,6 @@ import contextlib
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
@@ -35,14 +34,9 @@ from tenplex.compiler.plan import Plan, plan_to_json
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_to_json
+from tenplex.runtime.agent.client import AgentFailures, AgentHandle, agent_of, call_all, close_all
 from tenplex.runtime.agent.server import serve
 from tenplex.runtime.store.layout import Instance, tag_path
-
-
-class _Failed(Exception):
-    def __init__(self, failures: list[tuple[str, str]]):
-        super().__init__("; ".join(f"host {h!r}: {t}" for h, t in failures))
-        self.failures = failures
 
 
 class Clock:
@@ -57,28 +51,6 @@ class Clock:
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self.t
         self.t = now
-
-
-class AgentHandle:
-    """The runtime's end of one agent: a process it started (`proc`) or a `tenplex agent` it
-    connected to (`proc` None; only the connection is ours)."""
-
-    def __init__(self, host: str, proc: Any, conn: Any):
-        self.host, self.proc, self.conn = host, proc, conn
-        self.dead: str | None = None  # why it can no longer be used
-
-    def mark_dead(self, why: str) -> None:
-        self.dead = why
-        if self.proc is None:
-            with contextlib.suppress(OSError):
-                self.conn.close()  # the agent sees EOF and aborts what it was doing
-            return
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-
-    def exit_code(self) -> str:
-        return "connection lost" if self.proc is None else f"exit code {self.proc.exitcode}"
 
 
 class Runtime:
@@ -134,7 +106,7 @@ class Runtime:
             yield
         except BaseException as e:
             self.close()
-            if isinstance(e, _Failed):
+            if isinstance(e, AgentFailures):
                 raise ExecutionError(f"{what} failed: {e}") from None
             raise
 
@@ -148,7 +120,7 @@ class Runtime:
         """Run one command on one agent; raises ExecutionError naming the host on failure."""
         try:
             return self._all({host: (name, kwargs)}, timeout or self.round_timeout)[host]
-        except _Failed as e:
+        except AgentFailures as e:
             raise ExecutionError(str(e)) from None
 
     def load(self, job: str, tag: str, ptc: PTC, arrays: Mapping[Instance, np.ndarray],
@@ -163,7 +135,7 @@ class Runtime:
         calls = {h: ("load", {"job": job, "tag": tag, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
         try:
             self._all(calls, self.round_timeout)
-        except _Failed as e:
+        except AgentFailures as e:
             raise ExecutionError(f"loading {tag_path(job, tag)} failed: {e}") from None
 
     def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
@@ -213,7 +185,7 @@ class Runtime:
             clock.lap("rounds")
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
             clock.lap("commit")
-        except _Failed as e:
+        except AgentFailures as e:
             self._abort(job, dst_tag)
             raise ExecutionError(f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)}) failed "
                                  f"and nothing was committed: {e}") from None  # fmt: skip
@@ -240,13 +212,13 @@ class Runtime:
         """Per host: {"rss", "peak"} resident bytes of its agent (`reset_peak` restarts the peak)."""
         try:
             return self._all({h: ("memory", {"reset_peak": reset_peak}) for h in self.agents}, 30.0)
-        except _Failed as e:
+        except AgentFailures as e:
             raise ExecutionError(f"reading agent memory failed: {e}") from None
 
     def drop(self, job: str, tag: str) -> None:
         """Delete `/job/<job>/<tag>` on every live agent that has it."""
         live = [h for h, a in self.agents.items() if a.dead is None]
-        with contextlib.suppress(_Failed):
+        with contextlib.suppress(AgentFailures):
             self._all({h: ("delete_tag", {"job": job, "tag": tag}) for h in live}, min(self.round_timeout, 60.0))
 
     def _gather_values(self, plan: Plan, host_of: Any, job: str, src_tag: str) -> dict[str, dict[int, Any]]:
@@ -268,90 +240,21 @@ class Runtime:
 
     def _abort(self, job: str, dst_tag: str) -> None:
         live = [h for h, a in self.agents.items() if a.dead is None]
-        with contextlib.suppress(_Failed):  # agents that cannot abort were killed by `_all`, staging with them
+        with contextlib.suppress(AgentFailures):  # agents that cannot abort were killed by `_all`, staging with them
             self._all({h: ("abort", {"job": job, "dst_tag": dst_tag}) for h in live}, min(self.round_timeout, 30.0))
 
-    # ---- the barrier -------------------------------------------------------------------
+    # ---- calls to agents --------------------------------------------------------------
     def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None) -> dict[str, Any]:
-        """Send each host its command, wait for every reply (or death, or the deadline).
-
-        Raises _Failed with (host, reason) in arrival order if any host failed; hosts that
-        missed the deadline are killed.
-        """
-        deadline = time.monotonic() + (self.round_timeout if timeout is None else timeout)
-        failures: list[tuple[str, str]] = []
-        results: dict[str, Any] = {}
-        waiting: dict[Any, AgentHandle] = {}
-        for host, (name, kwargs) in calls.items():
-            agent = self._agent(host)
-            if agent.dead is not None:
-                failures.append((host, f"agent unavailable ({agent.dead})"))
-                continue
-            try:
-                agent.conn.send((name, kwargs))
-                waiting[agent.conn] = agent
-            except (BrokenPipeError, OSError, EOFError) as e:
-                agent.mark_dead(f"pipe broken: {e}")
-                failures.append((host, f"{name}: agent process died ({agent.exit_code()})"))
-        names = {h: c[0] for h, c in calls.items()}
-        sentinels = {a.proc.sentinel: a for a in waiting.values() if a.proc is not None}
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                for agent in waiting.values():
-                    agent.mark_dead(f"missed the deadline of {names[agent.host]}")
-                    failures.append((agent.host, f"{names[agent.host]}: no reply within the deadline; agent killed"))
-                break
-            ready = wait([*waiting, *(s for s, a in sentinels.items() if a.conn in waiting)], timeout=left)
-            for obj in ready:
-                agent = waiting.get(obj) or sentinels.get(obj)
-                if agent is None or agent.conn not in waiting:
-                    continue
-                try:
-                    status, payload = agent.conn.recv() if agent.conn.poll() else ("dead", None)
-                except (EOFError, OSError):
-                    status, payload = "dead", None
-                del waiting[agent.conn]
-                if status == "ok":
-                    results[agent.host] = payload
-                elif status == "err":
-                    failures.append((agent.host, str(payload)))
-                else:
-                    if agent.proc is not None:
-                        agent.proc.join(5)
-                    agent.mark_dead(f"died ({agent.exit_code()})")
-                    failures.append((agent.host, f"{names[agent.host]}: agent process died ({agent.exit_code()})"))
-        if failures:
-            raise _Failed(failures)
-        return results
-
-    def _agent(self, host: str) -> AgentHandle:
-        if host not in self.agents:
-            raise ExecutionError(f"no agent for host {host!r} (agents: {sorted(self.agents)})")
-        return self.agents[host]
+        """`call_all` with the round timeout by default (raises AgentFailures)."""
+        return call_all(self.agents, calls, self.round_timeout if timeout is None else timeout)
 
     def _host(self, host: str) -> str:
-        return self._agent(host).host
+        return agent_of(self.agents, host).host
 
     # ---- shutdown ----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         """Stop every agent (asking first, killing after `timeout`). Idempotent."""
-        for agent in self.agents.values():
-            if agent.dead is None and agent.proc is not None and agent.proc.is_alive():
-                with contextlib.suppress(BrokenPipeError, OSError):
-                    agent.conn.send(("stop", {}))
-        deadline = time.monotonic() + timeout
-        for agent in self.agents.values():
-            if agent.proc is None:
-                agent.dead = agent.dead or "closed"
-                agent.conn.close()
-                continue
-            agent.proc.join(max(0.0, deadline - time.monotonic()))
-            if agent.proc.is_alive():
-                agent.proc.kill()
-                agent.proc.join(5)
-            agent.dead = agent.dead or "closed"
-            agent.conn.close()
+        close_all(self.agents, timeout)
 
     def __enter__(self) -> Runtime:
         return self
