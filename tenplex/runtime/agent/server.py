@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import traceback
@@ -114,6 +115,7 @@ def connect(address: str, token: str | None, timeout: float = 30.0) -> Connectio
 def serve_forever(listener: Listener, agent: Agent) -> None:
     """Accept runtimes one at a time until `stop` (see the module docstring)."""
     while True:
+        _wait_for_client(listener)
         try:
             conn = listener.accept()
         except (OSError, EOFError, AuthenticationError) as e:  # a client that failed the handshake
@@ -128,6 +130,15 @@ def serve_forever(listener: Listener, agent: Agent) -> None:
                   file=sys.stderr, flush=True)  # fmt: skip
         if stopped:
             return
+
+
+def _wait_for_client(listener: Listener, poll: float = 0.5) -> None:
+    """Return once a client is waiting. The wait wakes every `poll` s: a SIGTERM that the kernel
+    delivers to another thread (UCX starts its own) does not interrupt a blocking accept in this
+    one, but Python runs its handler here at the next wake-up."""
+    sock = listener._listener._socket  # multiprocessing's listening socket
+    while not select.select([sock], [], [], poll)[0]:
+        pass
 
 
 def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, ucx_port: int,
