@@ -30,7 +30,7 @@ from aiohttp import web
 
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.requests import read_status, scale_request_from_json, write_scale_request
-from tenplex.runtime.rest.app import RestServer, bearer_auth, is_loopback
+from tenplex.runtime.rest.server import RestServer, bearer_auth, is_loopback
 
 __all__ = ["make_app", "serve_in_thread"]
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tenplex.runtime.rest import app as rest
-from tenplex.runtime.rest.app import make_app, parse_range, serve
+from tenplex.runtime.rest import make_app, parse_range, serve
 from tenplex.runtime.store.tree import TensorStore
 
 D = "/job/j/t/0"

@@ -244,7 +244,7 @@ class Agent:
 
     def serve_rest(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:
         """Serve this agent's store over the REST API (`rest.serve`) from a thread; returns its URL."""
-        from tenplex.runtime.rest.app import serve
+        from tenplex.runtime.rest import serve
 
         if self.rest is None:
             self.rest = serve(self.store, host, port, token)

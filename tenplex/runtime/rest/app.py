@@ -9,10 +9,8 @@ Endpoints (every parameter is a query parameter; unknown parameters are rejected
 - `GET /list[?path=P]`: JSON list of the child names of directory P (default `/`).
 - `DELETE /delete?path=P`: removes the leaf or subtree P (not the root).
 
-`range` syntax: comma-separated pieces, one per leading dimension, optionally in `[...]`; a piece
-is `a:b`, `a:`, `:b`, `:` (half-open, non-negative) or an index `i`, which means `i:i+1` and
-keeps the dimension (length 1). Missing trailing dimensions are taken whole (as in the
-reference). No steps, no negative indices, no clamping: a piece outside the shape is a 416.
+`range` syntax (`rest.ranges`): comma-separated pieces `a:b`, `a:`, `:b`, `:` or an index `i`, one
+per leading dimension, optionally in `[...]`; missing trailing dimensions are taken whole.
 
 Errors are 4xx with a one-line `text/plain` message that starts with the parameter at fault:
 400 malformed input (path traversal, syntax, dtype, shape, body length), 401 bad token,
@@ -29,73 +27,24 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
-import hmac
-import ipaddress
 import math
-import re
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from aiohttp import web
 
 from tenplex.ir.box import Box
 from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.rest.ranges import RangeError, parse_range
+from tenplex.runtime.rest.server import RestServer, bearer_auth, is_loopback
 from tenplex.runtime.store.leaf import parse_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
-__all__ = ["CHUNK_BYTES", "RangeError", "RestServer", "make_app", "parse_range", "serve"]
+__all__ = ["CHUNK_BYTES", "make_app", "serve"]
 
 CHUNK_BYTES = 4 << 20
-_PIECE = re.compile(r"\s*(?:(?P<index>\d+)|(?P<start>\d*)\s*:\s*(?P<stop>\d*))\s*", re.ASCII)
 _EXTRA_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # ml_dtypes, as in arrays.np_dtype
 _STORE_KEY = web.AppKey("store", TensorStore)
-
-
-class RangeError(ValueError):
-    """A `range` that is malformed (`status` 400) or outside the tensor (`status` 416)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def parse_range(text: str, shape: tuple[int, ...]) -> Box:
-    """The box that `text` (see module doc) selects in an array of `shape`.
-
-    Raises: RangeError (400) for bad syntax, steps, negative or reversed pieces; (416) for more
-    pieces than dimensions or a piece outside its dimension.
-    """
-    body = text.strip()
-    if body.startswith("[") and body.endswith("]"):
-        body = body[1:-1]
-    pieces = body.split(",") if body.strip() else []
-    if len(pieces) > len(shape):
-        raise RangeError(f"range: {text!r} has {len(pieces)} pieces but the tensor has shape {shape}", 416)
-    start, stop = [0] * len(shape), list(shape)
-    for d, piece in enumerate(pieces):
-        a, b = _piece(piece, text)
-        b = shape[d] if b is None else b
-        if not a <= b <= shape[d]:
-            raise RangeError(f"range: piece {piece.strip()!r} of {text!r} is outside dim {d} of size {shape[d]}", 416)
-        start[d], stop[d] = a, b
-    return Box(start, stop)
-
-
-def _piece(piece: str, text: str) -> tuple[int, int | None]:
-    m = _PIECE.fullmatch(piece)
-    if m is None:
-        why = "steps are not supported" if piece.count(":") > 1 else "expected a:b, a:, :b, : or an index"
-        why = "negative indices are not supported" if "-" in piece else why
-        raise RangeError(f"range: bad piece {piece.strip()!r} in {text!r}: {why}", 400)
-    if m["index"] is not None:
-        return int(m["index"]), int(m["index"]) + 1
-    a = int(m["start"]) if m["start"] else 0
-    b = int(m["stop"]) if m["stop"] else None
-    if b is not None and a > b:
-        raise RangeError(f"range: piece {piece.strip()!r} in {text!r} is reversed ({a} > {b})", 400)
-    return a, b
 
 
 def make_app(store: TensorStore, *, token: str | None = None) -> web.Application:
@@ -107,30 +56,6 @@ def make_app(store: TensorStore, *, token: str | None = None) -> web.Application
     app.router.add_get("/list", _list)
     app.router.add_delete("/delete", _delete)
     return app
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _unauthorized(message: str) -> web.HTTPException:
-    return web.HTTPUnauthorized(text=message, headers={"WWW-Authenticate": "Bearer"})
-
-
-def bearer_auth(token: str, reject: Callable[[str], web.HTTPException] = _unauthorized
-                ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:  # fmt: skip
-    """Middleware refusing requests without `Authorization: Bearer <token>` (constant-time
-    compare) with `reject(message)`, a 401. Raises ValueError for an empty token."""
-    if not token:
-        raise ValueError("token must be a non-empty string")
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-            raise reject("Authorization: missing or wrong bearer token")
-        return await handler(request)
-
-    return check
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -295,81 +220,6 @@ def _chunks(data: np.ndarray) -> Iterator[memoryview]:
         return
     for i in range(0, data.shape[0], rows):
         yield memoryview(np.ascontiguousarray(data[i : i + rows]).reshape(-1).view(np.uint8))
-
-
-# -- a server in a thread ----------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """True for "localhost" and loopback addresses (the hosts that may serve without a token)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """The server thread: run `loop` until stopped, then close it with its executor's threads."""
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
-
-
-class RestServer:
-    """A running REST server on its own event loop thread; see `serve`.
-
-    `host` and `port` are the bound address (`port` resolved when 0 was asked for); `url` is
-    `http://host:port`. `stop()` (or leaving the `with` block) shuts it down, giving in-flight
-    requests `shutdown_timeout` seconds, and leaves no thread behind; it is idempotent. Serves any
-    aiohttp app (the store's here, a job's scale endpoint in `tenplex.elastic.http`).
-    """
-
-    def __init__(self, app: web.Application, host: str, port: int, shutdown_timeout: float = 60.0,
-                 name: str = "tenplex-rest") -> None:  # fmt: skip
-        self.host = host
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=_run_loop, args=(self._loop,), name=f"{name}-{host}", daemon=True)
-        self._thread.start()
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
-        try:
-            self.port = self._call(self._start(host, port))
-        except BaseException:
-            self.stop()
-            raise
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def _start(self, host: str, port: int) -> int:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        return self._runner.addresses[0][1]
-
-    def _call(self, coro):  # noqa: ANN001, ANN202
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def stop(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._call(self._runner.cleanup())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()  # _run_loop closes the loop
-
-    def __enter__(self) -> RestServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def serve(store: TensorStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> RestServer:
