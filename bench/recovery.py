@@ -55,7 +55,7 @@ def _timed(fn) -> float:
 def _write_cold_checkpoint(src, tensors, path: Path) -> None:
     """The src state as a checkpoint directory, fsynced and evicted from the page cache."""
     from tenplex.runtime.arrays import arange_values, materialize
-    from tenplex.runtime.reshard import write_checkpoint
+    from tenplex.runtime.checkpoint.directory import write_checkpoint
 
     arrays = {st.id: materialize(src, tensors, st) for st in src.subtensors}
     values = arange_values(src)
@@ -83,7 +83,7 @@ def _restored(ptc, hosts: list[str], first_device: int):
 def _restart(rt, ckpt: Path, dst, alive: list[str], first_device: int) -> tuple[float, dict[str, float], Any, Any]:
     """(seconds, phases, plan, restored PTC) of the restart baseline (module docstring, (c))."""
     from tenplex.compiler import compile_plan
-    from tenplex.runtime.reshard import read_checkpoint
+    from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     phases: dict[str, float] = {}
     t0 = time.perf_counter()

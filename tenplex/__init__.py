@@ -9,7 +9,7 @@ runtime's `Runtime` comes with the runtime issue.
 from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, dumps_plan, load_plan
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir import PTC, TenplexError, dumps, load_ptc, save_ptc
-from tenplex.runtime.checkpoint.save import SerdeError, load, save
+from tenplex.runtime.checkpoint import SerdeError, load, save
 
 __all__ = [
     "PTC", "CompileOptions", "Plan", "SerdeError", "TenplexError", "check_plan", "compile_plan", "dumps",

@@ -61,7 +61,7 @@ def read(path: str | os.PathLike, fmt: str) -> tuple[PTC, dict, dict, Any]:
         from tenplex.frameworks.dcp.read import read_dcp
 
         return (*read_dcp(path), None)
-    from tenplex.runtime.reshard import read_checkpoint
+    from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return (*read_checkpoint(path), None)
 
@@ -136,7 +136,7 @@ def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None
 
         write_dcp(dst, arrays, values, out_dir)
     else:
-        from tenplex.runtime.reshard import write_checkpoint_dir
+        from tenplex.runtime.checkpoint.directory import write_checkpoint_dir
 
         write_checkpoint_dir(dst, arrays, values, Path(out_dir))
 
@@ -157,6 +157,6 @@ def inspect(path: str) -> list[str]:
 
         return inspect_dcp(path)
     from tenplex.compiler.emit.describe import describe
-    from tenplex.runtime.reshard import read_checkpoint
+    from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return [f"tenplex checkpoint directory {path}", *describe(read_checkpoint(path)[0]).splitlines()]

@@ -1,4 +1,4 @@
-"""numpy views of sub-tensors: dtypes, piece views, and the arange oracle.
+"""numpy views of sub-tensors: dtypes (and how `.npy` files store them), piece views, and the arange oracle.
 
 `piece_view(array, piece)` is the one place that maps a piece's global box onto a local array:
 a slice for equal-extent pieces, a reshaped flat run for 1-D-local (ZeRO) pieces. Copy ops read
@@ -20,6 +20,15 @@ _EXTRA = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3
 
 def np_dtype(name: str) -> np.dtype:
     return np.dtype(_EXTRA.get(name, name))
+
+
+def npy_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a `.npy` file names for arrays of `dtype`: itself, or same-width raw unsigned bits
+    (bfloat16, float8: numpy has no portable name for them)."""
+    fmt = np.lib.format
+    if fmt.descr_to_dtype(fmt.dtype_to_descr(dtype)) == dtype:
+        return dtype
+    return np.dtype(f"u{dtype.itemsize}")
 
 
 def view(array: np.ndarray, box: Box) -> np.ndarray:

@@ -17,7 +17,7 @@ from tenplex.frameworks.dcp.write import write_dcp  # noqa: E402
 from tenplex.frameworks.formats import detect  # noqa: E402
 from tenplex.frameworks.megatron.read import read_megatron  # noqa: E402
 from tenplex.frontends.spec import parse_spec  # noqa: E402
-from tenplex.runtime.reshard import read_checkpoint  # noqa: E402
+from tenplex.runtime.checkpoint.directory import read_checkpoint  # noqa: E402
 from tests.frameworks.test_dcp_files import sharded_state  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

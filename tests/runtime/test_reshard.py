@@ -18,9 +18,10 @@ from tenplex.cli.app import cli
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime import reshard as rs
 from tenplex.runtime.arrays import arange_tensors, materialize
-from tenplex.runtime.reshard import CheckpointError, read_checkpoint, reshard, write_checkpoint
+from tenplex.runtime.checkpoint import directory as rs
+from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, write_checkpoint
+from tenplex.runtime.reshard import reshard
 from tenplex.runtime.transport.ucx import ucx_available
 
 SRC, DST = "gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,pp1@1x4"

@@ -1,4 +1,4 @@
-"""tenplex.runtime.checkpoint.save: exact round trips, the on-disk tree, sharing, atomicity and errors."""
+"""tenplex.runtime.checkpoint (save, load): exact round trips, the on-disk tree, sharing, atomicity and errors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenplex.runtime.checkpoint.save import MANIFEST, SerdeError, load, save
+from tenplex.runtime.checkpoint import MANIFEST, SerdeError, load, save
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -277,7 +277,7 @@ def test_roundtrip_property(tmp_path_factory, state):
 
 
 def test_replace_without_renameat2(tmp_path, monkeypatch):
-    from tenplex.runtime.checkpoint import save as serde
+    from tenplex.runtime.checkpoint import swap as serde
 
     monkeypatch.setattr(serde, "_exchange", lambda a, b: False)
     save({"w": np.ones(2)}, tmp_path / "c")
@@ -291,5 +291,5 @@ def test_import_and_numpy_load_need_no_torch(tmp_path):
     import sys
 
     save({"w": np.ones(2)}, tmp_path / "c")
-    code = f"import sys; from tenplex.runtime.checkpoint.save import load; load({str(tmp_path / 'c')!r}); assert 'torch' not in sys.modules"
+    code = f"import sys; from tenplex.runtime.checkpoint import load; load({str(tmp_path / 'c')!r}); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,12 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 from tenplex.cli.app import cli
-from tenplex.cli.store import StoreDirError, open_dir, write_back
 from tenplex.frontends.spec import ptc_from_spec
+from tenplex.runtime import checkpoint as serde
 from tenplex.runtime.arrays import arange_tensors, materialize
-from tenplex.runtime.checkpoint import save as serde
+from tenplex.runtime.checkpoint.directory import read_checkpoint, write_checkpoint
+from tenplex.runtime.checkpoint.store_dir import StoreDirError, open_dir, write_back
 from tenplex.runtime.fuse.store.mount import fuse_unavailable_reason, is_mounted
-from tenplex.runtime.reshard import read_checkpoint, write_checkpoint
 from tests.mounts import start_mount
 
 SPEC = "gpt-tiny:layers=1,hidden=64,heads=4,ffn=128,vocab=128,tp2@1x2"

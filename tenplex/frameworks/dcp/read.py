@@ -1,7 +1,7 @@
 """Read a PyTorch DCP checkpoint directory (`.metadata` + `*.distcp`) as a PTC triple.
 
 `read_dcp(dir) -> (PTC, {sub-tensor id: array}, {partition id: {name: value}})`, the same
-triple as `tenplex.runtime.reshard.read_checkpoint`:
+triple as `tenplex.runtime.checkpoint.directory.read_checkpoint`:
 
 - tensors: one `TensorMeta` per tensor FQN of `state_dict_metadata` (global `size`, dtype);
 - partitions: **one per data file** (`__0_0.distcp` → partition `__0_0`), i.e. what one saving

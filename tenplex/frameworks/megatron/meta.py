@@ -7,7 +7,7 @@ num_floating_point_operations_so_far, rerun_state_machine, ...), the optimizer's
 templates, and the shape of the RNG state (its values are re-derived, never carried).
 
 `MegatronCheckpoint` unpacks as the triple `(ptc, arrays, values)` of
-`tenplex.runtime.reshard.read_checkpoint`; `.meta` rides along.
+`tenplex.runtime.checkpoint.directory.read_checkpoint`; `.meta` rides along.
 
 Invariants: `ptc` is `build_ptc(meta.model, meta.parallel, meta.cluster)`; `arrays` has one
 array per sub-tensor, of its local shape and its tensor's dtype; `values` has the PTC's value

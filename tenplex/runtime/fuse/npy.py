@@ -29,15 +29,9 @@ import os
 import attrs
 import numpy as np
 
+from tenplex.runtime.arrays import npy_dtype
+
 __all__ = ["Handle", "NpyFile", "load_npy", "npy_dtype", "parse_npy"]
-
-
-def npy_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a `.npy` file names for arrays of `dtype`: itself, or same-width raw bits."""
-    fmt = np.lib.format
-    if fmt.descr_to_dtype(fmt.dtype_to_descr(dtype)) == dtype:
-        return dtype
-    return np.dtype(f"u{dtype.itemsize}")
 
 
 @attrs.frozen

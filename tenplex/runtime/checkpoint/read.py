@@ -1,0 +1,142 @@
+"""`load(path)`: rebuild the state `save` wrote (`checkpoint.manifest` describes the format).
+
+Invariants: load(save(x)) equals x exactly (container types, key types and order, dtypes, shapes,
+bytes, requires_grad and device, or `map_location`); a missing or corrupt file, or a manifest
+node that does not match its file, raises `SerdeError` naming the file. torch is imported only
+when the state holds tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, RAW, VERSION, SerdeError, decode_float
+
+__all__ = ["load"]
+
+
+def load(path: str | os.PathLike, *, map_location: Any = None) -> Any:
+    """Rebuild the state saved at `path`. Torch tensors go to `map_location` (a device or its
+    name) or, if None, to the device they were saved from; torch is imported only if needed.
+
+    Raises:
+        SerdeError: `path` is not a tenplex save, or a file is missing, corrupt or does not
+            match the manifest (names the file).
+    """
+    path = Path(path)
+    try:
+        doc = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, ValueError) as e:
+        raise SerdeError(f"cannot read manifest {str(path / MANIFEST)!r}: {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise SerdeError(f"{str(path / MANIFEST)!r} is not a {FORMAT} v{VERSION} manifest")
+    return _Reader(path, map_location).node(doc.get("root"), "state")
+
+
+class _Reader:
+    def __init__(self, root: Path, map_location: Any):
+        self.root, self.map_location, self.memo = root, map_location, {}
+
+    def node(self, node: Any, where: str) -> Any:
+        kind = node.get("type") if isinstance(node, dict) else None
+        try:
+            if kind in ("dict", "OrderedDict", "Namespace"):
+                items = [(self.node(k, where), v) for k, v in node["items"]]
+                items = [(k, self.node(v, f"{where}[{k!r}]")) for k, v in items]
+                if kind == "Namespace":
+                    return argparse.Namespace(**dict(items))
+                out = (dict if kind == "dict" else collections.OrderedDict)(items)
+                if "metadata" in node:
+                    out._metadata = self.node(node["metadata"], f"{where}._metadata")
+                return out
+            if kind in ("list", "tuple", "namedtuple", "torch.Size"):
+                items = [self.node(v, f"{where}[{i}]") for i, v in enumerate(node["items"])]
+                if kind == "namedtuple":
+                    return _namedtuple_class(node["class"], node["fields"])(*items)
+                if kind == "torch.Size":
+                    import torch
+
+                    return torch.Size(items)
+                return items if kind == "list" else tuple(items)
+            if kind in ("ndarray", "torch.Tensor", "torch.nn.Parameter"):
+                memo_key = (kind, node["file"])
+                if memo_key not in self.memo:
+                    self.memo[memo_key] = self.array(node, kind)
+                return self.memo[memo_key]
+            return _decode_scalar(node, kind)
+        except SerdeError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+            raise SerdeError(f"malformed manifest node at {where} in {str(self.root / MANIFEST)!r}: {e!r}") from e
+
+    def array(self, node: dict, kind: str) -> Any:
+        file = self.root / node["file"]
+        dtype, shape = np_dtype(node["dtype"]), tuple(node["shape"])
+        stored = np.dtype(f"u{dtype.itemsize}") if node["dtype"] in RAW else dtype
+        try:
+            arr = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise SerdeError(f"cannot load {str(file)!r}: {e}") from e
+        if arr.dtype != stored or arr.shape != shape:
+            raise SerdeError(f"{str(file)!r} holds {arr.dtype}{list(arr.shape)}, the manifest says {stored}{list(shape)}")
+        arr = arr.view(dtype)
+        return arr if kind == "ndarray" else self.tensor(arr, node, kind)
+
+    def tensor(self, arr: np.ndarray, node: dict, kind: str) -> Any:
+        import torch
+
+        name = node["dtype"]
+        if name in RAW:
+            t = torch.from_numpy(arr.view(np.int16 if arr.dtype.itemsize == 2 else np.uint8)).view(getattr(torch, name))
+        else:
+            t = torch.from_numpy(arr)
+        t = t.to(self.map_location if self.map_location is not None else node["device"])
+        if kind == "torch.nn.Parameter":
+            return torch.nn.Parameter(t, requires_grad=node["requires_grad"])
+        return t.requires_grad_(node["requires_grad"])
+
+
+def _decode_scalar(node: dict, kind: str) -> Any:
+    if kind == "None":
+        return None
+    if kind in ("int", "bool", "str"):
+        value = node["value"]
+        if type(value).__name__ != kind:
+            raise ValueError(f"{kind} node holds {value!r}")
+        return value
+    if kind == "float":
+        return decode_float(node["value"])
+    if kind == "complex":
+        return complex(decode_float(node["real"]), decode_float(node["imag"]))
+    if kind == "bytes":
+        return bytes.fromhex(node["hex"])
+    if kind == "numpy.generic":
+        return np.frombuffer(bytes.fromhex(node["hex"]), dtype=np_dtype(node["dtype"]))[0]
+    if kind in ("torch.dtype", "torch.device"):
+        import torch
+
+        return getattr(torch, node["value"]) if kind == "torch.dtype" else torch.device(node["value"])
+    raise ValueError(f"unknown node type {kind!r}")
+
+
+def _namedtuple_class(qualified: str, fields: list[str]) -> type:
+    """The saved namedtuple class if it still imports with the same fields, else a look-alike."""
+    module, _, qualname = qualified.partition(":")
+    try:
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if list(getattr(cls, "_fields", ())) == list(fields):
+            return cls
+    except (ImportError, AttributeError):
+        pass
+    return collections.namedtuple(qualname.rpartition(".")[2], fields)
