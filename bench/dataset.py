@@ -9,7 +9,7 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
 - DataLoader, 0 / 2 workers: `RankIterableDataset(SampleReader(decode=False))` in
   `torch.utils.data.DataLoader(batch_size=None)`; timed from the first sample (worker start-up
   is reported apart);
-- FUSE: `tenplex.runtime.fuse.dataset.ops.mount` served by the driver, the child opens and reads every
+- FUSE: `tenplex.runtime.fuse.dataset.mount` served by the driver, the child opens and reads every
   `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass).
 Goal: FUSE ≥ 0.8× direct for samples ≥ 64 KiB. 4 KiB samples are for information.
 
@@ -47,7 +47,7 @@ callbacks into Python, about 50 µs each on 2 vCPUs, so a file takes ~200 µs be
 move (≤ ~5,000 files/s); the bytes of a large file are copied twice more than `os.pread` does
 (FUSE reply into the page cache, page cache into the reader). Reading with O_DIRECT in the child
 skips one copy (≈ 1.4 GB/s at 1 MiB, not tabled). Serving with one libfuse thread (the default,
-`fuse.dataset.mount`) is 2-3x faster than libfuse's thread pool here, where every request hands the GIL
+`tenplex.runtime.fuse.dataset.view`) is 2-3x faster than libfuse's thread pool here, where every request hands the GIL
 between threads. DataLoader workers pickle every (id, bytes) pair through a pipe; with
 `batch_size=None` that is one message per sample. The in-process paths (direct, 0 workers) read
 from the page cache at memory speed."""
@@ -130,7 +130,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
     if method != "fuse":
         return run_json(argv, {}, timeout_s)
     from tenplex.data import DatasetIndex, DataState
-    from tenplex.runtime.fuse.dataset.ops import mount
+    from tenplex.runtime.fuse.dataset import mount
 
     index = DatasetIndex.load(index_path)
     with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
@@ -167,7 +167,7 @@ def _unavailable(method: str) -> str | None:
     if method.startswith("loader") and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
     if method == "fuse":
-        from tenplex.runtime.fuse.dataset.mount import fuse_unavailable_reason
+        from tenplex.runtime.fuse.dataset import fuse_unavailable_reason
 
         return fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE needs root")
     return None

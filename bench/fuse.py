@@ -12,7 +12,7 @@ reports GB/s per pass. Rows, side by side:
   and a re-read with `keep_cache` (served from the page cache after the first pass).
 
 Methods: `read` = `readinto` of a BUF-byte buffer until EOF (unbuffered file); `mmap` =
-`np.load(mmap_mode="r")` + copy into a new array; `load_npy` = `tenplex.runtime.fuse.store.mount.load_npy`.
+`np.load(mmap_mode="r")` + copy into a new array; `load_npy` = `tenplex.runtime.fuse.load_npy`.
 FUSE rows other than keep_cache reopen the file each pass, which drops its cached pages, so every
 pass goes through FUSE. Results: bench/results/fuse.{md,json} (fuse-quick.* with --quick).
 """
@@ -88,7 +88,7 @@ def _row(source: str, method: str, path: str, buf: int, passes: int, timeout_s: 
 def measure_all(size: int, passes: int, timeout_s: float) -> list[dict]:
     import numpy as np
 
-    from tenplex.runtime.fuse.store import mount as fuse
+    from tenplex.runtime.fuse import store as fuse
     from tenplex.runtime.store.tree import TensorStore
 
     array = np.arange(size // 4, dtype=np.float32)

@@ -10,7 +10,7 @@
 `order` prints one JSON line `{"epoch", "step", "rank", "samples"}` per rank and step, where
 `step` is the global step counted from the start of training (as in the schedule), for every
 step of E epochs starting at step 0 or at STATE's next step. `mount` serves rank R's next K
-steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.runtime.fuse.dataset.ops`)
+steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.runtime.fuse.dataset`)
 until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
 the view to its next step (a trainer rewrites STATE at each commit). A `DataError` ends in one line
 `tenplex: error: ...` and exit code 2 (through the `tenplex` group's error handling).
@@ -158,8 +158,7 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     import threading
 
     from tenplex.data.index import DatasetIndex
-    from tenplex.runtime.fuse.dataset.mount import is_mounted
-    from tenplex.runtime.fuse.dataset.ops import mount
+    from tenplex.runtime.fuse.dataset import is_mounted, mount
 
     index = DatasetIndex.load(index_path)
     state = _mount_state(index, state_path, seed, global_batch, tail)

@@ -23,6 +23,7 @@ import threading
 
 import click
 
+
 # `import tenplex.cli` imports this module: the runtime (numpy I/O, stores, FUSE) loads in the commands
 @click.group("store")
 def store() -> None:
@@ -48,7 +49,7 @@ def ls_cmd(src: str) -> None:
 def check_mount_point(directory: str) -> str:
     """`directory` resolved; raises StoreDirError unless it is a directory FUSE can mount on."""
     from tenplex.runtime.checkpoint.store_dir import StoreDirError
-    from tenplex.runtime.fuse.store import mount as fuse
+    from tenplex.runtime.fuse import store as fuse
 
     real = os.path.realpath(directory)
     if not os.path.isdir(real):
@@ -69,7 +70,7 @@ def mount_cmd(src: str, directory: str, writable: bool) -> None:
     """Mount STORE at DIR until SIGINT/SIGTERM (read-only unless --write-back)."""
     from tenplex.compiler.emit import human_bytes
     from tenplex.runtime.checkpoint.store_dir import open_dir, write_back
-    from tenplex.runtime.fuse.store import mount as fuse
+    from tenplex.runtime.fuse import store as fuse
 
     real = check_mount_point(directory)
     sd = open_dir(src)

@@ -1,6 +1,6 @@
 """One rank's upcoming samples as a tree of files: names, sizes and header bytes (no I/O here).
 
-Layout of a view (what `tenplex.runtime.fuse.dataset.ops` mounts at DIR):
+Layout of a view (what `tenplex.runtime.fuse.dataset` mounts at DIR):
 
     DIR/.state.json                    this view, as JSON (`RankFiles.state_doc`)
     DIR/step-SSSSSS/                   one directory per global step s in [start, stop)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from bench.__main__ import main
-from tenplex.runtime.fuse.dataset.mount import fuse_unavailable_reason
+from tenplex.runtime.fuse.dataset import fuse_unavailable_reason
 
 REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
 pytestmark = [

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bench.__main__ import main
-from tenplex.runtime.fuse.store.mount import READ_AHEAD_KB, fuse_unavailable_reason
+from tenplex.runtime.fuse.store import READ_AHEAD_KB, fuse_unavailable_reason
 
 REASON = fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE in tests needs root")
 pytestmark = [

@@ -22,8 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule
-from tenplex.runtime.fuse.dataset.mount import fuse_unavailable_reason, is_mounted
-from tenplex.runtime.fuse.dataset.ops import mount, read_view
+from tenplex.runtime.fuse.dataset import fuse_unavailable_reason, is_mounted, mount, read_view
 from tests.data import oracle
 from tests.data.helpers import npy_bytes, npz_bytes
 from tests.mounts import start_mount

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader
-from tenplex.runtime.fuse.dataset.ops import ViewFS
+from tenplex.runtime.fuse.dataset import ViewFS
 from tests.data.helpers import write_raw_samples
 
 

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tenplex.runtime.fuse.store.mount import (
+from tenplex.runtime.fuse.store import (
     DTYPE_XATTR,
     READ_AHEAD_KB,
     NpyFile,
@@ -33,7 +33,7 @@ from tenplex.runtime.fuse.store.mount import (
     parse_npy,
     read_ahead_of,
 )
-from tenplex.runtime.fuse.store.mount import fuse_unavailable_reason as _reason
+from tenplex.runtime.fuse.store import fuse_unavailable_reason as _reason
 from tenplex.runtime.store.tree import TensorStore
 
 REASON = _reason()

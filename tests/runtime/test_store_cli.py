@@ -26,7 +26,7 @@ from tenplex.runtime import checkpoint as serde
 from tenplex.runtime.arrays import arange_tensors, materialize
 from tenplex.runtime.checkpoint.directory import read_checkpoint, write_checkpoint
 from tenplex.runtime.checkpoint.store_dir import StoreDirError, open_dir, write_back
-from tenplex.runtime.fuse.store.mount import fuse_unavailable_reason, is_mounted
+from tenplex.runtime.fuse.store import fuse_unavailable_reason, is_mounted
 from tests.mounts import start_mount
 
 SPEC = "gpt-tiny:layers=1,hidden=64,heads=4,ffn=128,vocab=128,tp2@1x2"
@@ -270,6 +270,6 @@ def test_a_failed_write_back_through_the_mount_keeps_the_old_state(ckpt, tmp_pat
 
 
 def test_importing_the_cli_loads_no_fuse_or_torch():
-    code = "import sys, tenplex.cli.app; print(sorted(m for m in ('mfusepy', 'torch', 'tenplex.runtime.fuse.store.mount') if m in sys.modules))"
+    code = "import sys, tenplex.cli.app; print(sorted(m for m in ('mfusepy', 'torch', 'tenplex.runtime.fuse.store') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr

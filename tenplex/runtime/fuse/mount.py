@@ -1,5 +1,5 @@
 """Mounting FUSE operations (mfusepy on libfuse3) in a background thread: shared by the tensor
-store's view (`tenplex.runtime.fuse.store.mount`) and the dataset's per-rank view (`tenplex.runtime.fuse.dataset.ops`).
+store's view (`tenplex.runtime.fuse.store`) and the dataset's per-rank view (`tenplex.runtime.fuse.dataset`).
 
 - reads copy once: `read` hands the kernel's reply buffer to `ops.read_into(fh, address, size,
   offset)` instead of going through a `bytes` object;

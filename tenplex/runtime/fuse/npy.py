@@ -1,4 +1,4 @@
-"""The bytes of a leaf's file in the FUSE view (`tenplex.runtime.fuse.store.mount`), and parsing them back.
+"""The bytes of a leaf's file in the FUSE view (`tenplex.runtime.fuse.store`), and parsing them back.
 
 An open file is a `Handle`: a reader's `NpyFile`, or a writer's buffered bytes that `parse` turns
 back into a leaf when the file is closed. An array leaf is served as a `.npy` (format 1.0, numpy's own header for its dtype and shape)

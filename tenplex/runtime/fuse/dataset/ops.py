@@ -1,58 +1,38 @@
-"""One data-parallel rank's upcoming samples as a read-only FUSE directory, switched atomically.
+"""The FUSE operations of a rank's dataset view (`ViewFS`): the current `RankFiles` as files.
 
-`mount(index, state, world, rank, DIR)` shows `RankFiles` (layout in `tenplex.data.rank_files`:
-`DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`) and yields a `FuseView` whose
-`switch(state, world, rank)` publishes the view of another committed state, W or rank.
+Layout (`tenplex.data.rank_files`): `DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`.
 
 Reads: a sample file's bytes come straight from its source byte range (`SampleReader.read_into`:
 one `os.preadv` into the kernel's reply buffer, no copy of the whole file), or, with a
-`Prefetcher`, from its cache (`Prefetcher.take` on the file's first read; the prefetcher is
-retargeted by every switch). The kernel keeps a sample file's cached pages across opens: a path
-names the same bytes in every view. The mount's read-ahead is raised (`fuse.dataset.mount`).
+`Prefetcher`, from its cache (`Prefetcher.take` on the file's first read). The kernel keeps a
+sample file's cached pages across opens: a path names the same bytes in every view.
 
 Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
-`switch`; every operation reads it once, so each answer comes from one view:
+`publish`; every operation reads it once, so each answer comes from one view:
 - `opendir` pins the view: listing an open directory shows the view it was opened in;
 - an open file keeps serving the bytes it named when it was opened;
 - after a switch, a name that the new view does not have is ENOENT (the old view's unread
   files are not served);
 - `.state.json` (read without the page cache; read it to EOF, its size may be a second stale)
-  names the view's `generation`, which every switch increments: a reader that reads it before
-  and after listing and reading files, and gets the same generation twice, has read exactly
-  that view (a seqlock; `read_view` does it).
-Reading the mount from the process that serves it works with plain Python I/O; numpy's C-level
-I/O there deadlocks on the GIL, so readers belong in other processes.
+  names the view's `generation`, which every switch increments (the seqlock of `mount.read_view`).
 
-Invariants:
-- the mount is read-only; generations of published views strictly increase;
-- `mount` yields a live mount and unmounts it (and stops nothing else) when the block ends.
-
-Raises: `DataError` (bad state, W or rank: nothing changes), `FuseUnavailable` (cannot mount).
+Invariants: the view is read-only; generations of published views strictly increase.
 """
-
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import itertools
-import json
 import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from tenplex.data.errors import DataError
-from tenplex.data.index import DatasetIndex
 from tenplex.data.prefetch.prefetcher import Prefetcher
 from tenplex.data.rank_files import STATE_FILE, RankFiles, SampleFile
 from tenplex.data.reader import SampleReader
-from tenplex.data.state import DataState
-from tenplex.runtime.fuse.dataset.mount import READ_AHEAD_KB
-from tenplex.runtime.fuse.dataset.mount import mount as mount_ops
 
 _MEMO_PATHS = 1 << 16  # resolved paths remembered per view
 
@@ -240,64 +220,3 @@ class ViewFS:
         with self._lock:
             self._handles.pop(fh, None)
         return 0
-
-
-class FuseView:
-    """A mounted view (`mount` yields it): the directory, the current files, and `switch`."""
-
-    def __init__(self, ops: ViewFS, directory: str, steps: int | None, uneven: bool) -> None:
-        self.ops, self.directory, self.steps, self.uneven = ops, directory, steps, uneven
-        self._switching = threading.Lock()
-
-    @property
-    def files(self) -> RankFiles:
-        return self.ops.files
-
-    def switch(self, state: DataState, world: int, rank: int, steps: int | None = None) -> RankFiles:
-        """Publish the view of rank `rank` of `world` from `state`'s next step, for `steps` steps
-        (default: as mounted), and retarget the prefetcher. Raises DataError (nothing changes)."""
-        with self._switching:
-            old = self.ops.files
-            steps = self.steps if steps is None else steps
-            files = RankFiles.build(old.index, state, world, rank, steps, self.uneven, old.generation + 1)
-            if self.ops.prefetcher is not None:
-                self.ops.prefetcher.start(files.view, files.stop)
-            self.ops.publish(files)
-            return files
-
-
-@contextlib.contextmanager
-def mount(index: DatasetIndex, state: DataState, world: int, rank: int, directory: str | os.PathLike, *,
-          steps: int | None = None, uneven: bool = False, reader: SampleReader | None = None,
-          prefetcher: Prefetcher | None = None, timeout: float = 10.0,
-          read_ahead_kb: int | None = READ_AHEAD_KB, threads: bool = False) -> Iterator[FuseView]:  # fmt: skip
-    """Mount rank `rank` of `world`'s view of `steps` steps from `state` (None: to the end of
-    the epoch) at `directory`; yield the `FuseView`. `reader` (default: the index's files)
-    serves reads unless a `prefetcher` is given; `threads` serves requests in several threads
-    (`fuse.dataset.mount`; with one thread, a read waiting for its prefetch holds up the others).
-    Raises DataError, FuseUnavailable."""
-    files = RankFiles.build(index, state, world, rank, steps, uneven)
-    reader = reader or (prefetcher.reader if prefetcher is not None else SampleReader(index, decode=False))
-    ops = ViewFS(files, reader, prefetcher)
-    if prefetcher is not None:
-        prefetcher.start(files.view, files.stop)
-    with mount_ops(ops, os.fspath(directory), timeout, read_ahead_kb, threads) as live:
-        yield FuseView(ops, live, steps, uneven)
-
-
-def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of one whole view of a mount at `directory`,
-    read with the generation seqlock (module doc), retrying while switches race it.
-    Raises DataError after `attempts` tries that each saw a switch."""
-    root = Path(directory)
-    for _ in range(attempts):
-        try:
-            before = json.loads((root / STATE_FILE).read_bytes())
-            files = {f"{d}/{name}": (root / d / name).read_bytes()
-                     for d in sorted(os.listdir(root)) if d != STATE_FILE for name in sorted(os.listdir(root / d))}  # fmt: skip
-            after = json.loads((root / STATE_FILE).read_bytes())
-        except (FileNotFoundError, ValueError):
-            continue  # a switch removed what the listing named, or cut a state read short
-        if before["generation"] == after["generation"]:
-            return before, files
-    raise DataError(f"{directory}: no consistent view in {attempts} reads (switches keep racing them)")

@@ -7,12 +7,7 @@ the same width (`<u2`, `|u1`), as `tenplex.save` stores them; `getxattr(path,
 "user.tenplex.dtype")` names the stored dtype, and writing the raw-bits file over such a leaf
 keeps its dtype, so read-modify-write round trips are exact.
 
-Writes: creating or opening `<name>.npy` (or `<name>.json`) for writing buffers the bytes in
-memory; each close parses the buffer (`parse_npy` or `json`) and stores the leaf at `<name>`,
-replacing any old one. Other file names cannot be created (EPERM). `mkdir` makes a directory that
-lives only in this view until a leaf is written under it (the store has no empty directories of
-its own); `unlink`/`rmdir` (empty directories only) map to `store.delete`, `rename` to
-`store.rename`. With `read_only`, every change fails with EROFS.
+Writes: `writes.Writes` (buffered in memory, stored on close; `read_only` refuses them with EROFS).
 
 Page cache: with `keep_cache`, an open for reading keeps the file's cached pages unless the
 file was rewritten through this view since its last open that dropped them; use it only when
@@ -35,23 +30,16 @@ import stat
 import threading
 import time
 
-import numpy as np
-
-from tenplex.runtime.arrays import np_dtype
-from tenplex.runtime.fuse.npy import Handle, NpyFile, npy_dtype
+from tenplex.runtime.fuse.npy import Handle, NpyFile
+from tenplex.runtime.fuse.store.writes import JSON, NPY, Writes, oserror
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
 __all__ = ["DTYPE_XATTR", "StoreFS"]
 
-NPY, JSON = ".npy", ".json"
 DTYPE_XATTR = "user.tenplex.dtype"
 
 
-def _oserror(code: int, what: str) -> OSError:
-    return OSError(code, f"{os.strerror(code)}: {what}")
-
-
-class StoreFS:
+class StoreFS(Writes):
     """mfusepy operations over `store` rooted at `prefix` (see module doc). Thread-safe."""
 
     use_ns = True
@@ -97,17 +85,17 @@ class StoreFS:
         try:
             return NpyFile.from_leaf(self.store.get(self._store_path(path)))
         except StoreError:
-            raise _oserror(errno.ENOENT, path) from None
+            raise oserror(errno.ENOENT, path) from None
 
     def _need(self, path: str) -> str:
         kind = self._kind(path)
         if kind is None:
-            raise _oserror(errno.ENOENT, path)
+            raise oserror(errno.ENOENT, path)
         return kind
 
     def _writable(self, path: str) -> None:
         if self.read_only:
-            raise _oserror(errno.EROFS, path)
+            raise oserror(errno.EROFS, path)
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -128,7 +116,7 @@ class StoreFS:
 
     def readdir(self, path: str, fh: int) -> list[str]:
         if self._need(path) != "dir":
-            raise _oserror(errno.ENOTDIR, path)
+            raise oserror(errno.ENOTDIR, path)
         sp, names = self._store_path(path, strip=False), set()
         with contextlib.suppress(StoreError):
             for name in self.store.list(sp):
@@ -144,7 +132,7 @@ class StoreFS:
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         if name == DTYPE_XATTR and self._need(path) == "array":
             return self.store.meta(self._store_path(path)).dtype.encode()
-        raise _oserror(errno.ENODATA, f"{path} has no attribute {name}")
+        raise oserror(errno.ENODATA, f"{path} has no attribute {name}")
 
     def listxattr(self, path: str) -> list[str]:
         return [DTYPE_XATTR] if self._need(path) == "array" else []
@@ -153,12 +141,12 @@ class StoreFS:
         self._need(path)
         return 0
 
-    # -- reading and writing ------------------------------------------------------------------
+    # -- opening and reading -------------------------------------------------------------------
 
     def open(self, path: str, flags: int) -> int:
         kind = self._need(path)
         if kind == "dir":
-            raise _oserror(errno.EISDIR, path)
+            raise oserror(errno.EISDIR, path)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             return self._add(Handle(path, file=self._file(path)))
         self._writable(path)
@@ -176,12 +164,6 @@ class StoreFS:
             self._rewritten.discard(h.path)  # an open that does not keep them drops them
             return self.keep_cache and not h.writer and not stale
 
-    def create(self, path: str, mode: int, flags: int = 0) -> int:
-        self._writable(path)
-        if not path.endswith((NPY, JSON)) or path.endswith(("/" + NPY, "/" + JSON)):
-            raise _oserror(errno.EPERM, f"{path}: only <name>.npy and <name>.json files can be created")
-        return self._add(Handle(path, buf=bytearray(), writer=True, dirty=True))
-
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         h = self._handles[fh]
         if h.writer:
@@ -198,31 +180,6 @@ class StoreFS:
         ctypes.memmove(dst, data, len(data))
         return len(data)
 
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-        h = self._handles[fh]
-        self._materialize(h)
-        h.write(data, offset)
-        return len(data)
-
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-        self._writable(path)
-        with self._lock:
-            handles = [h for h in self._handles.values() if h.writer and h.path == path]
-        if not handles:
-            raise _oserror(errno.EPERM, f"{path}: truncate a file only while it is open for writing")
-        for h in handles:
-            if length == 0:
-                h.buf = bytearray()  # skip copying the old contents of a file about to be rewritten
-            self._materialize(h)
-            h.truncate(length)
-        return 0
-
-    def flush(self, path: str, fh: int) -> int:
-        h = self._handles[fh]
-        if h.writer and h.dirty:
-            self._commit(h)
-        return 0
-
     def release(self, path: str, fh: int) -> int:
         with self._lock:
             h = self._handles.pop(fh)
@@ -236,81 +193,6 @@ class StoreFS:
             fh = next(self._ids)
             self._handles[fh] = handle
             return fh
-
-    def _materialize(self, h: Handle) -> None:
-        if h.buf is None:  # opened for writing without O_TRUNC: start from the current bytes
-            f = self._file(h.path)
-            h.buf = bytearray(f.read(f.size, 0))
-
-    def _commit(self, h: Handle) -> None:
-        sp = self._store_path(h.path)
-        try:
-            data = h.parse()
-            if isinstance(data, np.ndarray):
-                data = self._keep_raw_dtype(sp, data)
-            self.store.put(sp, data, replace=True)
-        except (ValueError, UnicodeDecodeError, StoreError) as e:
-            raise _oserror(errno.EINVAL, f"{h.path}: {e}") from None
-        h.dirty = False
-        with self._lock:
-            self._rewritten.add(h.path)
-
-    def _keep_raw_dtype(self, sp: str, array: np.ndarray) -> np.ndarray:
-        """Raw bits written over a bfloat16/float8 leaf stay that dtype (see module doc)."""
-        with contextlib.suppress(StoreError):
-            meta = self.store.meta(sp)
-            if meta.kind == "array" and npy_dtype(old := np_dtype(meta.dtype)) == array.dtype != old:
-                return array.view(old)
-        return array
-
-    # -- namespace ---------------------------------------------------------------------------
-
-    def mkdir(self, path: str, mode: int) -> int:
-        self._writable(path)
-        if self._kind(path) is not None:
-            raise _oserror(errno.EEXIST, path)
-        with self._lock:
-            self._dirs.add(path)
-        return 0
-
-    def unlink(self, path: str) -> int:
-        self._writable(path)
-        if self._need(path) not in ("array", "value"):
-            raise _oserror(errno.EISDIR if self._kind(path) == "dir" else errno.EBUSY, path)
-        self.store.delete(self._store_path(path))
-        return 0
-
-    def rmdir(self, path: str) -> int:
-        self._writable(path)
-        if self._need(path) != "dir":
-            raise _oserror(errno.ENOTDIR, path)
-        if path == "/":
-            raise _oserror(errno.EBUSY, "the mount root cannot be removed")
-        if len(self.readdir(path, 0)) > 2:
-            raise _oserror(errno.ENOTEMPTY, path)
-        with self._lock:
-            self._dirs.discard(path)
-        with contextlib.suppress(StoreError):
-            self.store.delete(self._store_path(path, strip=False))
-        return 0
-
-    def rename(self, old: str, new: str) -> int:
-        self._writable(old)
-        kind = self._need(old)
-        strip = kind != "dir"
-        if (
-            kind == "pending"
-            or (strip and old.endswith(NPY) != new.endswith(NPY))
-            or (strip and not new.endswith((NPY, JSON)))
-        ):
-            raise _oserror(errno.EPERM, f"cannot rename {old} to {new}: keep the suffix and close the file first")
-        try:
-            self.store.rename(self._store_path(old, strip), self._store_path(new, strip), replace=True)
-        except StoreError as e:
-            raise _oserror(errno.EINVAL, str(e)) from None
-        with self._lock:  # the kernel moves cached pages with the file
-            self._rewritten |= {new + p[len(old) :] for p in self._rewritten if p == old or p.startswith(old + "/")}
-        return 0
 
 
 def _is_leaf(store: TensorStore, path: str) -> bool:

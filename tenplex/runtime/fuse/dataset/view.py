@@ -1,0 +1,119 @@
+"""One data-parallel rank's upcoming samples as a read-only FUSE directory, switched atomically.
+
+`mount(index, state, world, rank, DIR)` mounts a `ViewFS` (`dataset.ops`: the layout, the reads
+and what a switch guarantees) and yields a `FuseView` whose `switch(state, world, rank)`
+publishes the view of another committed state, W or rank, and retargets the prefetcher.
+`read_view(DIR)` reads one whole consistent view with the generation seqlock. Reading the mount
+from the process that serves it works with plain Python I/O; numpy's C-level I/O there
+deadlocks on the GIL, so readers belong in other processes.
+
+libfuse runs one thread by default (`threads=False`): each request is a Python call, and handing
+the GIL between libfuse's worker threads costs more than it overlaps. Measured on 2 vCPUs,
+reading 64 KiB files: ~190 us per file with one thread, 400-700 us with several. The mount's
+read-ahead is raised (`fuse.mount.READ_AHEAD_KB`).
+
+Invariants: `mount` yields a live mount and unmounts it (and stops nothing else) when the block ends.
+
+Raises: `DataError` (bad state, W or rank: nothing changes), `FuseUnavailable` (cannot mount).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tenplex.data.errors import DataError
+from tenplex.data.index import DatasetIndex
+from tenplex.data.prefetch.prefetcher import Prefetcher
+from tenplex.data.rank_files import STATE_FILE, RankFiles
+from tenplex.data.reader import SampleReader
+from tenplex.data.state import DataState
+from tenplex.runtime.fuse import mount as fusemount
+from tenplex.runtime.fuse.dataset import ViewFS
+from tenplex.runtime.fuse.mount import READ_AHEAD_KB, FuseUnavailable, fuse_unavailable_reason, is_mounted, unmount
+
+__all__ = [
+    "READ_AHEAD_KB", "FuseUnavailable", "FuseView", "fuse_unavailable_reason", "is_mounted", "mount", "mount_ops",
+    "read_view", "serve", "unmount",
+]  # fmt: skip
+
+
+def serve(ops: Any, directory: str, threads: bool = False) -> None:
+    """Mount `ops` read-only at `directory` in the calling thread; return once it is unmounted."""
+    options = {"fsname": "tenplex-data", "ro": True, "attr_timeout": 1.0}
+    options |= {"max_idle_threads": 10} if threads else {"nothreads": True}
+    fusemount.serve(ops, directory, **options)
+
+
+@contextlib.contextmanager
+def mount_ops(ops: Any, directory: str, timeout: float = 10.0, read_ahead_kb: int | None = READ_AHEAD_KB,
+          threads: bool = False) -> Iterator[str]:  # fmt: skip
+    """Mount `ops` at `directory` in a background thread; yield the resolved path."""
+    with fusemount.mount(lambda path: serve(ops, path, threads), directory, timeout=timeout,
+                         read_ahead_kb=read_ahead_kb, what="dataset view") as path:  # fmt: skip
+        yield path
+
+
+class FuseView:
+    """A mounted view (`mount` yields it): the directory, the current files, and `switch`."""
+
+    def __init__(self, ops: ViewFS, directory: str, steps: int | None, uneven: bool) -> None:
+        self.ops, self.directory, self.steps, self.uneven = ops, directory, steps, uneven
+        self._switching = threading.Lock()
+
+    @property
+    def files(self) -> RankFiles:
+        return self.ops.files
+
+    def switch(self, state: DataState, world: int, rank: int, steps: int | None = None) -> RankFiles:
+        """Publish the view of rank `rank` of `world` from `state`'s next step, for `steps` steps
+        (default: as mounted), and retarget the prefetcher. Raises DataError (nothing changes)."""
+        with self._switching:
+            old = self.ops.files
+            steps = self.steps if steps is None else steps
+            files = RankFiles.build(old.index, state, world, rank, steps, self.uneven, old.generation + 1)
+            if self.ops.prefetcher is not None:
+                self.ops.prefetcher.start(files.view, files.stop)
+            self.ops.publish(files)
+            return files
+
+
+@contextlib.contextmanager
+def mount(index: DatasetIndex, state: DataState, world: int, rank: int, directory: str | os.PathLike, *,
+          steps: int | None = None, uneven: bool = False, reader: SampleReader | None = None,
+          prefetcher: Prefetcher | None = None, timeout: float = 10.0,
+          read_ahead_kb: int | None = READ_AHEAD_KB, threads: bool = False) -> Iterator[FuseView]:  # fmt: skip
+    """Mount rank `rank` of `world`'s view of `steps` steps from `state` (None: to the end of
+    the epoch) at `directory`; yield the `FuseView`. `reader` (default: the index's files)
+    serves reads unless a `prefetcher` is given; `threads` serves requests in several threads
+    (module doc; with one thread, a read waiting for its prefetch holds up the others).
+    Raises DataError, FuseUnavailable."""
+    files = RankFiles.build(index, state, world, rank, steps, uneven)
+    reader = reader or (prefetcher.reader if prefetcher is not None else SampleReader(index, decode=False))
+    ops = ViewFS(files, reader, prefetcher)
+    if prefetcher is not None:
+        prefetcher.start(files.view, files.stop)
+    with mount_ops(ops, os.fspath(directory), timeout, read_ahead_kb, threads) as live:
+        yield FuseView(ops, live, steps, uneven)
+
+
+def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of one whole view of a mount at `directory`,
+    read with the generation seqlock (module doc), retrying while switches race it.
+    Raises DataError after `attempts` tries that each saw a switch."""
+    root = Path(directory)
+    for _ in range(attempts):
+        try:
+            before = json.loads((root / STATE_FILE).read_bytes())
+            files = {f"{d}/{name}": (root / d / name).read_bytes()
+                     for d in sorted(os.listdir(root)) if d != STATE_FILE for name in sorted(os.listdir(root / d))}  # fmt: skip
+            after = json.loads((root / STATE_FILE).read_bytes())
+        except (FileNotFoundError, ValueError):
+            continue  # a switch removed what the listing named, or cut a state read short
+        if before["generation"] == after["generation"]:
+            return before, files
+    raise DataError(f"{directory}: no consistent view in {attempts} reads (switches keep racing them)")
