@@ -12,13 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from tenplex.frameworks.dcp.format import DcpError, is_opaque, python_value  # noqa: E402
+from tenplex.frameworks.dcp.format import DcpError  # noqa: E402
 from tenplex.frameworks.dcp.read import read_dcp, read_index  # noqa: E402
 from tenplex.frameworks.dcp.write import plan_chunks, write_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.boxes import Replicate, Shard, coordinates, local_box  # noqa: E402
 from tenplex.frameworks.dtensor.convert import to_numpy  # noqa: E402
 from tenplex.frameworks.dtensor.layout import LocalShard  # noqa: E402
 from tenplex.frameworks.dtensor.state import ptc_from_state_dicts  # noqa: E402
+from tenplex.frameworks.dtensor.values import is_opaque, python_value  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 S, R = Shard, Replicate

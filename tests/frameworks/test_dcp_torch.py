@@ -26,12 +26,12 @@ pytest.importorskip("torch.distributed.checkpoint")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from tenplex.frameworks.dcp.format import python_value  # noqa: E402
 from tenplex.frameworks.dcp.read import ptc_of_index, read_dcp, read_index  # noqa: E402
 from tenplex.frameworks.dcp.reshard import reshard_arrays, reshard_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.layout import LocalShard, subtensor_id  # noqa: E402
 from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc, dst_specs  # noqa: E402
 from tenplex.frameworks.dtensor.state import ptc_from_state_dicts  # noqa: E402
+from tenplex.frameworks.dtensor.values import python_value  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -28,11 +28,11 @@ from torch.distributed.checkpoint._traverse import set_element
 
 from tenplex.compiler import CompileOptions, compile_plan
 from tenplex.frameworks.dcp.apply import apply_ops, ops_by_dst, plan_values
-from tenplex.frameworks.dcp.format import python_value
 from tenplex.frameworks.dcp.read import read_dcp, read_index
 from tenplex.frameworks.dtensor.boxes import PlacementError
 from tenplex.frameworks.dtensor.layout import LocalShard, partition_id, subtensor_id
 from tenplex.frameworks.dtensor.state import flatten, local_state
+from tenplex.frameworks.dtensor.values import python_value
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.tensor import Piece, SubTensor

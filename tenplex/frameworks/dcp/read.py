@@ -12,7 +12,7 @@ triple as `tenplex.runtime.checkpoint.directory.read_checkpoint`:
   (`{fqn}@[...]` if one file holds two chunks of a tensor), one piece covering the chunk;
   zero-size chunks (empty DTensor shards) are kept as sub-tensors without pieces;
 - values: each bytes entry (non-tensor leaf) becomes a value of its file's partition, JSON data
-  or an opaque bytes value (see `dcp.format`);
+  or an opaque bytes value (see `dtensor.values`);
 - arrays: by default read-only views of the memory-mapped files at each chunk's saved storage
   (found with a meta-device `torch.load`, which reads no tensor data), so reading costs no copy
   and only the bytes a plan touches are ever paged in; `mmap=False` loads copies instead.
@@ -37,8 +37,9 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
-from tenplex.frameworks.dcp.format import DcpError, FileSlice, value_from_bytes
+from tenplex.frameworks.dcp.format import DcpError, FileSlice
 from tenplex.frameworks.dtensor.convert import dtype_name, to_numpy
+from tenplex.frameworks.dtensor.values import value_from_bytes
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError, TenplexError
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value

@@ -12,7 +12,7 @@ What is written:
   partitions (replicas) is written once, by the first partition in rank order (as DCP's dedup
   does); boxes that partially overlap are cut into disjoint parts; a tensor without elements
   gets one empty chunk so that `.metadata` lists it;
-- each value once, by the first partition that lists it, as a bytes entry (`dcp.format`);
+- each value once, by the first partition that lists it, as a bytes entry (`dtensor.values`);
 - `planner_data` = the FQN → nested-key mapping (`mapping`; default: each FQN is a top-level key).
 
 `arrays` may be lazy (`dcp.apply.StreamedArrays`): each chunk's array is looked up only when
@@ -46,8 +46,9 @@ from torch.distributed.checkpoint.default_planner import create_default_global_s
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, TensorWriteData, WriteItem, WriteItemType
 
-from tenplex.frameworks.dcp.format import DcpError, bytes_of_value
+from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
+from tenplex.frameworks.dtensor.values import bytes_of_value
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.files import atomic_dir
 from tenplex.ir.ptc import PTC

@@ -33,10 +33,10 @@ import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from tenplex.frameworks.dcp.format import python_value
 from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate
 from tenplex.frameworks.dtensor.convert import from_numpy, local_shard, to_numpy
 from tenplex.frameworks.dtensor.layout import LocalShard, TensorSpec, ptc_from_specs, rank_of_partition, subtensor_id
+from tenplex.frameworks.dtensor.values import python_value
 from tenplex.ir.ptc import PTC
 
 FqnMapping = dict[str, tuple[Any, ...]]  # DCP's flatten mapping: FQN -> nested key path
