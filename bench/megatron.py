@@ -77,10 +77,10 @@ def split(full, rule, tp: int, rank: int, padded: int):
 
 def baseline(src_dir: Path, out_dir: Path) -> dict[str, float]:
     """Convert everything: read, torch.cat every tensor to full size, torch.chunk for the target, write."""
-    from tenplex.frameworks.megatron.files import to_torch
     from tenplex.frameworks.megatron.meta import cluster_for
     from tenplex.frameworks.megatron.read import read_megatron
     from tenplex.frameworks.megatron.reshard import target_layout
+    from tenplex.frameworks.megatron.tensors import to_torch
     from tenplex.frameworks.megatron.write import write_megatron
     from tenplex.frontends.layout import padded_vocab
     from tenplex.frontends.optimizer import optim_kinds, optim_tensor
@@ -117,7 +117,7 @@ def baseline(src_dir: Path, out_dir: Path) -> dict[str, float]:
 
 
 def _numpy(t) -> np.ndarray:
-    from tenplex.frameworks.megatron.files import to_numpy
+    from tenplex.frameworks.megatron.tensors import to_numpy
 
     return to_numpy(t, Path("<baseline>"), "tensor")  # one contiguous copy of the chunk, as torch.chunk().contiguous()
 

@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 _MEGATRON = {
-    "CheckpointFormatError": "megatron.files", "read_megatron": "megatron.read", "write_megatron": "megatron.write",
+    "CheckpointFormatError": "megatron.tree", "read_megatron": "megatron.read", "write_megatron": "megatron.write",
     "reshard_megatron": "megatron.reshard", "inspect_megatron": "megatron.reshard", "parse_layout": "megatron.args",
 }  # fmt: skip
 _DCP = {

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tenplex.frameworks.megatron.files import CheckpointFormatError
+from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.frontends.layout import padded_vocab
 from tenplex.frontends.model import ModelSpec
 from tenplex.frontends.parallel import ParallelConfig

@@ -35,7 +35,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tenplex.frameworks.megatron.files import CheckpointFormatError, to_numpy, to_torch
+from tenplex.frameworks.megatron.tensors import to_numpy, to_torch
+from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.frontends.layout import shard
 from tenplex.frontends.model import ModelSpec
 from tenplex.frontends.optimizer import stage_buffers

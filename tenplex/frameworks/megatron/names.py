@@ -23,13 +23,17 @@ linear_proj before the `SelfAttention` subclass adds linear_qkv; inside a TE lin
 parameters come before weight and bias. mcore linear modules also save `<module>._extra_state`
 (None for the local spec, FP8 metadata for TE): no parameter, kept by module name.
 
+Keys inside a file are written as `/`-joined paths of the nested dicts (`flatten`, `nest`), e.g.
+`model/language_model/encoder/layers.0.input_norm.weight` (the dots belong to the flat key).
+
 Invariants: `key` is injective on a chunk's parameters; `order` is a permutation of its input.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -155,3 +159,32 @@ def detect_naming(keys: Iterable[str]) -> Naming | None:
     if any(k.startswith(("decoder.", "embedding.", "output_layer.")) for k in keys):
         return Naming("mcore", te=any(".layer_norm_weight" in k for k in keys))
     return None
+
+
+def is_chunk_key(key: Any) -> bool:
+    """A top-level key holding a model chunk: `model`, or `model0`, `model1`, ... (virtual pipeline)."""
+    return isinstance(key, str) and (key == "model" or (key.startswith("model") and key[5:].isdigit()))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {'/'-joined key path: leaf}, in insertion order."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, path + "/"))
+        else:
+            out[path] = value
+    return out
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of `flatten`."""
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out

@@ -30,7 +30,8 @@ import attrs
 import numpy as np
 import torch
 
-from tenplex.frameworks.megatron.files import CheckpointFormatError, to_numpy
+from tenplex.frameworks.megatron.tensors import to_numpy
+from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.frontends.params import Param
 
 MOMENTS = ("exp_avg", "exp_avg_sq")

@@ -26,20 +26,12 @@ import numpy as np
 
 from tenplex.frameworks.megatron.args import model_from_args, parallel_from_args
 from tenplex.frameworks.megatron.distrib import bucket_size, chunk_layout, fragments, read_buffers
-from tenplex.frameworks.megatron.files import (
-    CheckpointFormatError,
-    Tree,
-    check_rank_dirs,
-    flatten,
-    is_chunk_key,
-    load_file,
-    open_tree,
-    to_numpy,
-)
 from tenplex.frameworks.megatron.meta import MegatronCheckpoint, MegatronMeta, cluster_for
-from tenplex.frameworks.megatron.names import Naming, detect_naming, extra_module
+from tenplex.frameworks.megatron.names import Naming, detect_naming, extra_module, flatten, is_chunk_key
 from tenplex.frameworks.megatron.optim import Groups, distrib_groups, first_appearance, read_adam
 from tenplex.frameworks.megatron.rng import rng_layout
+from tenplex.frameworks.megatron.tensors import to_numpy
+from tenplex.frameworks.megatron.tree import CheckpointFormatError, Tree, check_rank_dirs, load_file, open_tree
 from tenplex.frontends.layout import Rule, shard
 from tenplex.frontends.optimizer import optim_kinds, optim_tensor
 from tenplex.frontends.parallel import fit

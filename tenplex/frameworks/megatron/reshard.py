@@ -25,9 +25,9 @@ import numpy as np
 
 from tenplex.compiler import compile_plan
 from tenplex.frameworks.megatron.args import parse_layout
-from tenplex.frameworks.megatron.files import CheckpointFormatError
 from tenplex.frameworks.megatron.meta import MegatronCheckpoint, MegatronMeta, cluster_for
 from tenplex.frameworks.megatron.read import read_megatron
+from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.frameworks.megatron.write import write_megatron
 from tenplex.frontends.parallel import ParallelConfig, fit
 from tenplex.frontends.spec import JobSpec, parse_spec

@@ -30,19 +30,12 @@ import torch
 
 from tenplex.frameworks.megatron.args import args_for
 from tenplex.frameworks.megatron.distrib import bucket_size, chunk_layout, fragments, numel, write_buffers
-from tenplex.frameworks.megatron.files import (
-    TRACKER,
-    CheckpointFormatError,
-    Tree,
-    atomic_dir,
-    is_chunk_key,
-    nest,
-    to_torch,
-    torch_dtype,
-)
 from tenplex.frameworks.megatron.meta import MegatronMeta
+from tenplex.frameworks.megatron.names import is_chunk_key, nest
 from tenplex.frameworks.megatron.optim import adam_state, distrib_state
 from tenplex.frameworks.megatron.rng import rng_state
+from tenplex.frameworks.megatron.tensors import to_torch, torch_dtype
+from tenplex.frameworks.megatron.tree import TRACKER, CheckpointFormatError, Tree, atomic_dir
 from tenplex.frontends.optimizer import optim_kinds, optim_tensor
 from tenplex.frontends.transformer import Stage, build_ptc, model_partition_id, stage_params
 from tenplex.ir.ptc import PTC

@@ -24,8 +24,7 @@ from typing import Any
 
 import attrs
 
-from tenplex.frameworks.megatron.files import is_chunk_key
-from tenplex.frameworks.megatron.names import Naming, extra_module
+from tenplex.frameworks.megatron.names import Naming, extra_module, is_chunk_key
 from tenplex.frameworks.megatron.optim import MOMENTS, bind, inner, unwrap
 from tenplex.frameworks.structure.files import (
     Path_,

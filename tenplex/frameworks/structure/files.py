@@ -31,7 +31,8 @@ from typing import Any
 import attrs
 import torch
 
-from tenplex.frameworks.megatron.files import CheckpointFormatError, is_chunk_key
+from tenplex.frameworks.megatron.names import is_chunk_key
+from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.ir.errors import TenplexError
 
 RANK_MAP = "rank_map.json"

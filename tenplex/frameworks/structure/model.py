@@ -44,9 +44,8 @@ from typing import Any
 import attrs
 
 from tenplex.frameworks.megatron.args import model_from_args, parallel_from_args
-from tenplex.frameworks.megatron.files import is_chunk_key
 from tenplex.frameworks.megatron.meta import cluster_for
-from tenplex.frameworks.megatron.names import Naming, detect_naming
+from tenplex.frameworks.megatron.names import Naming, detect_naming, is_chunk_key
 from tenplex.frameworks.structure.files import RankMap, StructureError, as_structure_error, flat_leaves, tensor_shape
 from tenplex.frontends.layout import padded_vocab
 from tenplex.frontends.model import ModelSpec

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from tenplex.frameworks.megatron.args import parallel_from_args
-from tenplex.frameworks.megatron.files import atomic_dir, is_chunk_key, load_file, open_tree
-from tenplex.frameworks.megatron.names import Naming
+from tenplex.frameworks.megatron.names import Naming, is_chunk_key
+from tenplex.frameworks.megatron.tree import atomic_dir, load_file, open_tree
 from tenplex.frameworks.structure.files import (
     MODEL_KEYS,
     NOT_PRIMITIVE,
