@@ -36,8 +36,6 @@ distributed optimizer, a layer key missing, shapes that fit no model).
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +43,14 @@ import attrs
 
 from tenplex.frameworks.megatron.args import model_from_args, parallel_from_args
 from tenplex.frameworks.megatron.meta import cluster_for
-from tenplex.frameworks.megatron.names import Naming, detect_naming, is_chunk_key
-from tenplex.frameworks.structure.files import RankMap, StructureError, as_structure_error, flat_leaves, tensor_shape
+from tenplex.frameworks.megatron.names import Naming, detect_naming
+from tenplex.frameworks.structure.chunks import Chunk, layer_count, pipeline_split, refuse, stage_chunks
+from tenplex.frameworks.structure.files import RankMap, StructureError, as_structure_error
 from tenplex.frontends.layout import padded_vocab
 from tenplex.frontends.model import ModelSpec
 from tenplex.frontends.parallel import ParallelConfig, fit
 from tenplex.ir.errors import SpecError
 
-_LAYER = re.compile(r"(?:^|[/.])layers\.(\d+)\.")
-_REFUSED = {"local_experts": "mixture-of-experts", "mlp.router": "mixture-of-experts", "lm_head": "BERT",
-            "binary_head": "BERT", "pooler": "BERT", "tokentype_embeddings": "BERT"}  # fmt: skip
 _PRECISION = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 _SHORT = {v: k for k, v in _PRECISION.items()}
 _NOTES = {"fp16": "fp16 with fp32 master copies and a grad scaler", "bf16": "bf16 with fp32 master copies",
@@ -88,83 +84,6 @@ class Derived:
     notes: tuple[str, ...]
 
 
-@attrs.frozen(eq=False)
-class _Chunk:
-    """One tp-rank-0 model chunk: its file, key prefix and flat '/'-joined tensor leaves."""
-
-    file: Path
-    prefix: str
-    flat: Mapping[str, Any]
-
-    def find(self, naming: Naming, key: str) -> tuple[int, ...] | None:
-        """The shape of the parameter with frontend key `key`, None when the chunk lacks it."""
-        ckey = naming.key(key)
-        if ckey not in self.flat:
-            return None
-        shape = tensor_shape(self.flat[ckey], self.file, (self.prefix, ckey))
-        if shape is None:
-            raise StructureError(f"{self.file}: key '{self.prefix}/{ckey}' is not a tensor")
-        return shape
-
-    def shape(self, naming: Naming, key: str) -> tuple[int, ...]:
-        """As `find`, but the key must be there."""
-        shape = self.find(naming, key)
-        if shape is None:
-            raise StructureError(
-                f"{self.file}: key '{self.prefix}/{naming.key(key)}' missing (needed to measure the model)"
-            )
-        return shape
-
-
-def stage_chunks(file: Path, data: Any) -> list[_Chunk]:
-    """The model chunks of one rank file, in key order (`model`, or `model0`, `model1`, ...)."""
-    if not isinstance(data, dict):
-        raise StructureError(f"{file}: holds {type(data).__name__}, expected a checkpoint object")
-    keys = sorted((k for k in data if is_chunk_key(k)), key=lambda k: int(k[5:] or 0))
-    if not keys:
-        raise StructureError(f"{file}: key 'model' missing")
-    out = []
-    for k in keys:
-        if not isinstance(data[k], dict):
-            raise StructureError(f"{file}: key '{k}' is not an object")
-        out.append(_Chunk(file, k, flat_leaves(data[k], file, (k,))))
-    return out
-
-
-def _layer_count(chunk: _Chunk) -> int:
-    found = {int(m[1]) for key in chunk.flat if (m := _LAYER.search(key))}
-    if found != set(range(len(found))):
-        raise StructureError(
-            f"{chunk.file}: key '{chunk.prefix}' holds layers {sorted(found)}, expected 0..{len(found) - 1}"
-        )
-    return len(found)
-
-
-def _split(counts: list[list[int]], file: Path) -> dict[str, Any]:
-    """num_layers and the args fields of the pipeline split."""
-    per_stage = [sum(c) for c in counts]
-    out: dict[str, Any] = {"num_layers": sum(per_stage)}
-    if len(counts[0]) > 1:
-        if len({n for c in counts for n in c}) > 1:
-            raise StructureError(f"{file}: virtual chunks hold {counts} layers; only even splits are supported")
-        out["virtual_pipeline_model_parallel_size"] = len(counts[0])
-        return out
-    if len(set(per_stage)) == 1:
-        return out
-    if len(per_stage) == 2:  # the frontend gives the last stage the rest
-        out["decoder_first_pipeline_num_layers"] = per_stage[0]
-        return out
-    inner = set(per_stage[1:-1])
-    if len(inner) > 1:
-        raise StructureError(f"{file}: stages hold {per_stage} layers: only the first and last may differ")
-    share = inner.pop()
-    if per_stage[0] != share:
-        out["decoder_first_pipeline_num_layers"] = per_stage[0]
-    if per_stage[-1] != share:
-        out["decoder_last_pipeline_num_layers"] = per_stage[-1]
-    return out
-
-
 def guess_heads(hidden: int, q: int, kv: int, tp: int) -> int | None:
     """hidden // 64 when it fits, else the smallest multiple of tp that does: tp divides heads
     and query groups, heads divides the Q width, groups divide heads."""
@@ -177,7 +96,7 @@ def guess_heads(hidden: int, q: int, kv: int, tp: int) -> int | None:
     return None
 
 
-def _attention(first: _Chunk, naming: Naming, j: int, tp: int, options: Options, h: int) -> tuple[dict, list[str]]:
+def _attention(first: Chunk, naming: Naming, j: int, tp: int, options: Options, h: int) -> tuple[dict, list[str]]:
     qkv = first.shape(naming, f"{ENC}/layers.{j}.self_attention.query_key_value.weight")
     proj = first.shape(naming, f"{ENC}/layers.{j}.self_attention.dense.weight")
     q, rows = proj[-1] * tp, qkv[0] * tp
@@ -202,7 +121,7 @@ def _attention(first: _Chunk, naming: Naming, j: int, tp: int, options: Options,
     return fields, notes
 
 
-def _layer_fields(first: _Chunk, naming: Naming, j: int, tp: int) -> dict[str, Any]:
+def _layer_fields(first: Chunk, naming: Naming, j: int, tp: int) -> dict[str, Any]:
     key = f"{ENC}/layers.{j}"
     norm = first.shape(naming, f"{key}.input_norm.weight")
     fc1 = first.shape(naming, f"{key}.mlp.dense_h_to_4h.weight")
@@ -219,7 +138,7 @@ def _layer_fields(first: _Chunk, naming: Naming, j: int, tp: int) -> dict[str, A
             "add_qkv_bias": has("self_attention.query_key_value.bias")}  # fmt: skip
 
 
-def _embedding(first: _Chunk, naming: Naming, tp: int, options: Options) -> tuple[dict, list[str]]:
+def _embedding(first: Chunk, naming: Naming, tp: int, options: Options) -> tuple[dict, list[str]]:
     word = first.shape(naming, f"{EMB}/word_embeddings/weight")
     pos = first.find(naming, f"{EMB}/position_embeddings/weight")
     padded = word[0] * tp
@@ -240,7 +159,7 @@ def _embedding(first: _Chunk, naming: Naming, tp: int, options: Options) -> tupl
     return fields, notes
 
 
-def _tied(last: _Chunk, naming: Naming, pp: int, options: Options) -> tuple[bool, list[str]]:
+def _tied(last: Chunk, naming: Naming, pp: int, options: Options) -> tuple[bool, list[str]]:
     head = last.find(naming, "language_model/output_layer/weight") is not None
     copy = last.find(naming, "word_embeddings_for_head/weight") is not None
     if naming.family == "mcore" and pp > 1:  # output_layer.weight is the head copy or an untied head
@@ -279,15 +198,6 @@ def _precision(data: dict, file: Path, options: Options) -> tuple[str, list[str]
     return found, [_NOTES[found]]
 
 
-def _refuse(chunks: list[_Chunk]) -> None:
-    for chunk in chunks:
-        for key in chunk.flat:
-            for part, what in _REFUSED.items():
-                if part in key:
-                    raise StructureError(f"{chunk.file}: key '{chunk.prefix}/{key}' belongs to a {what} model, "
-                                         f"which structures are not read for")  # fmt: skip
-
-
 def derive(stages: list[tuple[Path, Any]], grid: RankMap, options: Options) -> Derived:
     """The model and fitted layout of a structure, from the (file, data) of (pp, tp 0) per stage.
 
@@ -295,16 +205,16 @@ def derive(stages: list[tuple[Path, Any]], grid: RankMap, options: Options) -> D
         StructureError: naming the file and key the measurement needs or refuses.
     """
     chunks = [stage_chunks(file, data) for file, data in stages]
-    _refuse([c for stage in chunks for c in stage])
+    refuse([c for stage in chunks for c in stage])
     first, last, head_file = chunks[0][0], chunks[-1][-1], stages[0][0]
     naming = detect_naming(first.flat)
     if naming is None:
         raise StructureError(
             f"{first.file}: key '{first.prefix}' holds {sorted(first.flat)[:3]}, neither legacy nor mcore names"
         )
-    counts = [[_layer_count(c) for c in stage] for stage in chunks]
-    split = _split(counts, head_file)
-    layered = next((c for stage in chunks for c in stage if _layer_count(c)), None)
+    counts = [[layer_count(c) for c in stage] for stage in chunks]
+    split = pipeline_split(counts, head_file)
+    layered = next((c for stage in chunks for c in stage if layer_count(c)), None)
     if layered is None:
         raise StructureError(f"{head_file}: no stage holds a transformer layer")
     layer = _layer_fields(layered, naming, 0, grid.tp)
