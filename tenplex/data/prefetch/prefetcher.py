@@ -45,6 +45,7 @@ import attrs
 
 from tenplex.data.errors import DataError
 from tenplex.data.partition import RankView
+from tenplex.data.prefetch.cache import SampleCache
 from tenplex.data.prefetch.plan import COUNTS, PeerSource, PrefetchStats, Slot, plan_slots
 from tenplex.data.reader import SampleReader
 
@@ -86,13 +87,11 @@ class Prefetcher:
         self._gen, self._consumer, self._closed = 0, 0, False
         self._plan: Iterator[Slot] | None = None
         self._pending: Slot | None = None
-        self._cache: dict[tuple[int, int], tuple[int, bytes]] = {}
-        self._by_id: dict[int, bytes] = {}
-        self._spare: dict[int, bytes] = {}  # by sample id, oldest first: kept from an earlier plan
-        self._bytes, self._peak, self._wait_s = 0, 0, 0.0
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._cache = SampleCache(budget_bytes, self._counts)
+        self._wait_s = 0.0
         self._inflight: tuple[int, int, int] | None = None  # (generation, step, position)
         self._taken: set[tuple[int, int]] = set()
-        self._counts: collections.Counter[str] = collections.Counter()
         self._thread: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -117,7 +116,7 @@ class Prefetcher:
                 raise DataError("prefetcher: start after close")
             self._gen += 1
             self.peers = self.peers if peers is None else tuple(peers)
-            self._refile(list(window))
+            self._cache.refile(list(window))
             self._plan = plan_slots(self.reader.index, view, stop, worker, workers)
             self._pending, self._consumer = None, view.start
             self._taken.clear()
@@ -146,15 +145,15 @@ class Prefetcher:
         """Under the lock: the slot's cached bytes (after its fetch in flight lands), or a spare
         copy of `sample_id`, removed from the cache; None for a miss."""
         waited = self._wait_for(key)
-        entry = self._cache.get(key)
+        entry = self._cache.entry(key)
         if entry is not None and entry[0] == sample_id:
-            self._drop(key)
+            self._cache.drop(key)
             self._counts["waits" if waited else "hits"] += 1
+            self._cv.notify_all()  # room for the thread
             return entry[1]
         self._counts["mismatched"] += entry is not None
-        data = self._spare.pop(sample_id, None)
+        data = self._cache.take_spare(sample_id)
         if data is not None:
-            self._bytes -= len(data)
             self._counts["hits"] += 1
             self._cv.notify_all()
         return data
@@ -162,17 +161,16 @@ class Prefetcher:
     def get(self, sample_id: int) -> bytes | None:
         """The bytes of `sample_id` if they are cached, else None: a prefetcher is a peer source."""
         with self._cv:
-            data = self._by_id.get(sample_id)
-            return self._spare.get(sample_id) if data is None else data
+            return self._cache.get(sample_id)
 
     def stats(self) -> PrefetchStats:
         with self._cv:
-            return PrefetchStats(self.budget, self._peak, self._wait_s, **{k: self._counts[k] for k in COUNTS})
+            return PrefetchStats(self.budget, self._cache.peak, self._wait_s, **{k: self._counts[k] for k in COUNTS})
 
     @property
     def cached_bytes(self) -> int:
         """Bytes cached plus the fetch in flight."""
-        return self._bytes
+        return self._cache.nbytes
 
     def close(self) -> None:
         """Stop the thread and drop the cache; `take` and `start` are errors afterwards."""
@@ -183,10 +181,7 @@ class Prefetcher:
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._cv:
-            for key in list(self._cache):
-                self._drop(key)
-            self._bytes -= sum(map(len, self._spare.values()))
-            self._spare.clear()
+            self._cache.clear()
 
     # -- under the lock -----------------------------------------------------------------------
 
@@ -196,8 +191,7 @@ class Prefetcher:
         if step <= self._consumer:
             return
         self._consumer = step
-        for key in [k for k in self._cache if k[0] < step]:
-            self._counts["discarded_bytes"] += len(self._drop(key))
+        self._cache.drop_before(step)
         self._taken = {k for k in self._taken if k[0] >= step}
         self._cv.notify_all()
 
@@ -210,47 +204,6 @@ class Prefetcher:
         if waited:
             self._wait_s += time.perf_counter() - start
         return waited
-
-    def _file(self, key: tuple[int, int], sample_id: int, data: bytes) -> None:
-        self._cache[key] = (sample_id, data)
-        self._by_id[sample_id] = data
-
-    def _drop(self, key: tuple[int, int]) -> bytes:
-        sample_id, data = self._cache.pop(key)
-        if self._by_id.get(sample_id) is data:
-            del self._by_id[sample_id]
-        self._bytes -= len(data)
-        self._cv.notify_all()
-        return data
-
-    def _refile(self, window: list[Slot]) -> None:
-        """File the cached samples that `window` (the new plan's first slots) needs under their
-        new slots; keep the rest as spares (for peers and later slots) until room is needed."""
-        for key in list(self._cache):
-            sample_id, data = self._cache[key][0], self._drop(key)
-            self._bytes += len(data)
-            if sample_id in self._spare:
-                self._bytes -= len(data)
-                self._counts["discarded_bytes"] += len(data)
-            self._spare.setdefault(sample_id, data)
-        for slot in window:
-            self._reuse(slot)
-
-    def _reuse(self, slot: Slot) -> bool:
-        """File a spare copy of `slot`'s sample under `slot`; whether there was one."""
-        data = self._spare.pop(slot.sample_id, None)
-        if data is not None:
-            self._file((slot.step, slot.position), slot.sample_id, data)
-            self._counts["reused_samples"] += 1
-        return data is not None
-
-    def _make_room(self, nbytes: int) -> bool:
-        """Drop spares, oldest first, until `nbytes` more fit the budget; whether they fit."""
-        while self._bytes + nbytes > self.budget and self._spare:
-            data = self._spare.pop(next(iter(self._spare)))
-            self._bytes -= len(data)
-            self._counts["discarded_bytes"] += len(data)
-        return self._bytes + nbytes <= self.budget
 
     def _next_slot(self) -> Slot | None:
         """The next slot to fetch, once it is in the window and fits the budget; None when closed."""
@@ -269,15 +222,14 @@ class Prefetcher:
             if slot.step >= self._consumer + self.lookahead:
                 self._cv.wait()
                 continue
-            if self._reuse(slot):
+            if self._cache.reuse(slot):
                 self._pending = None
                 continue
-            if not self._make_room(slot.length):
+            if not self._cache.make_room(slot.length):
                 self._cv.wait()
                 continue
             self._pending, self._inflight = None, (self._gen, *key)
-            self._bytes += slot.length
-            self._peak = max(self._peak, self._bytes)
+            self._cache.reserve(slot.length)
             return slot
         return None
 
@@ -300,15 +252,14 @@ class Prefetcher:
     def _land(self, gen: int, slot: Slot, data: bytes | None, source: str | None) -> None:
         key = (slot.step, slot.position)
         self._inflight = None
-        self._bytes -= slot.length
         if source is not None:
             self._counts[f"{source}_samples"] += 1
             self._counts[f"{source}_bytes"] += slot.length
         if data is None or gen != self._gen or slot.step < self._consumer or key in self._taken or self._closed:
+            self._cache.release(slot.length)
             self._counts["discarded_bytes"] += len(data or b"")
         else:
-            self._file(key, slot.sample_id, data)
-            self._bytes += slot.length
+            self._cache.file(key, slot.sample_id, data)  # the reservation becomes the entry's bytes
         self._cv.notify_all()
 
     def _fetch(self, sample_id: int) -> tuple[bytes, str]:
