@@ -2,7 +2,7 @@
 
 `choose_config(spec, devices, tp=None)` decides, in this order:
 1. `tp` or `pp` given (a schedule event's hint): (tp or 1, pp or 1, dp = devices / (tp pp));
-2. the job has a `model` and `tenplex.elastic.parallelizer.choose` is importable: its `choose` (with
+2. the job has a `model` and `tenplex.elastic.parallelizer` is importable: its `choose` (with
    the job's `parallel` table), pipeline stages included;
 3. the job's `parallel` table entry for `devices`;
 4. data parallelism only: (tp 1, pp 1, dp = devices).
@@ -21,7 +21,7 @@ from tenplex.elastic.job import JobSpec
 
 def _parallelizer():
     try:
-        return importlib.import_module("tenplex.elastic.parallelizer.choose")
+        return importlib.import_module("tenplex.elastic.parallelizer")
     except ImportError:
         return None
 
