@@ -12,7 +12,7 @@ With --url the request goes to the job's HTTP endpoint (`tenplex.elastic.http`, 
 `job run --http`); the token defaults to $TENPLEX_TOKEN. Without it, the request is a file in
 DIR/control (`tenplex.elastic.requests`).
 
-Register with `cli.add_command(job)` in `tenplex/cli/main.py`. Errors (TenplexError) print one line
+Registered in `tenplex.cli.app`. Errors (TenplexError) print one line
 and exit with code 2, as every tenplex command does; an HTTP error or an unreachable URL is an
 ElasticError naming the URL, with the server's message.
 """

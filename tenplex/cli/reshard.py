@@ -1,0 +1,57 @@
+"""`tenplex reshard`: a checkpoint directory (tenplex, Megatron-LM or PyTorch DCP) in another layout.
+
+    tenplex reshard SRC_DIR --to DST --out OUT_DIR [--from F] [--format F] [--workers N] [--central]
+
+OUT_DIR is complete or absent; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import click
+
+from tenplex.cli.common import load_state
+
+
+@click.command("reshard")
+@click.argument("src_dir", type=click.Path(file_okay=False))
+@click.option("--to", "dst", required=True, metavar="DST",
+              help="Target layout: tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP), "
+                   "a PTC JSON file or a model spec.")  # fmt: skip
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
+@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+              help="Format of SRC_DIR (default: detected).")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+              help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
+@click.option("--central", is_flag=True, help="Baseline (tenplex format only): gather on worker w0, then scatter.")
+def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
+                central: bool) -> None:  # fmt: skip
+    """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
+    from tenplex.frameworks.formats import FormatError, convert, detect
+
+    src_fmt = src_fmt or detect(src_dir)
+    if src_fmt == "tenplex" and fmt in (None, "tenplex"):
+        _reshard_tenplex(src_dir, dst, out_dir, workers, central)
+        return
+    if central:
+        raise FormatError("--central applies to tenplex checkpoint directories only")
+    click.echo(convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers))
+
+
+def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tenplex.runtime.reshard import reshard
+
+    columns = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("rounds", total=None)
+
+        def on_round(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        result = reshard(src_dir, load_state(dst), out_dir, workers=workers, central=central, on_round=on_round)
+    click.echo(result.summary())
