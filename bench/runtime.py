@@ -51,7 +51,7 @@ def fresh_memcpy_seconds(nbytes: int) -> float:
 def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, Any]:
     import numpy as np
 
-    from demo.main import memcpy_seconds, on_workers
+    from demo.agents import memcpy_seconds, on_workers
     from tenplex.compiler import compile_plan
     from tenplex.frontends.spec import ptc_from_spec
     from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from demo import main as demo
+import demo
 
 
 @pytest.mark.timeout(120)
