@@ -1,7 +1,7 @@
 # make test | demo | bench | lint | fix — each works on a fresh machine with only python3.
 VENV := .venv
 PY := $(VENV)/bin/python
-SRC := $(wildcard tenplex tests proofs bench)
+SRC := $(wildcard tenplex tests proofs bench demo fixtures experiments)
 
 .PHONY: test lint fix demo bench deps
 

@@ -1,15 +1,13 @@
-"""Elastic jobs (DESIGN.md section 8): a controller that reacts to resource changes by choosing a
+"""Elastic jobs (docs/design.md §8): a controller that reacts to resource changes by choosing a
 new parallel configuration, stopping the program at a step boundary, resharding its saved state
-and relaunching it; `Job` is what the training program calls (`tenplex.elastic.api`)."""
+and relaunching it; `Job` is what the training program calls (`api`).
 
-from __future__ import annotations
+- the program's side: `api` (`Job`), `layouts` (its DTensor layout for a (tp, dp, pp));
+- the controller's side: `controller` (generations and reconfigurations), `configs` (which
+  layout), `launch` (torchrun), `job` (job files), `requests` and `http` (scale requests, status),
+  `records` (what it measured), `recovery` (failure recovery plans), `parallelizer/`.
+"""
 
-from typing import Any
+from tenplex._lazy import lazy
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("Job", "ParallelConfig"):
-        from tenplex.elastic import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'tenplex.elastic' has no attribute {name!r}")
+__getattr__, __all__ = lazy(__name__, {"Job": "api", "ParallelConfig": "api"})

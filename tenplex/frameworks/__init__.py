@@ -1,26 +1,21 @@
-"""Framework adapters: read and write the checkpoints of training frameworks (DTensor/DCP, Megatron) as PTCs.
+"""Framework adapters: the checkpoints of training frameworks as PTCs, and back.
 
-Names resolve lazily, so importing the package imports neither torch nor an adapter."""
+- `megatron/`: Megatron-LM legacy trees (`iter_*/mp_rank_*/model_optim_rng.pt`, distributed optimizer);
+- `dtensor/`: PyTorch DTensor layouts and live state dicts (placements -> boxes, mesh layouts, values);
+- `dcp/`: PyTorch Distributed Checkpoint directories (`.metadata` + `*.distcp`), and `load_dcp`;
+- `structure/`: the reference Tenplex's per-rank structure JSON;
+- `formats`: the formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
-from __future__ import annotations
+Names resolve lazily, so importing the package imports neither torch nor an adapter.
+"""
 
-import importlib
-from typing import Any
+from tenplex._lazy import lazy
 
-_MEGATRON = {
-    "CheckpointFormatError": "megatron.tree", "read_megatron": "megatron.read", "write_megatron": "megatron.write",
-    "reshard_megatron": "megatron.reshard", "inspect_megatron": "megatron.reshard", "parse_layout": "megatron.args",
-}  # fmt: skip
-_DCP = {
-    "read_dcp": "dcp.read", "write_dcp": "dcp.write", "reshard_dcp": "dcp.reshard", "inspect_dcp": "dcp.reshard",
-    "load_dcp": "dcp.load", "DcpError": "dcp.format", "ptc_from_state_dicts": "dtensor.state", "state_dicts_from_arrays": "dtensor.state",
-}  # fmt: skip
-_STRUCTURE = {"read_structure": "structure.read", "write_structure": "structure.read", "inspect_structure": "structure.read",
-              "StructureError": "structure.read"}  # fmt: skip
-_NAMES = {**_MEGATRON, **_DCP, **_STRUCTURE}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __all__ = lazy(__name__, {
+    "CheckpointFormatError": "megatron", "read_megatron": "megatron", "write_megatron": "megatron",
+    "reshard_megatron": "megatron", "inspect_megatron": "megatron", "parse_layout": "megatron",
+    "read_dcp": "dcp", "write_dcp": "dcp", "reshard_dcp": "dcp", "inspect_dcp": "dcp", "load_dcp": "dcp",
+    "DcpError": "dcp", "ptc_from_state_dicts": "dtensor", "state_dicts_from_arrays": "dtensor",
+    "read_structure": "structure", "write_structure": "structure", "inspect_structure": "structure",
+    "StructureError": "structure",
+})  # fmt: skip

@@ -1,0 +1,16 @@
+"""One agent per host: it owns the host's `TensorStore` and UCX worker and runs its share of a plan.
+
+- agent.py: `Agent`, the commands a runtime sends (load, prepare, run_round, commit, abort, ...);
+- rounds.py: one host's share of a plan, round by round; parts.py: how a network message
+  travels (zero-copy parts, packed remainders, a scratch pool, the prefaulter);
+- server.py: the agent process (`tenplex agent`, or a child of `Runtime.local`) and its control
+  connection; client.py: the runtime's end (`AgentHandle`, the all-hosts barrier);
+- fleet.py: real agent processes on this machine, optionally one per emulated host.
+"""
+
+from tenplex._lazy import lazy
+
+__getattr__, __all__ = lazy(__name__, {
+    "Agent": "agent", "AgentFleet": "fleet", "AgentHandle": "client", "TOKEN_ENV": "server", "connect": "server",
+    "run_agent": "server", "serve": "server",
+})  # fmt: skip
