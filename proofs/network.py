@@ -7,7 +7,7 @@ src piece on a device of that host already holds g.
 With the exact cover of `proofs.certificate` (each needed element arrives at least once, from
 a holder), this proves that each host receives over the network exactly the elements its dst
 devices need and no src device of the host holds, each once: network bytes equal the lower
-bound of DESIGN §9. Forward copies (`src_side="dst"`) stay inside a host and are not network.
+bound of docs/design.md §9. Forward copies (`src_side="dst"`) stay inside a host and are not network.
 
 Raises CertificateError with the point, the host and the copies.
 """

@@ -1,9 +1,11 @@
 """tenplex: reconfigure the state of multi-dimensional parallel training jobs.
 
-The public API of the foundation: PTCs (`PTC`, `load_ptc`, `ptc_from_spec`), the plan compiler
+The public API at the top: PTCs (`PTC`, `load_ptc`, `ptc_from_spec`), the plan compiler
 (`compile_plan`, `CompileOptions`, `Plan`) and its checker (`check_plan`), and `save`/`load` of
-nested training state (torch tensors, numpy arrays, scalars) as a tree of `.npy` files. The
-runtime's `Runtime` comes with the runtime issue.
+nested training state (torch tensors, numpy arrays, scalars) as a tree of `.npy` files. Plans
+run on agents through `tenplex.runtime.Runtime`; checkpoints of training frameworks are read and
+written by `tenplex.frameworks`; elastic jobs are `tenplex.elastic`. The map of the packages:
+docs/architecture.md.
 """
 
 from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, dumps_plan, load_plan

@@ -156,6 +156,3 @@ def status_cmd(job_dir: str | None, url: str | None, token: str | None) -> None:
     status = _request(url, "/status", token) if url is not None else read_status(job_dir)
     click.echo(json.dumps(status, indent=1, sort_keys=True))
 
-
-if __name__ == "__main__":
-    job(prog_name="tenplex job")

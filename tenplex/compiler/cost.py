@@ -1,6 +1,6 @@
 """Bounds and the cost model.
 
-`network_lower_bound` is DESIGN §9's figure, computed from the PTCs alone (independently of any
+`network_lower_bound` is docs/design.md §9's figure, computed from the PTCs alone (independently of any
 plan): for every dst host, the bytes its dst devices need that no src device on that host holds,
 each element counted once, fills excluded. `predict` models a plan's time round by round: a
 round lasts as long as its slowest host needs to push its NIC egress, its NIC ingress and its

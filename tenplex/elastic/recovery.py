@@ -1,4 +1,4 @@
-"""Failure recovery (DESIGN.md section 8): store replicas on the next n hosts, survivors, recovery plans.
+"""Failure recovery (docs/design.md §8): store replicas on the next n hosts, survivors, recovery plans.
 
 A job keeps its state recoverable by holding, besides its training layout, `n` store replicas
 of every partition: `with_replicas(ptc, n)` places, for every partition held on host h, one copy

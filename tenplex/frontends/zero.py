@@ -1,5 +1,5 @@
 """Megatron distributed-optimizer (ZeRO-1) flat buffers: where each parameter lands and which
-DP rank owns which fragment (conventions §4.2.1).
+DP rank owns which fragment (docs/conventions.md §4.2.1).
 
 A bucket lays its parameters out in **reverse** `named_parameters()` order (backprop order);
 each parameter starts at a multiple of 64 elements; the bucket end is padded to a multiple of

@@ -41,7 +41,7 @@ def write_npy_samples(path: Path, n: int) -> DatasetIndex:
 def megatron_idx(
     lengths: list[int], dtype_code: int, itemsize: int, documents: list[int], modes: bool = False
 ) -> bytes:
-    """`.idx` bytes built field by field from reference/dataset.md section 4.1."""
+    """`.idx` bytes built field by field from docs/dataset.md §4.1."""
     pointers, pos = [], 0
     for n in lengths:
         pointers.append(pos)

@@ -1,4 +1,4 @@
-"""An independent model of reference/dataset.md section 10.1, written as plainly as possible.
+"""An independent model of docs/dataset.md §10.1, written as plainly as possible.
 
 No I/O, no numpy and no tenplex code: Philox4x64-10 is written out from its definition, the
 permutation is "sort ids by draw, ties by id", batches are slices, and the split is the

@@ -1,4 +1,4 @@
-"""The reference harness (reference/dataset.md section 10.3) on the order/partition API: the
+"""The reference harness (docs/dataset.md §10.3) on the order/partition API: the
 delivered (epoch, step, rank, ids) log equals the oracle's under random and named rescale
 schedules, and the checkable properties P1, P2, P4, P7, P10, P11 hold."""
 

@@ -1,5 +1,5 @@
-"""The resharding traps of conventions §7 and the reference's checkable behaviours
-(reference/tenplex.md §9), asserted on the files Megatron would load: one named test per trap,
+"""The resharding traps of docs/conventions.md §7 and the reference's checkable behaviours
+(docs/reference-tenplex.md §9), asserted on the files Megatron would load: one named test per trap,
 each comparing target rank files with source rank files by Megatron's rules."""
 
 from __future__ import annotations

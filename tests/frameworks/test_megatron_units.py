@@ -1,5 +1,5 @@
 """Unit tables for the Megatron adapter: the layout syntax, the naming table, the distributed
-optimizer's buckets (conventions §4.2.3 worked example), RNG derivation and target layouts."""
+optimizer's buckets (docs/conventions.md §4.2.3 worked example), RNG derivation and target layouts."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_mcore_order_puts_linear_proj_before_linear_qkv():
 
 
 def test_buckets_worked_example():
-    """conventions §4.2.3: A [10,4], B [4,4], C [4], DP 2, one bucket: C [0,4), B [64,80),
+    """docs/conventions.md §4.2.3: A [10,4], B [4,4], C [4], DP 2, one bucket: C [0,4), B [64,80),
     A [128,168), 168 elements; with the bucket closed after B, A sits at [80,120) of 120."""
     params = [("A", 40, False), ("B", 16, False), ("C", 4, False)]
     assert world_slots(buckets(params, 2, None)) == ({"C": (0, 4), "B": (64, 80), "A": (128, 168)}, 168)

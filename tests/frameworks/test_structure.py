@@ -1,4 +1,4 @@
-"""Structure directories (tenplex.md §2.3): Megatron trees built the way Megatron writes them are
+"""Structure directories (docs/reference-tenplex.md §2.3): Megatron trees built the way Megatron writes them are
 written as structures, read back, and must give the PTC that read_megatron and the frontend give;
 a hand-written directory in the reference's exact format must parse; PTCs read from structures
 must compile into verified plans. Broken directories: test_structure_errors.py."""
@@ -152,7 +152,7 @@ def test_inspect_reports_layout_model_precision_and_notes(tmp_path):
     assert lines[2].startswith("precision: bf16") and lines[-1] == "problems: none"
 
 
-# The reference's format exactly (tenplex.md §2.3): a tiny Megatron 23.06 GPT (2 layers, hidden
+# The reference's format exactly (docs/reference-tenplex.md §2.3): a tiny Megatron 23.06 GPT (2 layers, hidden
 # 64, ffn 256, vocab 1000 padded to 1024, 128 positions), PP=2, TP=2, DP=1, fp16; rank 0 and 1
 # hold stage 0, ranks 2 and 3 stage 1 (the TP ranks have equal shapes). Lists shortened.
 _LAYER = """
@@ -302,7 +302,7 @@ def test_writer_matches_the_reference_format(tmp_path):
     ("tp2,pp4", 0, "mp_rank_00_000.json", [26, 48]),
 ])  # fmt: skip
 def test_writer_gives_the_references_gpt_large_numbers(layout, rank, name, groups, tmp_path):
-    """tenplex.md §2.3 and §3.5: group sizes per stage and rank 2's shapes of GPT-large PP2/TP2."""
+    """docs/reference-tenplex.md §2.3 and §3.5: group sizes per stage and rank 2's shapes of GPT-large PP2/TP2."""
     root = write_structure(parse_spec(f"gpt-large:{layout},dp1@1x8").build(), tmp_path / "s")
     doc = json.loads((root / f"rank{rank:02d}" / name).read_text())
     assert [len(g["params"]) for g in doc["optimizer"]["optimizer"]["param_groups"]] == groups

@@ -24,12 +24,12 @@ CASES = {
     "tp2_rows": ((8, 4), Rule.COLUMN, 2, 1, 128, (4, 4), [(rows(4, 8, 4), rows(0, 4, 4))]),
     "tp4_cols": ((4, 8), Rule.ROW, 4, 2, 128, (4, 2), [(Box((0, 4), (4, 6)), Box((0, 0), (4, 2)))]),
     "column_bias_tp4": ((8,), Rule.COLUMN, 4, 3, 128, (2,), [(Box((6,), (8,)), Box((0,), (2,)))]),
-    # conventions §2.2, MHA h=8 np=ng=4 hn=2: 24 rows; TP4 rank 1 = [q1, k1, v1] = rows 6..12.
+    # docs/conventions.md §2.2, MHA h=8 np=ng=4 hn=2: 24 rows; TP4 rank 1 = [q1, k1, v1] = rows 6..12.
     "qkv_mha_tp4": ((24, 8), Rule.QKV, 4, 1, 128, (6, 8), [(rows(6, 12, 8), rows(0, 6, 8))]),
     # GQA np=4 ng=2 hn=2: 16 rows; TP2 rank 1 = group 1 block; TP4 rank 1 = [k0 v0] = rows 4..8.
     "qkv_gqa_tp2": ((16, 8), Rule.QKV, 2, 1, 128, (8, 8), [(rows(8, 16, 8), rows(0, 8, 8))]),
     "qkv_gqa_tp4": ((16, 8), Rule.QKV, 4, 1, 128, (4, 8), [(rows(4, 8, 8), rows(0, 4, 8))]),
-    # conventions §2.3, f=8: TP2 r0 = [g0..g3 u0..u3]; TP4 r1 = [g2 g3 u2 u3], r3 = [g6 g7 u6 u7].
+    # docs/conventions.md §2.3, f=8: TP2 r0 = [g0..g3 u0..u3]; TP4 r1 = [g2 g3 u2 u3], r3 = [g6 g7 u6 u7].
     "glu_tp2": (
         (16, 4),
         Rule.GLU,

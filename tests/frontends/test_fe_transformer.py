@@ -1,4 +1,4 @@
-"""build_ptc: the Tenplex reference's checkable behaviours (reference/tenplex.md §9) and
+"""build_ptc: the Tenplex reference's checkable behaviours (docs/reference-tenplex.md §9) and
 Megatron's conventions, asserted on built PTCs."""
 
 import math

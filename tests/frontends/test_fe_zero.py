@@ -1,4 +1,4 @@
-"""Distributed-optimizer flat buffers (conventions §4.2.1)."""
+"""Distributed-optimizer flat buffers (docs/conventions.md §4.2.1)."""
 
 import pytest
 from hypothesis import given

@@ -19,7 +19,7 @@ def rows(sid: str, start: int, stop: int, tensor: str = "w") -> SubTensor:
 
 
 def make(**changes) -> PTC:
-    """The DESIGN §2 example (w split over tp0, tp1 on devices 0, 1 of host h0), with `changes`."""
+    """The example of docs/formats.md (w split over tp0, tp1 on devices 0, 1 of host h0), with `changes`."""
     fields = dict(
         tensors=(W,),
         subtensors=(rows("w/tp0", 0, 4), rows("w/tp1", 4, 8)),

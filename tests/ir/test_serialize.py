@@ -13,7 +13,7 @@ from tenplex.ir import ParseError, Value, dumps, load_ptc, loads, ptc_from_json,
 from tenplex.ir import serialize as serialize_module
 from tests.strategies import ptcs
 
-DESIGN_EXAMPLE = """{
+FORMATS_EXAMPLE = """{
   "format": "tenplex.ptc/1",
   "devices": [{"id": 0, "host": "h0"}, {"id": 1, "host": "h0"}],
   "tensors": {"w": {"shape": [8, 4], "dtype": "float32"}},
@@ -52,7 +52,7 @@ CANONICAL = """{
 
 
 def doc() -> dict:
-    return json.loads(DESIGN_EXAMPLE)
+    return json.loads(FORMATS_EXAMPLE)
 
 
 def mutated(change) -> dict:
@@ -86,7 +86,7 @@ def deleter(*path):
 ST1 = ("subtensors", "w/tp1")
 PIECE0 = (*ST1, "pieces", 0)
 
-# (change to the DESIGN example, field the message names, the message after the field)
+# (change to the formats.md example, field the message names, the message after the field)
 INVALID = [
     pytest.param(setter("extra", 1), "document", "unknown key 'extra' (allowed: format, devices", id="unknown_top_key"),
     pytest.param(deleter("allocation"), "document", "missing key 'allocation'", id="missing_top_key"),
@@ -296,7 +296,7 @@ def test_invalid_json_names_the_source():
 
 
 def test_design_example_prints_canonically():
-    ptc = loads(DESIGN_EXAMPLE)
+    ptc = loads(FORMATS_EXAMPLE)
     assert dumps(ptc) == CANONICAL
     assert dumps(loads(CANONICAL)) == CANONICAL
     assert loads(CANONICAL) == ptc
@@ -333,7 +333,7 @@ def test_canonical_text_is_independent_of_key_order(ptc):
 
 
 def test_save_and_load(tmp_path):
-    ptc = loads(DESIGN_EXAMPLE)
+    ptc = loads(FORMATS_EXAMPLE)
     path = tmp_path / "ptc.json"
     save_ptc(ptc, path)
     assert path.read_text() == CANONICAL
@@ -392,7 +392,7 @@ def ptc_with_value(ptc, value):
 def test_failed_save_leaves_the_target_unchanged(tmp_path, monkeypatch, prepare, error):
     path = tmp_path / "ptc.json"
     path.write_text("previous contents")
-    ptc = prepare(loads(DESIGN_EXAMPLE), monkeypatch)
+    ptc = prepare(loads(FORMATS_EXAMPLE), monkeypatch)
     with pytest.raises(error):
         save_ptc(ptc, path)
     monkeypatch.undo()

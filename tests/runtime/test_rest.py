@@ -127,7 +127,7 @@ def test_query_streams_in_chunks(store, monkeypatch, rng):
 
 
 def test_reference_round_trip(store):
-    """tenplex.md §9 item 18: float16 dims 2,3 with 12 bytes; range :,1:3 gives dims 2,2."""
+    """docs/reference-tenplex.md §9 item 18: float16 dims 2,3 with 12 bytes; range :,1:3 gives dims 2,2."""
     x = np.arange(6, dtype=np.float16).reshape(2, 3)
     up = {"path": "/p", "dtype": "float16", "shape": "2,3"}
     assert call(store, "POST", "/upload", up, x.tobytes())[0] == 201

@@ -8,7 +8,7 @@ Shard(0))` on a 2×2 mesh cuts dim 0 in two and each half in two again.
 
 `local_box(G, M, placements, coordinate)` is the one function that turns this into the global
 box a mesh coordinate holds. It equals torch's `compute_local_shape_and_global_offset`
-(torch/distributed/tensor/_utils.py), including its uneven rule (conventions §6.2): for `n`
+(torch/distributed/tensor/_utils.py), including its uneven rule (docs/conventions.md §6.2): for `n`
 elements over `k` ranks, `c = ceil(n/k)`, rank `i` starts at `i·c` and holds
 `max(0, min(n, i·c + c) − i·c)` elements, so trailing shards are smaller or EMPTY; an empty
 shard's start in that dim is the global extent `G[d]`, as torch reports it.

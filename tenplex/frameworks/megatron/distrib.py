@@ -1,4 +1,4 @@
-"""Megatron's distributed optimizer on disk: `distrib_optim.pt` world buffers (conventions §4.2).
+"""Megatron's distributed optimizer on disk: `distrib_optim.pt` world buffers (docs/conventions.md §4.2).
 
 Each model chunk has one buffer (all GPT parameters share a dtype). Its parameters are laid out
 in reverse `named_parameters()` order, each starting at a multiple of 64 elements; a new bucket

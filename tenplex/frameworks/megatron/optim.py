@@ -1,4 +1,4 @@
-"""Megatron's non-distributed optimizer state, bound to parameters by NAME (conventions §4.1).
+"""Megatron's non-distributed optimizer state, bound to parameters by NAME (docs/conventions.md §4.1).
 
 `model_optim_rng.pt['optimizer']` (a one-element list when saved through a ChainedOptimizer):
 - fp16/bf16 (Float16OptimizerWithFloat16Params): `{'optimizer': {'state': {i: {'exp_avg',

@@ -1,4 +1,4 @@
-"""Megatron RNG state re-derived from the seed rules, never copied between ranks (conventions §5.1).
+"""Megatron RNG state re-derived from the seed rules, never copied between ranks (docs/conventions.md §5.1).
 
 `rng_state` is a list with one entry (or DP entries with `data_parallel_random_init`) of
 `{'random_rng_state', 'np_rng_state', 'torch_rng_state', 'cuda_rng_state', 'rng_tracker_states'}`.

@@ -1,6 +1,6 @@
 """Megatron-LM legacy checkpoint trees on disk: the tracker, rank directories, loading a rank file.
 
-Tree (conventions §1.1-1.2):
+Tree (docs/conventions.md §1.1-1.2):
 
     DIR/latest_checkpointed_iteration.txt   an integer iteration or the word `release`
     DIR/iter_{iteration:07d}/               (DIR/release/ for a release checkpoint)

@@ -10,7 +10,7 @@ Every tensor leaf of the file must be accounted for:
 - any key path with "rng" in a key (RNG states: re-derived per rank, not carried).
 
 The reference instead binds index i through model_keys.json's order split into [weight decay,
-no weight decay] (tenplex.md §3.5); where that gives another parameter, `order_note` says so.
+no weight decay] (docs/reference-tenplex.md §3.5); where that gives another parameter, `order_note` says so.
 
 Invariants: a tensor leaf not accounted for, a missing parameter or state entry, or a shape
 other than the PTC's raises StructureError naming the file, the key path and both shapes.

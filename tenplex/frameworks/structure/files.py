@@ -1,4 +1,4 @@
-"""The reference Tenplex's structure directories on disk (tenplex.md §2.3): names, JSON I/O, the
+"""The reference Tenplex's structure directories on disk (docs/reference-tenplex.md §2.3): names, JSON I/O, the
 tensor-to-shape conversion, the rank map and the model key order.
 
 A configuration directory (`<framework>/<precision>/<model>/<size>/ppXX/mpXX/dpXX/`) holds:

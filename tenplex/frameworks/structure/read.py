@@ -1,4 +1,4 @@
-"""Read the reference Tenplex's per-rank structure directories as PTCs (tenplex.md §2.3, §2.4).
+"""Read the reference Tenplex's per-rank structure directories as PTCs (docs/reference-tenplex.md §2.3, §2.4).
 
 `read_structure(dir)` takes one configuration directory (`.../ppXX/mpXX/dpXX/`), measures the
 model and layout from its tensor shapes (`structure.model`: heads assumed = hidden/64 unless
@@ -134,7 +134,7 @@ def _check_ranks(files: dict[tuple[int, int], Path], data: dict[tuple[int, int],
     if not misbound:
         return []
     return [f"model_keys.json order, split [weight decay, no weight decay] as the reference binds optimizer state "
-            f"(tenplex.md §3.5), differs from binding by name on {len(misbound)} rank(s) ({misbound[0]}); tenplex "
+            f"(docs/reference-tenplex.md §3.5), differs from binding by name on {len(misbound)} rank(s) ({misbound[0]}); tenplex "
             f"binds by name"]  # fmt: skip
 
 

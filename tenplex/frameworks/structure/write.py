@@ -1,4 +1,4 @@
-"""Write a structure directory (tenplex.md §2.3) for a layout: from a Megatron checkpoint tree
+"""Write a structure directory (docs/reference-tenplex.md §2.3) for a layout: from a Megatron checkpoint tree
 (each rank file torch.load'ed and converted by the reference's rules) or from a PTC (the rank
 files Megatron 23.06 would save for it).
 
