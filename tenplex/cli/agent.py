@@ -1,6 +1,11 @@
 """`tenplex agent`: run this host's agent (tensor store, UCX worker, optional REST API).
 
-    tenplex agent --name NAME --control PATH|HOST:PORT [--token-file F] [--ucx-ip IP] [--rest [HOST]:PORT]
+    tenplex agent --name NAME --control PATH|HOST:PORT [--token-file F] [--ucx-ip IP]
+                  [--rest [HOST]:PORT [--rest-token-file F]]
+
+Tokens come from files or the environment, never from the command line (where `ps` shows
+them): the control token from `--token-file` or `$TENPLEX_AGENT_TOKEN`, the REST token from
+`--rest-token-file` or `$TENPLEX_REST_TOKEN`; the two must differ (docs/security.md).
 """
 
 from __future__ import annotations
@@ -8,23 +13,40 @@ from __future__ import annotations
 import click
 
 
+def read_token(path: str | None, env: str, what: str) -> str | None:
+    """The token in file `path` (stripped), else in `$env`, else None. Raises click errors naming the file."""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return os.environ.get(env) or None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"{path}: cannot read the {what} ({getattr(e, 'strerror', None) or e})") from None
+    if not token or "\n" in token:
+        raise click.BadParameter(f"{path}: the {what} file must hold one non-empty line")
+    return token
+
+
 @click.command("agent")
 @click.option("--name", required=True, help="The host name plans use for this agent.")
 @click.option("--control", required=True, metavar="PATH|HOST:PORT",
               help="Where runtimes connect: a Unix socket path, or HOST:PORT (needs a token).")  # fmt: skip
 @click.option("--token-file", type=click.Path(dir_okay=False, exists=True),
-              help="File holding the shared token (default $TENPLEX_AGENT_TOKEN).")  # fmt: skip
+              help="File holding the control token (default $TENPLEX_AGENT_TOKEN).")  # fmt: skip
 @click.option("--ucx-ip", metavar="IP", help="Open a UCX TCP listener on IP for agents on other nodes.")
 @click.option("--ucx-port", type=click.IntRange(0, 65535), default=0, show_default=True)
 @click.option("--rest", metavar="[HOST]:PORT", help="Also serve the store over the REST API here.")
-@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds any UCX wait may take.")
+@click.option("--rest-token-file", type=click.Path(dir_okay=False, exists=True),
+              help="File holding the REST API's token (default $TENPLEX_REST_TOKEN); needed beyond loopback.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+              help="Seconds any UCX wait may take.")  # fmt: skip
 def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | None, ucx_port: int,
-              rest: str | None, timeout: float) -> None:  # fmt: skip
+              rest: str | None, rest_token_file: str | None, timeout: float) -> None:  # fmt: skip
     """Run this host's agent (store + UCX worker [+ REST]) until SIGTERM or a runtime's stop."""
-    import os
-    from pathlib import Path
+    from tenplex.runtime.agent.server import REST_TOKEN_ENV, TOKEN_ENV, run_agent
 
-    from tenplex.runtime.agent.server import TOKEN_ENV, run_agent
-
-    token = Path(token_file).read_text().strip() if token_file else os.environ.get(TOKEN_ENV)
-    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout)
+    token = read_token(token_file, TOKEN_ENV, "control token")
+    rest_token = read_token(rest_token_file, REST_TOKEN_ENV, "REST token")
+    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout, rest_token)

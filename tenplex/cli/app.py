@@ -14,6 +14,7 @@ written atomically, so an error leaves no file behind.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -73,8 +74,15 @@ cli.add_command(store)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console-script entry point."""
+    """The console-script entry point. SIGTERM becomes an exit (status 143) that unwinds like
+    Ctrl-C does, so outputs being written are removed, never left half-written; commands that
+    serve until SIGTERM (mounts, agents, jobs) install their own handlers."""
+    signal.signal(signal.SIGTERM, _terminated)
     cli.main(args=argv, prog_name="tenplex")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,19 @@ src_tag, dst_tag)` then:
 On any failure (an agent raised, died, or missed the deadline) it aborts everywhere (staging
 deleted; the src tag is never written) and raises `ExecutionError` listing each failed host with
 its reason, in the order the failures arrived, so the first one is the cause and later ones are
-usually peers timing out on it. An agent that misses a deadline is killed: its reply would
-arrive out of order. Device -> host comes from the PTCs' topology; every host there needs an agent.
+usually peers timing out on it. An agent that misses a deadline, or sends no heartbeat for
+`liveness` seconds (stopped or hung), is killed: its reply would arrive out of order. Every
+call to an agent has a deadline, and `close` returns within seconds whatever the agents do, so
+Ctrl-C ends a runtime promptly. Device -> host comes from the PTCs' topology; every host there
+needs an agent. The control connection carries typed frames, never pickles (`agent.wire`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -34,9 +39,10 @@ from tenplex.compiler.plan import Plan, plan_to_json
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import ptc_to_json
-from tenplex.runtime.agent.client import AgentFailures, AgentHandle, agent_of, call_all, close_all
-from tenplex.runtime.agent.server import serve
-from tenplex.runtime.store.layout import Instance, tag_path
+from tenplex.runtime.agent.channel import Channel
+from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle, agent_of, call_all, close_all, connect
+from tenplex.runtime.agent.server import TOKEN_ENV, serve
+from tenplex.runtime.store.layout import Instance, staging_tag, tag_path
 
 
 class Clock:
@@ -54,45 +60,48 @@ class Clock:
 
 
 class Runtime:
-    def __init__(self, agents: Mapping[str, AgentHandle], round_timeout: float = 600.0):
+    def __init__(self, agents: Mapping[str, AgentHandle], round_timeout: float = 600.0, liveness: float = LIVENESS_S):
         self.agents = dict(agents)
         self.round_timeout = round_timeout
+        self.liveness = liveness  # seconds an agent may send neither a heartbeat nor a reply
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
-              start_timeout: float = 60.0) -> Runtime:  # fmt: skip
+              start_timeout: float = 60.0, liveness: float = LIVENESS_S) -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
-        `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier."""
+        `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
+        `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead."""
         hosts = list(dict.fromkeys(hosts))
         ctx = mp.get_context("spawn")
-        rt = cls({}, round_timeout)
+        rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
             for host in hosts:
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=serve, args=(child, host, timeout), name=f"tenplex-agent-{host}", daemon=True)
+                mine, theirs = socket.socketpair()
+                proc = ctx.Process(target=serve, args=(theirs, host, timeout), name=f"tenplex-agent-{host}", daemon=True)
                 proc.start()
-                child.close()
-                rt.agents[host] = AgentHandle(host, proc, parent)
+                theirs.close()
+                rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
             rt._link(start_timeout)
         return rt
 
     @classmethod
     def connect(cls, agents: Mapping[str, str], token: str | None = None, round_timeout: float = 600.0,
-                start_timeout: float = 60.0) -> Runtime:  # fmt: skip
+                start_timeout: float = 60.0, liveness: float = LIVENESS_S) -> Runtime:  # fmt: skip
         """Connect to running `tenplex agent`s ({host: control address}) and link them to each other
         (shared memory on one node, UCX over TCP between nodes). Closing the runtime leaves them running.
+        `token` is the agents' control token (`$TENPLEX_AGENT_TOKEN` when None).
 
         Raises: ExecutionError naming the host that cannot be reached or that has another name."""
-        from tenplex.runtime.agent.server import connect
-
-        rt = cls({}, round_timeout)
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("connecting to agents"):
+            names = {}
             for host, address in agents.items():
-                rt.agents[host] = AgentHandle(host, None, connect(address, token, start_timeout))
-            names = rt._all({h: ("name", {}) for h in rt.agents}, start_timeout)
+                channel, names[host] = connect(address, token, start_timeout)
+                rt.agents[host] = AgentHandle(host, None, channel)
             wrong = {h: n for h, n in names.items() if n != h}
             if wrong:
                 raise ExecutionError(f"agents answer with other names than asked: {wrong}")
@@ -125,18 +134,24 @@ class Runtime:
 
     def load(self, job: str, tag: str, ptc: PTC, arrays: Mapping[Instance, np.ndarray],
              values: Mapping[tuple[str, int], dict] | None = None) -> None:  # fmt: skip
-        """Split a state by the host of each device (from `ptc.topology`) and load it."""
+        """Split a state by the host of each device (from `ptc.topology`) and load it under `tag`
+        on every host, all or nothing: each host loads into a staging tag, and only when every host
+        has it is staging renamed to `tag` (replacing an older `tag`). Raises ExecutionError; then
+        no host has any of the new state and an older `tag` is untouched."""
         host_of = ptc.topology.host_of
         per_host: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in self.agents}
         for (sid, d), a in arrays.items():
             per_host[self._host(host_of(d))][0][(sid, d)] = a
         for (pid, d), v in (values or {}).items():
             per_host[self._host(host_of(d))][1][(pid, d)] = v
-        calls = {h: ("load", {"job": job, "tag": tag, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
+        staging = staging_tag(tag)
+        calls = {h: ("load", {"job": job, "tag": staging, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
         try:
             self._all(calls, self.round_timeout)
+            self._all({h: ("rename_tag", {"job": job, "src": staging, "dst": tag}) for h in per_host}, self.round_timeout)
         except AgentFailures as e:
-            raise ExecutionError(f"loading {tag_path(job, tag)} failed: {e}") from None
+            self.drop(job, staging)
+            raise ExecutionError(f"loading {tag_path(job, tag)} failed; no host kept any of it: {e}") from None
 
     def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
         """The state under a tag, merged over all agents (copies)."""
@@ -246,7 +261,7 @@ class Runtime:
     # ---- calls to agents --------------------------------------------------------------
     def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None) -> dict[str, Any]:
         """`call_all` with the round timeout by default (raises AgentFailures)."""
-        return call_all(self.agents, calls, self.round_timeout if timeout is None else timeout)
+        return call_all(self.agents, calls, self.round_timeout if timeout is None else timeout, self.liveness)
 
     def _host(self, host: str) -> str:
         return agent_of(self.agents, host).host

@@ -112,12 +112,14 @@ def test_emulated_hosts_p2p_and_central_over_tcp():
 
 
 def test_control_addresses_and_tokens():
-    from tenplex.runtime.agent.server import listen, parse_address
+    import socket
 
-    assert parse_address("/tmp/a.sock") == ("/tmp/a.sock", "AF_UNIX")
-    assert parse_address("10.0.0.1:7000") == (("10.0.0.1", 7000), "AF_INET")
-    assert parse_address("[::1]:7000") == (("::1", 7000), "AF_INET")
-    with pytest.raises(ExecutionError, match=r"a TCP control address needs a token \(--token-file or \$TENPLEX_AGENT_TOKEN\)"):
+    from tenplex.runtime.agent.channel import listen, parse_address
+
+    assert parse_address("/tmp/a.sock") == (socket.AF_UNIX, "/tmp/a.sock")
+    assert parse_address("10.0.0.1:7000") == (socket.AF_INET, ("10.0.0.1", 7000))
+    assert parse_address("[::1]:7000") == (socket.AF_INET6, ("::1", 7000))
+    with pytest.raises(ExecutionError, match=r"TCP needs a token \(--token-file or \$TENPLEX_AGENT_TOKEN\)"):
         listen("127.0.0.1:0", None)
     with pytest.raises(ExecutionError, match="control address 'host:port': expected a socket path or HOST:PORT"):
         parse_address("host:port")

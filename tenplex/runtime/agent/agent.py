@@ -1,11 +1,11 @@
 """A per-host agent: owns the host's `TensorStore` and `UcxPeer` and executes its share of a plan.
 
 The agent obeys commands from a runtime; `agent.server` runs it as a process (spawned by
-`Runtime.local`, or `tenplex agent` listening for runtimes). A command is `(name, kwargs)`;
-every reply is `("ok", result)` or `("err", text)`, the text naming the command and, where
-known, the message and op that failed (the runtime adds the host). Commands: `name`,
-`address`, `connect`, `load`, `prepare`, `values`, `run_round`, `commit`, `abort`, `fetch`,
-`delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
+`Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
+keyword arguments, over the typed control wire) into a method call here; a failure goes back as
+text naming the command and, where known, the message and op that failed (the runtime adds the
+host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `values`,
+`run_round`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
 
 Store layout: `store.layout`. Execution (`rounds`):
 `prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
@@ -109,7 +109,7 @@ class Agent:
         if self.store.exists(tag_path(job, tag)):
             self.store.delete(tag_path(job, tag))
         for (sid, device), array in arrays.items():
-            self.store.put(array_path(job, tag, device, sid), np.ascontiguousarray(array))
+            self.store.put(array_path(job, tag, device, sid), array)  # put copies (keeping 0-d arrays 0-d)
         for (pid, device), named in (values or {}).items():
             for name, value in named.items():
                 self.store.put(value_path(job, tag, device, pid, name), value)
@@ -238,6 +238,13 @@ class Agent:
             self.store.delete(tag_path(job, tag))
             return True
         return False
+
+    def rename_tag(self, job: str, src: str, dst: str) -> bool:
+        """Rename tag `src` to `dst`, replacing an older `dst`; False when `src` is absent."""
+        if not self.store.exists(tag_path(job, src)):
+            return False
+        self.store.rename(tag_path(job, src), tag_path(job, dst), replace=True)
+        return True
 
     def exists(self, path: str) -> bool:
         return self.store.exists(path)

@@ -1,12 +1,15 @@
 """The runtime's end of its agents: a handle per agent, and the barrier that calls them all.
 
 `call_all(agents, {host: (command, kwargs)}, timeout)` sends each host its command and waits for
-every reply, for the agent's death, or for the deadline. A command's reply is `("ok", result)`
-or `("err", text)` (`server.handle`). Failures are collected, not raised one by one: the caller
-gets `AgentFailures` with every failed host and its reason in arrival order, so the first one is
-the cause and later ones are usually peers timing out on it. An agent that misses the deadline is
-killed (its reply would arrive out of order and answer the wrong call); a dead agent is never
-called again (`AgentHandle.dead` says why).
+every reply, for the agent's death, or for the deadline. A busy agent sends a heartbeat every
+second (`server.BEAT_S`); one that sends nothing for `liveness` seconds is taken for stopped or
+hung and killed, so a SIGSTOPped agent costs `liveness` seconds, not the whole deadline.
+Failures are collected, not raised one by one: the caller gets `AgentFailures` with every failed
+host and its reason in arrival order, so the first one is the cause and later ones are usually
+peers timing out on it. An agent that misses the deadline is killed (its reply would arrive out
+of order and answer the wrong call); a dead agent is never called again (`AgentHandle.dead`).
+
+Every operation here returns by its deadline; none blocks on a peer that stopped reading.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent.channel import Channel, ChannelError, dial
+from tenplex.runtime.agent.wire import WireError
 
-__all__ = ["AgentFailures", "AgentHandle", "agent_of", "call_all", "close_all"]
+__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "agent_of", "call_all", "close_all", "connect"]
+
+LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
+SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
+WAKE_S = 0.5
 
 
 class AgentFailures(Exception):
@@ -34,22 +43,28 @@ class AgentHandle:
     """The runtime's end of one agent: a process it started (`proc`) or a `tenplex agent` it
     connected to (`proc` None; only the connection is ours)."""
 
-    def __init__(self, host: str, proc: Any, conn: Any):
-        self.host, self.proc, self.conn = host, proc, conn
+    def __init__(self, host: str, proc: Any, channel: Channel):
+        self.host, self.proc, self.channel = host, proc, channel
         self.dead: str | None = None  # why it can no longer be used
 
     def mark_dead(self, why: str) -> None:
         self.dead = why
-        if self.proc is None:
-            with contextlib.suppress(OSError):
-                self.conn.close()  # the agent sees EOF and aborts what it was doing
-            return
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
+        self.channel.close()  # a connected agent sees EOF and aborts what it was doing
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()  # also ends a stopped process
+            self.proc.join(5)
 
     def exit_code(self) -> str:
         return "connection lost" if self.proc is None else f"exit code {self.proc.exitcode}"
+
+
+def connect(address: str, token: str | None, timeout: float) -> tuple[Channel, str]:
+    """(channel, agent name) of a running `tenplex agent`. Raises ExecutionError naming the address."""
+    try:
+        return dial(address, token, timeout)
+    except ChannelError as e:
+        raise ExecutionError(str(e)) from None
 
 
 def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
@@ -58,75 +73,84 @@ def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
     return agents[host]
 
 
-def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, dict]], timeout: float) -> dict[str, Any]:
-    """Send each host its command, wait for every reply (or death, or the deadline).
+def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, dict]], timeout: float,
+             liveness: float = LIVENESS_S) -> dict[str, Any]:  # fmt: skip
+    """Send each host its command, wait for every reply (or death, silence, or the deadline).
 
     Raises AgentFailures with (host, reason) in arrival order if any host failed; hosts that
-    missed the deadline are killed.
+    missed the deadline or went silent are killed.
     """
     deadline = time.monotonic() + timeout
     failures: list[tuple[str, str]] = []
     results: dict[str, Any] = {}
-    waiting: dict[Any, AgentHandle] = {}
+    waiting: dict[Channel, AgentHandle] = {}
+    names = {h: c[0] for h, c in calls.items()}
     for host, (name, kwargs) in calls.items():
         agent = agent_of(agents, host)
         if agent.dead is not None:
             failures.append((host, f"agent unavailable ({agent.dead})"))
             continue
         try:
-            agent.conn.send((name, kwargs))
-            waiting[agent.conn] = agent
-        except (BrokenPipeError, OSError, EOFError) as e:
-            agent.mark_dead(f"pipe broken: {e}")
-            failures.append((host, f"{name}: agent process died ({agent.exit_code()})"))
-    names = {h: c[0] for h, c in calls.items()}
+            agent.channel.send({"cmd": name, "args": kwargs}, SEND_IDLE_S, max(0.0, deadline - time.monotonic()))
+            waiting[agent.channel] = agent
+        except ChannelError as e:
+            agent.mark_dead(f"command not delivered: {e}")
+            failures.append((host, f"{name}: agent process died ({agent.exit_code()}): {e}"))
+        except WireError as e:  # the arguments cannot travel: a bug of the caller, nothing was sent
+            failures.append((host, f"{name}: {e}"))
+    seen = {agent.host: time.monotonic() for agent in waiting.values()}
     sentinels = {a.proc.sentinel: a for a in waiting.values() if a.proc is not None}
     while waiting:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            for agent in waiting.values():
-                agent.mark_dead(f"missed the deadline of {names[agent.host]}")
-                failures.append((agent.host, f"{names[agent.host]}: no reply within the deadline; agent killed"))
+        now = time.monotonic()
+        for agent in list(waiting.values()):
+            if now >= deadline or now - seen[agent.host] > liveness:
+                why = "no reply within the deadline" if now >= deadline else f"silent for {liveness:.0f} s (stopped or hung?)"
+                del waiting[agent.channel]
+                agent.mark_dead(f"{why} during {names[agent.host]}")
+                failures.append((agent.host, f"{names[agent.host]}: {why}; agent killed"))
+        if not waiting:
             break
-        ready = wait([*waiting, *(s for s, a in sentinels.items() if a.conn in waiting)], timeout=left)
+        # wake at least every WAKE_S: a signal the kernel hands to another thread still ends the wait
+        ready = wait([*waiting, *(s for s, a in sentinels.items() if a.channel in waiting)], timeout=WAKE_S)
         for obj in ready:
             agent = waiting.get(obj) or sentinels.get(obj)
-            if agent is None or agent.conn not in waiting:
+            if agent is None or agent.channel not in waiting:
                 continue
             try:
-                status, payload = agent.conn.recv() if agent.conn.poll() else ("dead", None)
-            except (EOFError, OSError):
-                status, payload = "dead", None
-            del waiting[agent.conn]
-            if status == "ok":
-                results[agent.host] = payload
-            elif status == "err":
-                failures.append((agent.host, str(payload)))
-            else:
+                message = agent.channel.recv(liveness, max(0.01, deadline - time.monotonic()))
+            except ChannelError as e:
+                del waiting[agent.channel]
                 if agent.proc is not None:
                     agent.proc.join(5)
                 agent.mark_dead(f"died ({agent.exit_code()})")
-                failures.append((agent.host, f"{names[agent.host]}: agent process died ({agent.exit_code()})"))
+                failures.append((agent.host, f"{names[agent.host]}: agent process died ({agent.exit_code()}): {e}"))
+                continue
+            seen[agent.host] = time.monotonic()
+            if isinstance(message, dict) and "beat" in message:
+                continue
+            del waiting[agent.channel]
+            if isinstance(message, dict) and "ok" in message:
+                results[agent.host] = message["ok"]
+            else:
+                failures.append((agent.host, str(message.get("err") if isinstance(message, dict) else message)))
     if failures:
         raise AgentFailures(failures)
     return results
 
 
 def close_all(agents: Mapping[str, AgentHandle], timeout: float = 5.0) -> None:
-    """Stop every agent (asking first, killing after `timeout`). Idempotent."""
+    """Stop every agent we started (asking first, killing after `timeout`) and close every
+    connection. Returns within about `timeout` seconds whatever the agents do. Idempotent."""
     for agent in agents.values():
         if agent.dead is None and agent.proc is not None and agent.proc.is_alive():
-            with contextlib.suppress(BrokenPipeError, OSError):
-                agent.conn.send(("stop", {}))
+            with contextlib.suppress(ChannelError):
+                agent.channel.send({"cmd": "stop", "args": {}}, 1.0, 1.0)
     deadline = time.monotonic() + timeout
     for agent in agents.values():
-        if agent.proc is None:
-            agent.dead = agent.dead or "closed"
-            agent.conn.close()
-            continue
-        agent.proc.join(max(0.0, deadline - time.monotonic()))
-        if agent.proc.is_alive():
-            agent.proc.kill()
-            agent.proc.join(5)
+        if agent.proc is not None:
+            agent.proc.join(max(0.0, deadline - time.monotonic()))
+            if agent.proc.is_alive():
+                agent.proc.kill()
+                agent.proc.join(5)
         agent.dead = agent.dead or "closed"
-        agent.conn.close()
+        agent.channel.close()

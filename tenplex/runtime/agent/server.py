@@ -1,128 +1,148 @@
 """Agent processes: the command loop, and `tenplex agent` listening for runtimes.
 
-`serve(conn, host, ...)` runs one `Agent` on one connection (a multiprocessing Pipe from
-`Runtime.local`) until `stop` or EOF. `serve_forever(listener, agent)` is the long-lived form
-behind `tenplex agent`: it accepts one runtime connection at a time, keeps the store between
-connections (a job's state outlives the runtime that moved it), and when a connection drops in
-the middle of an execution it aborts that execution (the staging tag is deleted; the src tag
-was never written). SIGTERM/SIGINT or a `stop` command end it.
+`serve(sock, host, ...)` runs one `Agent` on one connection (a socket pair from `Runtime.local`)
+until `stop` or EOF. `serve_forever(listener, agent, token)` is the long-lived form behind
+`tenplex agent`: it accepts one runtime at a time over the control channel (`channel`: a bounded
+HMAC handshake, then typed frames, never pickles), keeps the store between connections (a job's
+state outlives the runtime that moved it), and when a connection drops in the middle of an
+execution it aborts that execution (the staging tag is deleted; the src tag was never written).
+SIGTERM/SIGINT or a `stop` command end it.
 
-Control addresses: a filesystem path is a Unix socket (file mode 0600; reachable from other
-network namespaces on the same machine), `HOST:PORT` is TCP and needs a token (the
-multiprocessing HMAC handshake), read from `--token-file` or `$TENPLEX_AGENT_TOKEN`.
+A request is `{"cmd": name, "args": {...}}`; the reply `{"ok": result}` or `{"err": text}`, the
+text naming the command and, where known, the message and op that failed. While a command runs,
+the agent sends `{"beat": n}` every `BEAT_S` seconds, so a runtime tells a busy agent from a
+stopped or hung one.
+
+Credentials: the control token (`--token-file` or `$TENPLEX_AGENT_TOKEN`) authenticates
+runtimes; the REST API, when served (`--rest`), has its own token (`--rest-token-file` or
+`$TENPLEX_REST_TOKEN`), which must differ from the control token: a REST client can read and
+write tensors, but never command the agent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
+import socket
 import sys
+import threading
 import traceback
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
+from tenplex.runtime.agent.wire import WireError
 
-COMMANDS = ("name", "address", "connect", "load", "prepare", "values", "run_round", "commit", "abort", "fetch",
+COMMANDS = ("name", "address", "connect", "load", "rename_tag", "prepare", "values", "run_round", "commit", "abort", "fetch",
             "delete_tag", "exists", "memory", "rest_url")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
+REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
+BEAT_S = 1.0
+REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
 
 
-def serve(conn: Any, host: str, timeout: float = 30.0) -> None:
+def serve(sock: socket.socket, host: str, timeout: float = 30.0) -> None:
     """The process target of `Runtime.local`: one agent, one connection."""
     agent = Agent(host, timeout)
+    channel = Channel(sock, "runtime")
     try:
-        handle(agent, conn)
+        handle(agent, channel)
     finally:
+        channel.close()
         agent.stop()
 
 
-def handle(agent: Agent, conn: Any) -> bool:
-    """Run commands from `conn` until EOF (returns False) or `stop` (returns True)."""
+def handle(agent: Agent, channel: Channel) -> bool:
+    """Run commands from `channel` until EOF (returns False) or `stop` (returns True)."""
     while True:
         try:
-            name, kwargs = conn.recv()
-        except (EOFError, OSError):
+            request = channel.recv(None)
+        except ChannelError:
             return False
+        name, kwargs = _request(request)
         if name == "stop":
-            with contextlib.suppress(BrokenPipeError, OSError):
-                conn.send(("ok", None))
+            with contextlib.suppress(ChannelError):
+                channel.send({"ok": None}, REPLY_IDLE_S)
             return True
+        with _Heartbeat(channel):
+            reply = _run(agent, name, kwargs)
         try:
-            if name not in COMMANDS:
-                raise ExecutionError(f"unknown agent command {name!r}")
-            reply: tuple[str, Any] = ("ok", getattr(agent, name)(**kwargs))
-        except Exception as e:
-            detail = str(e) if isinstance(e, ExecutionError) else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-            reply = ("err", f"{name} failed: {detail}")
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
+            _reply(channel, name, reply)
+        except ChannelError:
             return False
+
+
+def _request(request: Any) -> tuple[str, dict]:
+    if not isinstance(request, dict) or not isinstance(request.get("cmd"), str) or not isinstance(request.get("args"), dict):
+        return "", {}
+    if not all(isinstance(k, str) for k in request["args"]):
+        return "", {}
+    return request["cmd"], request["args"]
+
+
+def _run(agent: Agent, name: str, kwargs: dict) -> dict:
+    try:
+        if name not in COMMANDS:
+            raise ExecutionError(f"unknown agent command {name!r}")
+        return {"ok": getattr(agent, name)(**kwargs)}
+    except Exception as e:  # noqa: BLE001 (every failure goes back to the runtime as text)
+        detail = str(e) if isinstance(e, ExecutionError) else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+        return {"err": f"{name or 'request'} failed: {detail}"}
+
+
+def _reply(channel: Channel, name: str, reply: dict) -> None:
+    try:
+        channel.send(reply, REPLY_IDLE_S)
+    except ChannelError:
+        raise
+    except WireError as e:  # the result cannot travel (nothing was sent): say so instead
+        channel.send({"err": f"{name} failed: its result cannot be sent: {e}"}, REPLY_IDLE_S)
+
+
+class _Heartbeat:
+    """Sends `{"beat": n}` every BEAT_S seconds from a thread while the block runs."""
+
+    def __init__(self, channel: Channel):
+        self.channel, self.done = channel, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        n = 0
+        while not self.done.wait(BEAT_S):
+            n += 1
+            try:
+                self.channel.send({"beat": n}, REPLY_IDLE_S)
+            except ChannelError:
+                return
 
 
 # ---- `tenplex agent` ---------------------------------------------------------------------
-def parse_address(address: str) -> tuple[Any, str]:
-    """(address, family) for multiprocessing.connection: a path -> AF_UNIX, HOST:PORT -> AF_INET."""
-    if "/" in address or ":" not in address:
-        return address, "AF_UNIX"
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ExecutionError(f"control address {address!r}: expected a socket path or HOST:PORT")
-    return (host.strip("[]"), int(port)), "AF_INET"
-
-
-def authkey(family: str, token: str | None) -> bytes | None:
-    if family == "AF_INET" and not token:
-        raise ExecutionError(f"a TCP control address needs a token (--token-file or ${TOKEN_ENV})")
-    return token.encode() if token else None
-
-
-def listen(address: str, token: str | None) -> Listener:
-    addr, family = parse_address(address)
-    if family == "AF_UNIX" and os.path.exists(addr):
-        raise ExecutionError(f"control socket {addr} already exists (another agent?); remove it first")
-    old = os.umask(0o177) if family == "AF_UNIX" else None
-    try:
-        return Listener(addr, family, authkey=authkey(family, token))
-    finally:
-        if old is not None:
-            os.umask(old)
-
-
-def connect(address: str, token: str | None, timeout: float = 30.0) -> Connection:
-    """A runtime's connection to a `tenplex agent` (retried until `timeout` while it starts)."""
-    import time
-
-    addr, family = parse_address(address)
-    key = authkey(family, token)
-    deadline = time.monotonic() + timeout
+def serve_forever(listener: socket.socket, agent: Agent, token: str | None) -> None:
+    """Accept runtimes one at a time until `stop` (see the module docstring). The accept wakes
+    twice a second: a SIGTERM that the kernel delivers to another thread (UCX starts its own)
+    does not interrupt a blocking accept in this one, but Python runs its handler here then."""
     while True:
         try:
-            return Client(addr, family, authkey=key)
-        except (FileNotFoundError, ConnectionRefusedError) as e:
-            if time.monotonic() > deadline:
-                raise ExecutionError(f"no agent answers at {address}: {e}") from None
-            time.sleep(0.05)
-        except (AuthenticationError, ConnectionResetError, EOFError) as e:
-            raise ExecutionError(f"the agent at {address} rejected the connection (wrong token?): {e}") from None
-
-
-def serve_forever(listener: Listener, agent: Agent) -> None:
-    """Accept runtimes one at a time until `stop` (see the module docstring)."""
-    while True:
-        _wait_for_client(listener)
-        try:
-            conn = listener.accept()
-        except (OSError, EOFError, AuthenticationError) as e:  # a client that failed the handshake
+            channel = accept(listener, agent.host, token)
+        except ChannelError as e:
             print(f"tenplex agent {agent.host}: rejected a connection: {e}", file=sys.stderr, flush=True)
             continue
-        with conn:
-            stopped = handle(agent, conn)
+        if channel is None:
+            continue
+        try:
+            stopped = handle(agent, channel)
+        finally:
+            channel.close()
         if agent.execution is not None:
             ex = agent.execution
             agent.abort(ex.job, ex.dst_tag)
@@ -132,20 +152,30 @@ def serve_forever(listener: Listener, agent: Agent) -> None:
             return
 
 
-def _wait_for_client(listener: Listener, poll: float = 0.5) -> None:
-    """Return once a client is waiting. The wait wakes every `poll` s: a SIGTERM that the kernel
-    delivers to another thread (UCX starts its own) does not interrupt a blocking accept in this
-    one, but Python runs its handler here at the next wake-up."""
-    sock = listener._listener._socket  # multiprocessing's listening socket
-    while not select.select([sock], [], [], poll)[0]:
-        pass
+def rest_address(rest: str, token: str | None, rest_token: str | None) -> tuple[str, int]:
+    """(host, port) of `--rest [HOST]:PORT`, checked before anything starts. Raises ExecutionError."""
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not sep or not port.isdecimal() or not 0 <= int(port) <= 65535:
+        raise ExecutionError(f"--rest {rest!r}: expected [HOST]:PORT with a port in 0..65535")
+    from tenplex.runtime.rest.server import is_loopback
+
+    if not is_loopback(host) and not rest_token:
+        raise ExecutionError(f"--rest {rest!r}: serving the store beyond loopback needs a REST token "
+                             f"(--rest-token-file or ${REST_TOKEN_ENV})")  # fmt: skip
+    if rest_token and rest_token == token:
+        raise ExecutionError("the REST token must differ from the control token (a REST client must not command the agent)")
+    return host, int(port)
 
 
 def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, ucx_port: int,
-              rest: str | None, timeout: float) -> None:  # fmt: skip
-    """`tenplex agent`: serve until SIGTERM/SIGINT or `stop`; prints one line once listening."""
-    agent = Agent(name, timeout, ucx_ip, ucx_port)
+              rest: str | None, timeout: float, rest_token: str | None = None) -> None:  # fmt: skip
+    """`tenplex agent`: serve until SIGTERM/SIGINT or `stop`; prints one line once listening.
+    Raises ExecutionError for a bad address or a REST setting that is not safe."""
+    rest_at = rest_address(rest, token, rest_token) if rest else None
+    parse_address(control)
     listener = listen(control, token)
+    agent = Agent(name, timeout, ucx_ip, ucx_port)
 
     def _term(signum: int, frame: object) -> None:
         raise SystemExit(0)
@@ -153,13 +183,15 @@ def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, uc
     signal.signal(signal.SIGTERM, _term)
     try:
         line = f"tenplex agent {name}: control {control}"
-        if rest:
-            host, _, port = rest.rpartition(":")
-            line += f", REST {agent.serve_rest(host or '127.0.0.1', int(port or 0), token)}"
+        if rest_at is not None:
+            line += f", REST {agent.serve_rest(*rest_at, rest_token)}"
         print(line, flush=True)
-        serve_forever(listener, agent)
+        serve_forever(listener, agent, token)
     except KeyboardInterrupt:
         pass
     finally:
-        listener.close()  # also removes a Unix socket file
+        listener.close()
+        if listener.family == socket.AF_UNIX:
+            with contextlib.suppress(OSError):
+                os.unlink(control)
         agent.stop()
