@@ -1,7 +1,7 @@
 """`tenplex agent`: run this host's agent (tensor store, UCX worker, optional REST API).
 
     tenplex agent --name NAME --control PATH|HOST:PORT [--token-file F] [--ucx-ip IP]
-                  [--rest [HOST]:PORT [--rest-token-file F]]
+                  [--rest [HOST]:PORT [--rest-token-file F]] [--memory-budget SIZE [--spill-dir DIR]]
 
 Tokens come from files or the environment, never from the command line (where `ps` shows
 them): the control token from `--token-file` or `$TENPLEX_AGENT_TOKEN`, the REST token from
@@ -11,6 +11,8 @@ them): the control token from `--token-file` or `$TENPLEX_AGENT_TOKEN`, the REST
 from __future__ import annotations
 
 import click
+
+from tenplex.cli.common import SIZE
 
 
 def read_token(path: str | None, env: str, what: str) -> str | None:
@@ -42,11 +44,24 @@ def read_token(path: str | None, env: str, what: str) -> str | None:
               help="File holding the REST API's token (default $TENPLEX_REST_TOKEN); needed beyond loopback.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
               help="Seconds any UCX wait may take.")  # fmt: skip
-def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | None, ucx_port: int,
-              rest: str | None, rest_token_file: str | None, timeout: float) -> None:  # fmt: skip
+@click.option("--memory-budget", type=SIZE, help="Most bytes the store keeps in memory (default 80% of RAM).")
+@click.option("--spill-dir", type=click.Path(file_okay=False), help="Spill arrays here beyond the budget (else refuse them).")
+def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | None, ucx_port: int, rest: str | None,
+              rest_token_file: str | None, timeout: float, memory_budget: int | None, spill_dir: str | None) -> None:  # fmt: skip
     """Run this host's agent (store + UCX worker [+ REST]) until SIGTERM or a runtime's stop."""
     from tenplex.runtime.agent.server import REST_TOKEN_ENV, TOKEN_ENV, run_agent
 
     token = read_token(token_file, TOKEN_ENV, "control token")
     rest_token = read_token(rest_token_file, REST_TOKEN_ENV, "REST token")
-    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout, rest_token)
+    budget = memory_budget if memory_budget is not None else default_budget()
+    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout, rest_token, budget, spill_dir)
+
+
+def default_budget() -> int | None:
+    """80% of this machine's physical memory, or None where it cannot be read."""
+    import os
+
+    try:
+        return int(0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None

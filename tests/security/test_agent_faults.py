@@ -186,3 +186,26 @@ def test_a_load_that_fails_on_one_host_leaves_no_part_of_the_state():
         got = rt.fetch(JOB, "v0")[0]
         assert set(got) == set(old) and all(got[k].tobytes() == old[k].tobytes() for k in old)
         assert rt.exists(JOB, ".staging-v0") == {"h0": False, "h1": False}
+
+
+@pytest.mark.timeout(60)
+def test_the_agent_store_is_bounded_and_a_large_upload_is_refused(tmp_path):
+    import re
+    import urllib.error
+    import urllib.request
+
+    sock = tmp_path / "h0.sock"
+    agent = _agent(tmp_path, "--control", str(sock), "--rest", "127.0.0.1:0", "--memory-budget", "1MiB")
+    try:
+        url = re.search(r"REST (http://\S+)", agent.stdout.readline())[1]
+        body = bytes(2 << 20)
+        request = urllib.request.Request(f"{url}/upload?path=/big&dtype=uint8&shape={len(body)}", data=body, method="POST")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with pytest.raises(urllib.error.HTTPError) as e:
+            opener.open(request, timeout=10)
+        assert e.value.code == 409 and "budget" in e.value.read().decode()
+        small = urllib.request.Request(f"{url}/upload?path=/small&dtype=uint8&shape=4", data=b"abcd", method="POST")
+        assert opener.open(small, timeout=10).status == 201
+    finally:
+        agent.terminate()
+        assert agent.wait(10) == 0

@@ -48,12 +48,14 @@ def node_id() -> str:
 
 class Agent:
     """One host's store and UCX worker. `ucx_ip` (with `ucx_port`, 0 = any) opens a UCX TCP
-    listener on that address for agents on other nodes."""
+    listener on that address for agents on other nodes. `memory_budget` bounds the store's
+    resident bytes (beyond it, arrays spill to `spill_dir`, or a put fails cleanly)."""
 
-    def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0):
+    def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0,
+                 memory_budget: int | None = None, spill_dir: str | None = None):  # fmt: skip
         self.host, self.timeout = host, timeout
         self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
-        self.store = TensorStore()
+        self.store = TensorStore(memory_budget, spill_dir)
         self.peer: Any = None
         self.endpoints: dict[str, Any] = {}
         self.execution: Execution | None = None

@@ -169,13 +169,14 @@ def rest_address(rest: str, token: str | None, rest_token: str | None) -> tuple[
 
 
 def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, ucx_port: int,
-              rest: str | None, timeout: float, rest_token: str | None = None) -> None:  # fmt: skip
+              rest: str | None, timeout: float, rest_token: str | None = None, memory_budget: int | None = None,
+              spill_dir: str | None = None) -> None:  # fmt: skip
     """`tenplex agent`: serve until SIGTERM/SIGINT or `stop`; prints one line once listening.
     Raises ExecutionError for a bad address or a REST setting that is not safe."""
     rest_at = rest_address(rest, token, rest_token) if rest else None
     parse_address(control)
     listener = listen(control, token)
-    agent = Agent(name, timeout, ucx_ip, ucx_port)
+    agent = Agent(name, timeout, ucx_ip, ucx_port, memory_budget, spill_dir)
 
     def _term(signum: int, frame: object) -> None:
         raise SystemExit(0)

@@ -18,15 +18,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from tenplex.runtime.arrays import npy_dtype
 from tenplex.runtime.store.leaf import Leaf, StoreError
-
-
-def _storage_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype `.npy` can name for `dtype`'s bytes (see the module invariants)."""
-    fmt = np.lib.format
-    if fmt.descr_to_dtype(fmt.dtype_to_descr(dtype)) == dtype:
-        return dtype
-    return np.dtype(f"u{dtype.itemsize}")
 
 
 class SpillDir:
@@ -43,13 +36,13 @@ class SpillDir:
     def save(self, array: np.ndarray) -> tuple[str, np.ndarray]:
         """Write `array` to a new file; return the file and an `r+` memmap of it."""
         file = self._new_file()
-        np.save(file, array.view(_storage_dtype(array.dtype)))
+        np.save(file, array.view(npy_dtype(array.dtype)))
         return file, self._open(file, array.dtype)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[str, np.ndarray]:
         """A new zero-filled file of `shape` and `dtype`, and an `r+` memmap of it."""
         file = self._new_file()
-        m = np.lib.format.open_memmap(file, mode="w+", dtype=_storage_dtype(dtype), shape=shape)
+        m = np.lib.format.open_memmap(file, mode="w+", dtype=npy_dtype(dtype), shape=shape)
         del m  # flush the header; reopen r+ like every other spilled array
         return file, self._open(file, dtype)
 
