@@ -1,8 +1,10 @@
 """`tenplex reshard`: a checkpoint directory (tenplex, Megatron-LM or PyTorch DCP) in another layout.
 
     tenplex reshard SRC_DIR --to DST --out OUT_DIR [--from F] [--format F] [--workers N] [--central]
+                    [--trust-pickles]
 
-OUT_DIR is complete or absent; progress goes to stderr.
+OUT_DIR is complete or absent. Progress goes to stderr, and only when stderr is a terminal (where
+the transient bar erases itself), so an error is always the first line on stderr.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from tenplex.cli.common import load_state
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
 @click.option("--central", is_flag=True, help="Baseline (tenplex format only): gather on worker w0, then scatter.")
+@click.option("--trust-pickles", is_flag=True,
+              help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "
+                   "only for checkpoints from a source you trust.")  # fmt: skip
 def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
-                central: bool) -> None:  # fmt: skip
+                central: bool, trust_pickles: bool) -> None:  # fmt: skip
     """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
     from tenplex.frameworks.formats import FormatError, convert, detect
 
@@ -37,7 +42,8 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: 
         return
     if central:
         raise FormatError("--central applies to tenplex checkpoint directories only")
-    click.echo(convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers))
+    click.echo(convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
+                       trust_pickles=trust_pickles))  # fmt: skip
 
 
 def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
@@ -46,12 +52,17 @@ def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central
 
     from tenplex.runtime.reshard import reshard
 
+    dst_ptc = load_state(dst)
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a bar off a terminal is only a stray blank line before an error
+        click.echo(reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central).summary())
+        return
     columns = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+    with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("rounds", total=None)
 
         def on_round(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        result = reshard(src_dir, load_state(dst), out_dir, workers=workers, central=central, on_round=on_round)
+        result = reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, on_round=on_round)
     click.echo(result.summary())

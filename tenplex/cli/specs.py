@@ -1,6 +1,6 @@
 """`tenplex inspect` and `tenplex spec`: describe a PTC, spec or checkpoint; print a spec's PTC.
 
-    tenplex inspect PTC_OR_SPEC_OR_DIR
+    tenplex inspect PTC_OR_SPEC_OR_DIR [--trust-pickles]
     tenplex spec [SPEC] [--list] [-o FILE]
 """
 
@@ -17,13 +17,16 @@ from tenplex.ir.serialize import dumps
 
 @click.command("inspect")
 @click.argument("ptc_or_spec")
-def inspect_cmd(ptc_or_spec: str) -> None:
+@click.option("--trust-pickles", is_flag=True,
+              help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "
+                   "only for checkpoints from a source you trust.")  # fmt: skip
+def inspect_cmd(ptc_or_spec: str, trust_pickles: bool) -> None:
     """Describe a PTC, spec or checkpoint directory (tenplex, Megatron-LM, DCP): layout, totals,
-    and what deserves a look."""
+    and what deserves a look. A checkpoint that cannot be read is an error (exit code 2)."""
     if Path(ptc_or_spec).is_dir():
         from tenplex.frameworks.formats import inspect
 
-        click.echo("\n".join(inspect(ptc_or_spec)))
+        click.echo("\n".join(inspect(ptc_or_spec, trust_pickles=trust_pickles)))
         return
     from tenplex.compiler.emit.describe import describe
 

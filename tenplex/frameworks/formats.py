@@ -14,6 +14,11 @@ SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
 `to` means what the source format means by a layout: `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
 (the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
 file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source.
+
+Trust: Megatron rank files and DCP `.metadata` are pickles. They are unpickled with allow-lists
+of the classes those formats hold (`megatron.pickles`, `dcp.metadata`); `trust_pickles=True`
+(`--trust-pickles`) lifts the lists for checkpoints from a trusted source. `inspect` raises when
+a checkpoint cannot be read (the CLI exits 2): only a readable checkpoint is described.
 """
 
 from __future__ import annotations
@@ -50,17 +55,17 @@ def detect(path: str | os.PathLike) -> str:
                       "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
 
 
-def read(path: str | os.PathLike, fmt: str) -> tuple[PTC, dict, dict, Any]:
+def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> tuple[PTC, dict, dict, Any]:
     """(PTC, sub-tensor id -> array, partition id -> values, format metadata or None)."""
     if fmt == "megatron":
         from tenplex.frameworks.megatron.read import read_megatron
 
-        ckpt = read_megatron(path)
+        ckpt = read_megatron(path, trust_pickles=trust_pickles)
         return ckpt.ptc, ckpt.arrays, ckpt.values, ckpt.meta
     if fmt == "dcp":
         from tenplex.frameworks.dcp.read import read_dcp
 
-        return (*read_dcp(path), None)
+        return (*read_dcp(path, trust_pickles=trust_pickles), None)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return (*read_checkpoint(path), None)
@@ -87,12 +92,16 @@ def _is_mesh_layout(to: str) -> bool:
     if to.lstrip().startswith("{"):
         return True
     path = Path(to)
-    return path.is_file() and '"mesh"' in path.read_text()[:4096]
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:  # a regular file: only its start decides
+        return b'"mesh"' in f.read(4096)
 
 
 def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], *, src_fmt: str | None = None,
-            fmt: str | None = None, workers: int = 1) -> str:  # fmt: skip
+            fmt: str | None = None, workers: int = 1, trust_pickles: bool = False) -> str:  # fmt: skip
     """Reshard SRC into `to` and write OUT in `fmt`; returns a one-line summary.
+    `trust_pickles`: see the module docstring.
 
     Raises FormatError (unknown format, impossible conversion, existing OUT) and the readers',
     compiler's and runtime's errors."""
@@ -109,19 +118,19 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
                               f"{src_dir} and {to!r}): args, parameter names and optimizer groups come from the source")  # fmt: skip
         from tenplex.frameworks.megatron.reshard import reshard_megatron
 
-        return reshard_megatron(src_dir, to, out_dir, workers).summary()
+        return reshard_megatron(src_dir, to, out_dir, workers, trust_pickles=trust_pickles).summary()
     if fmt == src_fmt == "dcp" and _is_mesh_layout(to):
         from tenplex.frameworks.dcp.reshard import reshard_dcp
 
-        return reshard_dcp(src_dir, to, out_dir, workers).summary()
-    return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers)
+        return reshard_dcp(src_dir, to, out_dir, workers, trust_pickles=trust_pickles).summary()
+    return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers, trust_pickles)
 
 
 def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], src_fmt: str, fmt: str,
-             workers: int) -> str:  # fmt: skip
+             workers: int, trust_pickles: bool) -> str:  # fmt: skip
     from tenplex.frameworks.dcp.reshard import reshard_arrays
 
-    src, arrays, values, meta = read(src_dir, src_fmt)
+    src, arrays, values, meta = read(src_dir, src_fmt, trust_pickles=trust_pickles)
     dst = dst_ptc(src_fmt, src, meta, to, load_state)
     out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers)
     _write(fmt, dst, dict(out_arrays), out_values, out_dir)
@@ -141,8 +150,11 @@ def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None
         write_checkpoint_dir(dst, arrays, values, Path(out_dir))
 
 
-def inspect(path: str) -> list[str]:
-    """Plain-words findings about a checkpoint directory of any format."""
+def inspect(path: str, *, trust_pickles: bool = False) -> list[str]:
+    """Plain-words findings about a checkpoint directory of any format.
+
+    Raises the format reader's error (a TenplexError naming the file) when the checkpoint
+    cannot be read; findings that do not stop it from being read are lines of the result."""
     fmt = detect(path)
     if fmt == "structure":
         from tenplex.frameworks.structure.read import inspect_structure
@@ -151,11 +163,11 @@ def inspect(path: str) -> list[str]:
     if fmt == "megatron":
         from tenplex.frameworks.megatron.reshard import inspect_megatron
 
-        return inspect_megatron(path)
+        return inspect_megatron(path, trust_pickles=trust_pickles)
     if fmt == "dcp":
         from tenplex.frameworks.dcp.reshard import inspect_dcp
 
-        return inspect_dcp(path)
+        return inspect_dcp(path, trust_pickles=trust_pickles)
     from tenplex.compiler.emit.describe import describe
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 

@@ -3,6 +3,7 @@ default "source placements on the new mesh", resharded output loaded by DCP's ow
 atomicity (nothing written on error), 2 workers through the agent runtime, `inspect_dcp`."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -124,7 +125,7 @@ def test_reshard_dcp_leaves_nothing_on_error(src_dir, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(dcp_write, "_save", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DcpError, match=r"b: cannot write: disk full"):  # one line naming OUT_DIR, not an OSError
         reshard_dcp(src_dir, {"mesh": [2]}, tmp_path / "b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
     with pytest.raises(DcpError, match=r"a: already exists \(refusing to overwrite\)"):
@@ -138,12 +139,17 @@ def test_inspect_dcp_findings(src_dir):
     assert "tensor model.e: bfloat16[6], 4 chunk(s) in 4 file(s), cut along dim(s) [0]" in lines
     assert "tensor model.tiny: float32[3], 3 chunk(s) in 3 file(s), cut along dim(s) [0]" in lines
     assert lines[-1] == "all data files are present and long enough for their entries"
+
+
+def test_inspect_dcp_raises_when_unreadable(src_dir):
+    """A checkpoint that cannot be read is an error (the CLI exits 2), naming every bad file."""
     (src_dir / "__1_0.distcp").write_bytes(b"")
     (src_dir / "__2_0.distcp").unlink()
-    problems = [x for x in inspect_dcp(src_dir) if x.startswith("problem:")]
-    assert len(problems) == 2 and "__1_0.distcp: truncated: has 0 bytes" in problems[0] and "__2_0.distcp: missing" in problems[1]
+    with pytest.raises(DcpError, match=r"2 data file\(s\) cannot be read: .*__1_0\.distcp: truncated: has 0 bytes.*; .*__2_0\.distcp: missing"):
+        inspect_dcp(src_dir)
     (src_dir / ".metadata").unlink()
-    assert inspect_dcp(src_dir) == [f"problem: {src_dir / '.metadata'}: missing (not a DCP checkpoint directory)"]
+    with pytest.raises(DcpError, match=re.escape(f"{src_dir / '.metadata'}: missing (not a DCP checkpoint directory)")):
+        inspect_dcp(src_dir)
 
 
 def test_local_shard_is_picklable():

@@ -104,11 +104,12 @@ def test_error_names_file_and_key(name, pristine, tmp_path):
     assert key in message, message
 
 
-def test_inspect_reports_instead_of_raising(pristine, tmp_path):
+def test_inspect_raises_when_unreadable(pristine, tmp_path):
+    """A checkpoint that cannot be read is an error (the CLI exits 2), not a finding."""
     shutil.copytree(pristine / "plain", tmp_path / "ckpt")
     (tmp_path / "ckpt" / R01).unlink()
-    (finding,) = inspect_megatron(tmp_path / "ckpt")
-    assert finding.startswith("not a readable Megatron legacy checkpoint") and "missing" in finding
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{tmp_path / 'ckpt' / R01}: missing")):
+        inspect_megatron(tmp_path / "ckpt")
 
 
 def test_inspect_findings(pristine):

@@ -39,14 +39,16 @@ from tenplex.ir.tensor import Piece, SubTensor
 from tenplex.runtime.reshard import rehome
 
 
-def load_dcp(state_dict: Mapping[str, Any], src_dir: str | os.PathLike, *, rank: int | None = None) -> None:
+def load_dcp(state_dict: Mapping[str, Any], src_dir: str | os.PathLike, *, rank: int | None = None,
+             trust_pickles: bool = False) -> None:  # fmt: skip
     """Fill this rank's `state_dict` from the DCP checkpoint in `src_dir` (see above).
-    `rank` defaults to the process group rank (0 without a process group)."""
+    `rank` defaults to the process group rank (0 without a process group); `trust_pickles`:
+    see `read_index`."""
     if rank is None:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    index = read_index(src_dir)
+    index = read_index(src_dir, trust_pickles=trust_pickles)
     src, arrays, values = read_dcp(src_dir, index)
     _, mapping = flatten(state_dict)
     dst, targets = _rank_ptc(src, local_state(state_dict, rank), rank)

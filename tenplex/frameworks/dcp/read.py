@@ -20,7 +20,13 @@ triple as `tenplex.runtime.checkpoint.directory.read_checkpoint`:
 Raises `DcpError` naming the file and key for: a missing or unreadable `.metadata`, a missing or
 truncated data file, a chunk outside its tensor or overlapping another, a tensor region no
 chunk covers, stream transforms (compression) and chunk bytes that do not hold the tensor the
-metadata describes. The metadata is unpickled as DCP's own reader does: read only trusted dirs.
+metadata describes.
+
+The directory may come from anyone: `.metadata` is unpickled with an allow-list of DCP's
+metadata classes (`dcp.metadata`; `trust_pickles=True` unpickles anything, as DCP does), every
+field read from it is type-checked, a data file must be a plain file name that resolves inside
+the directory and a regular file (a fifo is refused, not waited on), and chunks are loaded with
+`torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -34,14 +40,15 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
 from tenplex.frameworks.dcp.format import DcpError, FileSlice
+from tenplex.frameworks.dcp.metadata import load_metadata
 from tenplex.frameworks.dtensor.convert import dtype_name, to_numpy
 from tenplex.frameworks.dtensor.values import value_from_bytes
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError, TenplexError
+from tenplex.ir.files import check_relative, confined, one_line, open_regular
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.ir.tensor import Piece, SubTensor, TensorMeta, itemsize
@@ -84,20 +91,20 @@ class DcpIndex:
         return file.removesuffix(SUFFIX)
 
 
-def read_index(root: str | os.PathLike) -> DcpIndex:
-    """Parse `root/.metadata`. Raises DcpError naming the file or key that is wrong."""
+def read_index(root: str | os.PathLike, *, trust_pickles: bool = False) -> DcpIndex:
+    """Parse `root/.metadata` (`trust_pickles`: see the module docstring). Raises DcpError
+    naming the file or key that is wrong, or the class its pickle needs outside the allow-list."""
     root = Path(root)
     path = root / ".metadata"
-    if not path.is_file():
-        raise DcpError(f"{path}: missing (not a DCP checkpoint directory)")
-    try:
-        md = FileSystemReader(root).read_metadata()
-    except Exception as e:  # noqa: BLE001 (any unpickling failure is a bad file)
-        raise DcpError(f"{path}: not a readable DCP metadata file ({type(e).__name__}: {e})") from None
-    if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
-        raise DcpError(f"{path}: holds {type(md).__name__} without storage_data, not DCP Metadata")
+    md = load_metadata(path, trust_pickles=trust_pickles)
+    sd = getattr(md, "state_dict_metadata", None)
+    if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict) or not isinstance(sd, dict):
+        raise DcpError(f"{path}: holds {type(md).__name__} without state_dict_metadata and storage_data dicts, not DCP Metadata")
+    odd = next((k for k in sd if not isinstance(k, str)), None)
+    if odd is not None:
+        raise DcpError(f"{path}: state_dict_metadata key {odd!r} is not a string")
     tensors, entries = [], []
-    for fqn, item in sorted(md.state_dict_metadata.items()):
+    for fqn, item in sorted(sd.items()):
         if isinstance(item, TensorStorageMetadata):
             meta = _meta(path, fqn, item)
             tensors.append(meta)
@@ -106,19 +113,42 @@ def read_index(root: str | os.PathLike) -> DcpIndex:
             entries.append(_entry(path, md, fqn, None))
         else:
             raise DcpError(f"{path}: key {fqn!r} has storage type {type(item).__name__}, not tensor or bytes")
-    mapping = md.planner_data if isinstance(md.planner_data, dict) else {}
-    return DcpIndex(root, tuple(tensors), tuple(entries), mapping, md.version)
+    return DcpIndex(root, tuple(tensors), tuple(entries), _mapping(path, md.planner_data), md.version)
+
+
+def _mapping(path: Path, planner_data: Any) -> dict[str, tuple[Any, ...]]:
+    """The flatten mapping (FQN -> nested key path of str and int) of `planner_data`, if any."""
+    if not isinstance(planner_data, dict):
+        return {}
+    for fqn, keys in planner_data.items():
+        if not isinstance(fqn, str) or not isinstance(keys, (tuple, list)) or not all(type(k) in (str, int) for k in keys):
+            raise DcpError(f"{path}: planner_data maps {fqn!r} to {keys!r}, not to a key path of strings and integers")
+    return {fqn: tuple(keys) for fqn, keys in planner_data.items()}
+
+
+def _ints(path: Path, where: str, value: Any) -> tuple[int, ...]:
+    """`value` as a tuple of ints >= 0 (a size or offsets read from the metadata)."""
+    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
+        raise DcpError(f"{path}: {where} is {value!r}, not a sequence of integers >= 0")
+    return tuple(value)
 
 
 def _meta(path: Path, fqn: str, item: TensorStorageMetadata) -> TensorMeta:
+    size = _ints(path, f"tensor {fqn!r} size", getattr(item, "size", None))
+    dtype = getattr(getattr(item, "properties", None), "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        raise DcpError(f"{path}: tensor {fqn!r} has dtype {dtype!r}, not a torch dtype")
+    if not isinstance(getattr(item, "chunks", None), list):
+        raise DcpError(f"{path}: tensor {fqn!r} chunks are {type(getattr(item, 'chunks', None)).__name__}, not a list")
     try:
-        return TensorMeta(fqn, tuple(item.size), dtype_name(item.properties.dtype))
+        return TensorMeta(fqn, size, dtype_name(dtype))
     except TenplexError as e:
         raise DcpError(f"{path}: tensor {fqn!r}: {e}") from None
 
 
 def _chunk_entry(path: Path, md: Metadata, meta: TensorMeta, i: int, chunk: Any) -> Entry:
-    offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+    offsets = _ints(path, f"tensor {meta.name!r} chunk {i} offsets", getattr(chunk, "offsets", None))
+    sizes = _ints(path, f"tensor {meta.name!r} chunk {i} sizes", getattr(chunk, "sizes", None))
     try:
         box = Box(offsets, tuple(o + s for o, s in zip(offsets, sizes)))
     except IRError as e:
@@ -136,9 +166,14 @@ def _entry(path: Path, md: Metadata, fqn: str, box: Box | None) -> Entry:
     where = fqn if box is None else f"{fqn} chunk at offsets {list(box.start)}"
     if info is None:
         raise DcpError(f"{path}: storage_data has no entry for {where}")
+    file, offset, length = (getattr(info, k, None) for k in ("relative_path", "offset", "length"))
+    if not isinstance(file, str) or "/" in file or type(offset) is not int or type(length) is not int or min(offset, length) < 0:
+        raise DcpError(f"{path}: storage_data of {where} names file {file!r} at offset {offset!r} length {length!r}, "
+                       "not a file name with integers >= 0")  # fmt: skip
+    check_relative(file, f"storage_data of {where}: file", DcpError)
     if getattr(info, "transform_descriptors", None):
-        raise DcpError(f"{path}: {where} in {info.relative_path} uses stream transforms {list(info.transform_descriptors)}, which tenplex does not read")
-    return Entry(fqn, box, str(info.relative_path), int(info.offset), int(info.length))
+        raise DcpError(f"{path}: {where} in {file} uses stream transforms {info.transform_descriptors!r}, which tenplex does not read")
+    return Entry(fqn, box, file, offset, length)
 
 
 def ptc_of_index(index: DcpIndex) -> PTC:
@@ -173,13 +208,14 @@ def ptc_of_index(index: DcpIndex) -> PTC:
     return ptc
 
 
-def read_dcp(root: str | os.PathLike, index: DcpIndex | None = None, *,
-             mmap: bool = True) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:  # fmt: skip
+def read_dcp(root: str | os.PathLike, index: DcpIndex | None = None, *, mmap: bool = True,
+             trust_pickles: bool = False) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:  # fmt: skip
     """(PTC, sub-tensor id -> array, partition id -> values) of a DCP directory (see above);
     `index`, when given, is `read_index(root)` already done. With `mmap` (the default) arrays
     are read-only views of the memory-mapped `.distcp` files (no copy; the files must not
-    change while the arrays are used), else copies loaded by `torch.load`."""
-    index = index or read_index(root)
+    change while the arrays are used), else copies loaded by `torch.load`. `trust_pickles`:
+    see `read_index`."""
+    index = index or read_index(root, trust_pickles=trust_pickles)
     ptc = ptc_of_index(index)
     arrays: dict[str, np.ndarray] = {}
     values: dict[str, dict[str, Any]] = {p.id: {} for p in ptc.partitions}
@@ -189,7 +225,8 @@ def read_dcp(root: str | os.PathLike, index: DcpIndex | None = None, *,
         by_file[e.file].append(e)
     for file, entries in sorted(by_file.items()):
         pid = index.partition_of(file)
-        for e, got in _read_file(index.root / file, entries, dtypes, mmap):
+        path = confined(index.root, file, f"data file of {entries[0].key}", DcpError)
+        for e, got in _read_file(path, entries, dtypes, mmap):
             if e.box is None:
                 values[pid][e.fqn] = value_from_bytes(got)
             else:
@@ -199,10 +236,7 @@ def read_dcp(root: str | os.PathLike, index: DcpIndex | None = None, *,
 
 def _read_file(path: Path, entries: list[Entry], dtypes: dict[str, str], use_mmap: bool):
     """(entry, raw bytes or array) per entry, in file order."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below; yields while open)
-    except FileNotFoundError:
-        raise DcpError(f"{path}: missing (holds {entries[0].key} and {len(entries) - 1} more)") from None
+    f = open_regular(path, f"holds {entries[0].key} and {len(entries) - 1} more", DcpError)
     with f:
         size = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if use_mmap and size else None
@@ -223,7 +257,7 @@ def _chunk(path: Path, f: Any, mm: mmap.mmap | None, e: Entry, dtype: str) -> np
     try:
         t = torch.load(FileSlice(f, e.offset, e.length), map_location="meta" if mm else "cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 (a corrupt slice, whatever torch raises)
-        raise DcpError(f"{where} is not a saved tensor ({type(err).__name__}: {err})") from None
+        raise DcpError(f"{where} is not a saved tensor ({type(err).__name__}: {one_line(err)})") from None
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.box.shape or dtype_name(t.dtype) != dtype:
         got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise DcpError(f"{where} holds {got}, expected {dtype}{list(e.box.shape)}")

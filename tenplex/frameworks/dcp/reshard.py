@@ -34,7 +34,8 @@ from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dcp.read import DcpIndex, ptc_of_index, read_dcp, read_index
 from tenplex.frameworks.dcp.write import write_dcp
 from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
-from tenplex.ir.errors import ExecutionError, TenplexError
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.files import check_regular, confined
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.reshard import execute_steps, rehome
 
@@ -54,18 +55,20 @@ class DcpReshardResult:
 
 
 def reshard_dcp(src_dir: str | os.PathLike, dst_layout: MeshLayout | dict | str | os.PathLike, out_dir: str | os.PathLike,
-                workers: int = 1, *, sync: bool = True, timeout: float = 30.0) -> DcpReshardResult:  # fmt: skip
-    """Reshard the DCP checkpoint in `src_dir` to `dst_layout` into `out_dir` (see above).
+                workers: int = 1, *, sync: bool = True, timeout: float = 30.0, trust_pickles: bool = False) -> DcpReshardResult:  # fmt: skip
+    """Reshard the DCP checkpoint in `src_dir` to `dst_layout` into `out_dir` (see above;
+    `trust_pickles`: see `read_index`).
 
     Raises:
-        DcpError: bad SRC (names file and key), an existing OUT_DIR.
+        DcpError: bad SRC (names file and key, or the class its metadata needs outside the
+            pickle allow-list), an existing OUT_DIR, an I/O error writing OUT_DIR.
         PlacementError: a bad layout. CompileError / ExecutionError: planning or execution."""
     out = Path(out_dir)
     if out.exists():
         raise DcpError(f"{out}: already exists (refusing to overwrite)")
     layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
     clock = {"read": time.perf_counter()}
-    index = read_index(src_dir)
+    index = read_index(src_dir, trust_pickles=trust_pickles)
     src, arrays, values = read_dcp(src_dir, index)
     dst = dst_ptc(src, layout)
     clock["compile"] = time.perf_counter()
@@ -113,25 +116,25 @@ def _first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dic
     return out_arrays, {pid: values.get((pid, d), {}) for pid, d in first.items()}
 
 
-def inspect_dcp(root: str | os.PathLike) -> list[str]:
-    """Plain-words findings about a DCP directory: what it holds, how each tensor is cut, and
-    the problems visible without reading tensor data (unreadable metadata, chunks that overlap
-    or leave a gap, missing or short files), listed as "problem: ..." lines, never raised.
-    Reads `.metadata` and file sizes only."""
+def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False) -> list[str]:
+    """Plain-words findings about a DCP directory: what it holds and how each tensor is cut.
+    Reads `.metadata` and file sizes only (`trust_pickles`: see `read_index`).
+
+    Raises:
+        DcpError: a problem visible without reading tensor data (unreadable metadata, chunks
+            that overlap or leave a gap, missing, short or non-regular data files): a checkpoint
+            that cannot be read is not described as if it could. The message lists every
+            missing or short file."""
     root = Path(root)
-    try:
-        index = read_index(root)
-    except TenplexError as e:
-        return [f"problem: {e}"]
+    index = read_index(root, trust_pickles=trust_pickles)
+    ptc = ptc_of_index(index)
+    problems = _file_problems(index)
+    if problems:
+        raise DcpError(f"{root}: {len(problems)} data file(s) cannot be read: {'; '.join(problems)}")
     out = [_overview(index)]
-    try:
-        ptc = ptc_of_index(index)
-    except TenplexError as e:
-        return out + [f"problem: {e}"]
     out += [_tensor_line(ptc, meta.name) for meta in ptc.tensors]
     out += _value_lines(index)
-    out += _file_problems(index)
-    return out
+    return out + ["all data files are present and long enough for their entries"]
 
 
 def _overview(index: DcpIndex) -> str:
@@ -168,8 +171,12 @@ def _file_problems(index: DcpIndex) -> list[str]:
         need[e.file] = max(need[e.file], e.offset + e.length)
     for file, end in sorted(need.items()):
         path = index.root / file
-        if not path.is_file():
-            out.append(f"problem: {path}: missing (needed up to byte {end})")
-        elif path.stat().st_size < end:
-            out.append(f"problem: {path}: truncated: has {path.stat().st_size} bytes, entries need {end}")
-    return out or ["all data files are present and long enough for their entries"]
+        try:
+            confined(index.root, file, "data file", DcpError)
+            check_regular(path, f"needed up to byte {end}", DcpError)
+        except DcpError as e:
+            out.append(str(e))
+            continue
+        if path.stat().st_size < end:
+            out.append(f"{path}: truncated: has {path.stat().st_size} bytes, entries need {end}")
+    return out

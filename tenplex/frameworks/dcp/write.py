@@ -21,7 +21,8 @@ loader, chosen with `per_thread_copy_ahead=0`) — and files are written by para
 
 `out_dir` is written into a temporary directory beside it and renamed at the end: it is complete
 or absent. Raises DcpError (an existing out_dir, an incomplete PTC, a missing or mis-shaped
-array or value).
+array or value, an I/O error while writing: named with its errno, e.g. `No space left on device
+(ENOSPC)`, even where DCP's writer wraps it in a RuntimeError).
 
 Invariants:
 - the chunks written for a tensor are pairwise disjoint and cover it exactly (what DCP's own
@@ -50,7 +51,7 @@ from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
 from tenplex.frameworks.dtensor.values import bytes_of_value
 from tenplex.ir.box import Box, subtract_all
-from tenplex.ir.files import atomic_dir
+from tenplex.ir.files import atomic_dir, os_error_of, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.runtime.arrays import np_dtype, region
@@ -136,7 +137,13 @@ def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, M
         raise DcpError(f"{out}: already exists (refusing to overwrite)")
     plans, data = _plans(ptc, arrays, values)
     with atomic_dir(out, DcpError) as tmp:
-        return _save(plans, data, tmp, mapping, sync)
+        try:
+            return _save(plans, data, tmp, mapping, sync)
+        except (OSError, RuntimeError) as e:
+            cause = os_error_of(e)
+            if cause is None:
+                raise
+            raise write_failure(out, cause, DcpError) from None
 
 
 def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None, sync: bool) -> Metadata:

@@ -14,7 +14,9 @@ elements over `k` ranks, `c = ceil(n/k)`, rank `i` starts at `i·c` and holds
 shard's start in that dim is the global extent `G[d]`, as torch reports it.
 
 Invariants:
-- a mesh shape has >= 1 dims, each >= 1; a coordinate lies inside the mesh;
+- a mesh shape has 1 to `MAX_MESH_DIMS` dims, each >= 1, and at most `MAX_DEVICES` devices in all
+  (a layout file naming 10^9 devices is refused at once, not planned for minutes); a coordinate
+  lies inside the mesh;
 - there is one placement per mesh dim; a Shard dim lies in [-ndim, ndim) and is normalised to
   [0, ndim); a 0-d tensor has only Replicate placements;
 - `_StridedShard` and `Partial` placements are not boxes and are rejected by their name.
@@ -31,6 +33,9 @@ import attrs
 
 from tenplex.ir.box import Box
 from tenplex.ir.errors import SpecError
+
+MAX_DEVICES = 1 << 20  # far beyond any job tenplex plans for, small enough to plan for in memory
+MAX_MESH_DIMS = 16
 
 
 class PlacementError(SpecError):
@@ -89,8 +94,16 @@ def check_mesh(mesh_shape: Sequence[int]) -> tuple[int, ...]:
     """The mesh shape as a tuple. Raises PlacementError unless it is >= 1 dims of sizes >= 1."""
     shape = tuple(mesh_shape)
     if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
-        raise PlacementError(f"mesh shape {list(shape)} must be one or more positive integers")
+        raise PlacementError(f"mesh shape {_brief(shape)} must be one or more positive integers")
+    if len(shape) > MAX_MESH_DIMS:
+        raise PlacementError(f"mesh shape {_brief(shape)} has {len(shape)} dims, more than {MAX_MESH_DIMS}")
+    if math.prod(shape) > MAX_DEVICES:
+        raise PlacementError(f"mesh shape {_brief(shape)} has {math.prod(shape)} devices, more than {MAX_DEVICES}")
     return shape
+
+
+def _brief(shape: tuple) -> str:
+    return str(list(shape)) if len(shape) <= 20 else f"[{', '.join(map(str, shape[:20]))}, ...]"
 
 
 def normalize(placements: Sequence[Placement], ndim: int, mesh_shape: Sequence[int]) -> tuple[Placement, ...]:

@@ -12,6 +12,8 @@ lives on (shape plus the global ranks at each mesh position, row-major) and its 
 
 Invariants:
 - world >= 1; a spec's mesh ranks are distinct and in [0, world), prod(mesh shape) of them;
+- at most `MAX_SUBTENSORS` sub-tensors in all (about 700 B of memory each, and more to plan
+  over): a layout past it is refused before anything is built (`check_subtensor_count`);
 - FQNs are unique; values and tensors do not share a name;
 - the PTC is complete: each tensor's boxes over its mesh tile it (torch.chunk rule);
 - a `LocalShard`'s array has the shape `local_box` gives for its rank's coordinate.
@@ -37,6 +39,15 @@ from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.tensor import Piece, SubTensor, TensorMeta
 from tenplex.ir.topology import Device, Topology
+
+MAX_SUBTENSORS = 1 << 22
+
+
+def check_subtensor_count(count: int, what: str) -> None:
+    """Raises PlacementError when `what` would make more than `MAX_SUBTENSORS` sub-tensors."""
+    if count > MAX_SUBTENSORS:
+        raise PlacementError(f"{what} would make {count} sub-tensors (one per tensor and rank holding it), more than "
+                             f"{MAX_SUBTENSORS}: a PTC that large would not fit in memory")  # fmt: skip
 
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
@@ -134,6 +145,7 @@ def ptc_from_specs(world: int, specs: Sequence[TensorSpec], values: Iterable[str
         PlacementError: bad world, a mesh rank outside it, duplicate or clashing names."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise PlacementError(f"world size {world!r} must be a positive integer")
+    check_subtensor_count(sum(len(s.mesh_ranks) for s in specs), f"{len(specs)} tensors on {world} ranks")
     names = [s.name for s in specs]
     value_names = sorted(set(values))
     clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(value_names)))

@@ -25,8 +25,12 @@ Invariants:
 - the mesh has >= 1 dims, each >= 1; every entry has one placement per mesh dim;
 - a `Stage(s)` has `s` inside its mesh dim (`s < mesh[dim]`); the error names the entry and
   the mesh; `to_json` writes it back as `"Stage(s)"`;
-- an exact FQN entry must name a tensor of the source and fit it (Shard dims inside its ndim;
-  0-d tensors replicate); a pattern entry applies only to tensors it fits;
+- an exact FQN entry must name a tensor of the source and fit it (Shard dims inside its ndim);
+  a pattern entry applies to every tensor it matches and must fit it too (the error names the
+  pattern, the placement and the tensor's rank), except that patterns which shard skip 0-d
+  tensors (a scalar cannot be cut: the next entry or the default applies);
+- the mesh is bounded (`boxes.check_mesh`) and so is the PTC a layout makes
+  (`layout.check_subtensor_count`, checked before any spec is built);
 - unknown keys and a wrong `format` fail, naming the source and the field.
 """
 
@@ -43,8 +47,9 @@ from typing import Any
 import attrs
 
 from tenplex.frameworks.dtensor.boxes import Placement, PlacementError, Replicate, Shard, check_mesh
-from tenplex.frameworks.dtensor.layout import TensorSpec, ptc_from_specs
-from tenplex.frameworks.dtensor.stage import LayoutPlacement, check_stages, parse_layout_placement, stage_slice
+from tenplex.frameworks.dtensor.layout import TensorSpec, check_subtensor_count, ptc_from_specs
+from tenplex.frameworks.dtensor.stage import LayoutPlacement, Stage, check_stages, parse_layout_placement, stage_slice
+from tenplex.ir.files import read_json
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import TensorMeta
 
@@ -74,12 +79,12 @@ class MeshLayout:
         """From a dict, a JSON string or a path to a JSON file. Raises PlacementError naming the
         source and field."""
         if isinstance(doc, os.PathLike) or isinstance(doc, str) and not doc.lstrip().startswith("{"):
-            source, doc = str(doc), Path(doc).read_text()
+            source, doc = str(doc), read_json(Path(doc), PlacementError, "a DTensor layout")
         if isinstance(doc, str):
             try:
                 doc = json.loads(doc)
-            except json.JSONDecodeError as e:
-                raise PlacementError(f"{source}: not JSON ({e})") from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise PlacementError(f"{source}: not JSON ({e or 'nested too deeply'})") from None
         if not isinstance(doc, Mapping):
             raise PlacementError(f"{source}: expected an object with 'mesh' and 'placements'")
         unknown = sorted(set(doc) - {"format", "mesh", "placements"})
@@ -104,9 +109,15 @@ class MeshLayout:
             if not _fits(exact, len(meta.shape)):
                 raise PlacementError(f"layout placements[{meta.name!r}] = {[str(p) for p in exact]} do not fit tensor {meta.name!r} of shape {list(meta.shape)}")
             return exact
+        ndim = len(meta.shape)
         for key, placements in self.rules:
-            if fnmatch.fnmatchcase(meta.name, key) and _fits(placements, len(meta.shape)):
-                return placements
+            if not fnmatch.fnmatchcase(meta.name, key) or (ndim == 0 and not _fits(placements, 0)):
+                continue
+            bad = next((p for p in placements if not _fits((p,), ndim)), None)
+            if bad is not None:
+                raise PlacementError(f"layout placements[{key!r}] = {[str(p) for p in placements]} match tensor {meta.name!r} "
+                                     f"of shape {list(meta.shape)}, but {bad} shards dim {bad.dim} of a {ndim}-d tensor")  # fmt: skip
+            return placements
         return tuple(default)
 
 
@@ -130,11 +141,10 @@ def dst_specs(src: PTC, layout: MeshLayout) -> list[TensorSpec]:
     missing = [k for k, _ in layout.rules if not any(c in k for c in "*?[") and k not in names]
     if missing:
         raise PlacementError(f"layout names {missing[:3]}, which the source checkpoint has no tensor for")
-    specs = []
-    for meta in src.tensors:
-        placements = layout.placements_for(meta, source_placements(src, meta.name, len(layout.mesh)))
-        specs.append(TensorSpec(meta, *stage_slice(meta.name, layout.mesh, placements)))
-    return specs
+    chosen = [(meta, layout.placements_for(meta, source_placements(src, meta.name, len(layout.mesh)))) for meta in src.tensors]
+    held = sum(math.prod(m for m, p in zip(layout.mesh, placements) if not isinstance(p, Stage)) for _, placements in chosen)
+    check_subtensor_count(held, f"layout on mesh {list(layout.mesh)} for {len(chosen)} tensors")
+    return [TensorSpec(meta, *stage_slice(meta.name, layout.mesh, placements)) for meta, placements in chosen]
 
 
 def dst_ptc(src: PTC, layout: MeshLayout) -> PTC:

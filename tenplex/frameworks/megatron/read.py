@@ -42,15 +42,17 @@ from tenplex.runtime.arrays import np_dtype
 _OWN = ("args", "checkpoint_version", "iteration", "optimizer", "rng_state")
 
 
-def read_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None) -> MegatronCheckpoint:
+def read_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None, trust_pickles: bool = False) -> MegatronCheckpoint:
     """The checkpoint at `src_dir` (the directory holding latest_checkpointed_iteration.txt).
-    `vocab` is the true vocabulary size when args does not say it.
+    `vocab` is the true vocabulary size when args does not say it; `trust_pickles` lets rank
+    files unpickle any class (`megatron.pickles`; only for files from a trusted source).
 
     Raises:
-        CheckpointFormatError: naming the file and the key that does not match the layout.
+        CheckpointFormatError: naming the file and the key that does not match the layout, or
+            the file and the class its pickle needs outside the allow-list.
     """
     tree = open_tree(src_dir)
-    head_file, head = _head(tree)
+    head_file, head = _head(tree, trust_pickles)
     args = head.get("args")
     model = model_from_args(args, head_file, vocab=vocab, optimizer="optimizer" in head)
     parallel = parallel_from_args(args, head_file)
@@ -61,20 +63,21 @@ def read_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None) -> Me
     except SpecError as e:
         raise CheckpointFormatError(f"{head_file}: key 'args' describes a layout that does not fit the model: {e}") from None
     check_rank_dirs(tree, parallel.tp, parallel.pp)
-    reader = _Reader(tree, model, parallel, head)
+    reader = _Reader(tree, model, parallel, head, trust_pickles)
     for pp in range(parallel.pp):
         stage = stage_params(model, parallel, pp)
         for tp in range(parallel.tp):
             file = tree.model_file(tp, pp, parallel.pp)
-            reader.rank(file, head if (pp, tp) == (0, 0) else load_file(file, f"rank tp={tp}, pp={pp}"), stage, pp, tp)
+            data = head if (pp, tp) == (0, 0) else load_file(file, f"rank tp={tp}, pp={pp}", trust_pickles=trust_pickles)
+            reader.rank(file, data, stage, pp, tp)
     return reader.result(vocab is not None or isinstance(getattr(args, "vocab_size", None), int))
 
 
-def _head(tree: Tree) -> tuple[Path, dict]:
+def _head(tree: Tree, trust_pickles: bool) -> tuple[Path, dict]:
     for pp_size in (1, 2):
         file = tree.model_file(0, 0, pp_size)
-        if file.is_file():
-            data = load_file(file, "rank tp=0, pp=0")
+        if os.path.lexists(file):
+            data = load_file(file, "rank tp=0, pp=0", trust_pickles=trust_pickles)
             if not isinstance(data, dict) or "args" not in data:
                 raise CheckpointFormatError(f"{file}: key 'args' missing")
             return file, data
@@ -96,8 +99,9 @@ def qkv_v2(a: np.ndarray, version: float, heads_local: int, head_dim: int) -> np
 class _Reader:
     """Accumulates arrays, values and the meta facts of the rank files."""
 
-    def __init__(self, tree: Tree, model, parallel, head: dict):
+    def __init__(self, tree: Tree, model, parallel, head: dict, trust_pickles: bool):
         self.tree, self.model, self.parallel, self.head = tree, model, parallel, head
+        self.trust_pickles = trust_pickles
         self.ptc = build_ptc(model, parallel, cluster_for(parallel))
         self.arrays: dict[str, np.ndarray] = {}
         self.values: dict[str, dict[str, Any]] = {p.id: {} for p in self.ptc.partitions}
@@ -196,7 +200,8 @@ class _Reader:
         par, model, naming = self.parallel, self.model, self.naming or Naming()
         layouts = [chunk_layout(model, naming.order(params), par.tp, par.pp, par.dp,
                                 bucket_size(self.head["args"], par.dp, pp, chunk.vp)) for chunk, params in stage]  # fmt: skip
-        flat, self.dtype_key = read_buffers(load_file(file, f"distributed optimizer of tp={tp}, pp={pp}"), layouts, file)
+        data = load_file(file, f"distributed optimizer of tp={tp}, pp={pp}", trust_pickles=self.trust_pickles)
+        flat, self.dtype_key = read_buffers(data, layouts, file)
         for d, items in fragments(model, stage, par.tp, par.dp).items():
             for label, start, stop in items:
                 for kind in optim_kinds(model):

@@ -100,18 +100,20 @@ def _plan_and_run(src: MegatronCheckpoint, dst: PTC, workers: int, timeout: floa
 
 
 def reshard_megatron(src_dir: str | os.PathLike, to: Any, out_dir: str | os.PathLike, workers: int = 1, *,
-                     vocab: int | None = None, timeout: float = 30.0) -> MegatronReshardResult:  # fmt: skip
-    """Reshard the Megatron checkpoint at `src_dir` to layout `to` into `out_dir`.
+                     vocab: int | None = None, timeout: float = 30.0, trust_pickles: bool = False) -> MegatronReshardResult:  # fmt: skip
+    """Reshard the Megatron checkpoint at `src_dir` to layout `to` into `out_dir`
+    (`trust_pickles`: see `read_megatron`).
 
     Raises:
-        CheckpointFormatError: SRC does not match its layout, or OUT_DIR exists.
+        CheckpointFormatError: SRC does not match its layout, needs a class outside the pickle
+            allow-list, or OUT_DIR exists; an I/O error while writing OUT_DIR (names the file).
         SpecError: the target layout is malformed or does not fit the model.
         CompileError, ExecutionError: from the compiler and the runtime.
     """
     clock = Clock()
     if Path(out_dir).exists():
         raise CheckpointFormatError(f"{out_dir}: already exists (refusing to overwrite)")
-    src = read_megatron(src_dir, vocab=vocab)
+    src = read_megatron(src_dir, vocab=vocab, trust_pickles=trust_pickles)
     parallel = target_layout(src.meta, to)
     dst = build_ptc(src.meta.model, parallel, cluster_for(parallel))
     clock.lap("read")
@@ -122,13 +124,14 @@ def reshard_megatron(src_dir: str | os.PathLike, to: Any, out_dir: str | os.Path
                                  sum(clock.phases.values()), tuple(clock.phases.items()))  # fmt: skip
 
 
-def inspect_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None) -> list[str]:
+def inspect_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None, trust_pickles: bool = False) -> list[str]:
     """Plain-words findings about a Megatron checkpoint: layout, model, vocabulary padding, tied
-    embeddings, optimizer state and RNG. A checkpoint that does not read is reported, not raised."""
-    try:
-        ckpt = read_megatron(src_dir, vocab=vocab)
-    except CheckpointFormatError as e:
-        return [f"not a readable Megatron legacy checkpoint: {e}"]
+    embeddings, optimizer state and RNG.
+
+    Raises:
+        CheckpointFormatError: the checkpoint does not read (as `read_megatron`): a checkpoint
+            that cannot be resharded is not described as if it could."""
+    ckpt = read_megatron(src_dir, vocab=vocab, trust_pickles=trust_pickles)
     meta, model, par = ckpt.meta, ckpt.meta.model, ckpt.meta.parallel
     step = "release" if meta.release else f"iteration {ckpt.values[model_partition_id(par, 0, 0)]['iteration']}"
     out = [

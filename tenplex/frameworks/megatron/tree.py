@@ -12,9 +12,13 @@ Tree (docs/conventions.md §1.1-1.2):
 Keys inside a file: `names` (flattened to '/'-joined paths of the nested dicts); tensors in
 them: `tensors`.
 
+Rank files are unpickled without letting them run code (`megatron.pickles`): `load_file`
+refuses a class outside Megatron's allow-list unless the caller passes `trust_pickles=True`.
+
 Invariants:
 - every read error is a `CheckpointFormatError` that names the file and, where there is one,
   the key inside it;
+- only regular files are opened (a fifo is refused, not waited on);
 - `atomic_dir` leaves the output complete or absent: it writes beside it and renames at the end.
 """
 
@@ -23,15 +27,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
+from tenplex.frameworks.megatron.pickles import load_rank_file
 from tenplex.ir import files
 from tenplex.ir.errors import TenplexError
+from tenplex.ir.files import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_FILE = "model_optim_rng.pt"
@@ -73,9 +77,8 @@ def open_tree(root: str | os.PathLike) -> Tree:
             or the directory it names is missing.
     """
     path = Path(root) / TRACKER
-    if not path.is_file():
-        raise CheckpointFormatError(f"{path}: missing (not a Megatron checkpoint directory)")
-    text = path.read_text().strip()
+    with open_regular(path, "not a Megatron checkpoint directory", CheckpointFormatError) as f:
+        text = f.read(4096).decode("utf-8", "replace").strip()
     if text == "release":
         tree = Tree(Path(root), 0, True)
     elif text.isdigit():
@@ -95,18 +98,15 @@ def check_rank_dirs(tree: Tree, tp: int, pp: int) -> None:
             raise CheckpointFormatError(f"{entry}: unexpected rank directory for a checkpoint with tp={tp}, pp={pp}")
 
 
-def load_file(path: Path, what: str) -> Any:
-    """torch.load of a Megatron file (pickled args need weights_only=False: load trusted files only).
+def load_file(path: Path, what: str, *, trust_pickles: bool = False) -> Any:
+    """The object in Megatron file `path`, unpickled with `megatron.pickles`' allow-list (any
+    class with `trust_pickles`).
 
     Raises:
-        CheckpointFormatError: the file is missing or not a torch pickle.
+        CheckpointFormatError: the file is missing, not a regular file, not a torch pickle, or
+            needs a class outside the allow-list (names the file and the class).
     """
-    if not path.is_file():
-        raise CheckpointFormatError(f"{path}: missing ({what})")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
-    except Exception as e:  # torch raises many kinds for a corrupt or foreign file
-        raise CheckpointFormatError(f"{path}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+    return load_rank_file(path, what, CheckpointFormatError, trust_pickles=trust_pickles)
 
 
 def atomic_dir(out: Path) -> contextlib.AbstractContextManager[Path]:

@@ -12,7 +12,9 @@ Per (tp, pp) rank, `model_optim_rng.pt` holds the top-level keys in the source's
 - `rng_state`: re-derived from args.seed and the partition's `rng` offsets (`megatron.rng`);
 - every other source entry (opt_param_scheduler, num_floating_point_operations_so_far, ...) as read.
 
-The tree is written into a temporary directory beside `out_dir` and renamed at the end.
+The tree is written into a temporary directory beside `out_dir` and renamed at the end; an I/O
+error (a full disk, ...) raises CheckpointFormatError naming the file and the errno, and leaves
+nothing behind.
 
 Invariants: nothing is written unless every sub-tensor the layout needs has an array of its local
 shape and dtype (CheckpointFormatError names the sub-tensor); `out_dir` is complete or absent.
@@ -38,6 +40,7 @@ from tenplex.frameworks.megatron.tensors import to_torch, torch_dtype
 from tenplex.frameworks.megatron.tree import TRACKER, CheckpointFormatError, Tree, atomic_dir
 from tenplex.frontends.optimizer import optim_kinds, optim_tensor
 from tenplex.frontends.transformer import Stage, build_ptc, model_partition_id, stage_params
+from tenplex.ir.files import os_error_of, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype
 
@@ -65,12 +68,28 @@ def write_megatron(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[s
             stage = stage_params(meta.model, meta.parallel, pp)
             for tp in range(meta.parallel.tp):
                 file = tree.model_file(tp, pp, meta.parallel.pp)
-                file.parent.mkdir(parents=True)
-                torch.save(writer.state(stage, pp, tp), file)
+                _save(writer.state(stage, pp, tp), file, tmp, out)
                 if meta.parallel.zero and meta.model.has_optimizer:
-                    torch.save(writer.distrib(stage, pp, tp), tree.optim_file(tp, pp, meta.parallel.pp))
-        (tmp / TRACKER).write_text("release" if meta.release else str(iteration))
+                    _save(writer.distrib(stage, pp, tp), tree.optim_file(tp, pp, meta.parallel.pp), tmp, out)
+        _save("release" if meta.release else str(iteration), tmp / TRACKER, tmp, out)
     return out
+
+
+def _save(obj: Any, file: Path, tmp: Path, out: Path) -> None:
+    """`torch.save` `obj` (text: write it) into `file` through a Python file object, so that a
+    failed write raises OSError with its errno; reported as the file of `out` it was to become."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with open(file, "wb") as f:
+            if isinstance(obj, str):
+                f.write(obj.encode())
+            else:
+                torch.save(obj, f)
+    except (OSError, RuntimeError) as e:  # torch's zip writer wraps the OSError in a RuntimeError
+        cause = os_error_of(e)
+        if cause is None:
+            raise
+        raise write_failure(out / file.relative_to(tmp), cause, CheckpointFormatError) from None
 
 
 def _check(ptc: PTC, arrays: Mapping[str, np.ndarray]) -> None:

@@ -34,6 +34,7 @@ import torch
 from tenplex.frameworks.megatron.names import is_chunk_key
 from tenplex.frameworks.megatron.tree import CheckpointFormatError
 from tenplex.ir.errors import TenplexError
+from tenplex.ir.files import one_line, open_regular
 
 RANK_MAP = "rank_map.json"
 MODEL_KEYS = "model_keys.json"
@@ -141,16 +142,20 @@ def load_json(path: Path, what: str) -> Any:
     """The decoded JSON file (NaN allowed: the reference's json.dump writes it).
 
     Raises:
-        StructureError: the file is missing, unreadable or not JSON (with line and column).
+        StructureError: the file is missing, not a regular file (a fifo is refused, not waited
+            on), unreadable or not JSON (with line and column).
     """
-    if not path.is_file():
-        raise StructureError(f"{path}: missing ({what})")
     try:
-        return json.loads(path.read_text())
+        with open_regular(path, what, StructureError) as f:
+            data = f.read()
     except OSError as e:
         raise StructureError(f"{path}: cannot read ({what}): {e.strerror}") from None
-    except ValueError as e:
-        raise StructureError(f"{path}: not valid JSON ({what}): {e}") from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise StructureError(f"{path}: not valid JSON ({what}): {one_line(e)}") from None
+    except RecursionError:
+        raise StructureError(f"{path}: not valid JSON ({what}): nested too deeply") from None
 
 
 def dump_json(path: Path, value: Any) -> None:

@@ -190,17 +190,15 @@ def _check_keys(doc: dict[str, Any], rank_id: int, rank: Rank, file: Path) -> li
 
 
 def inspect_structure(config_dir: str | os.PathLike) -> list[str]:
-    """Plain-words findings: layout, model, precision, notes, and the first problem if any."""
+    """Plain-words findings: layout, model, precision and notes.
+
+    Raises:
+        StructureError: the directory does not read (as `read_structure`): a structure that
+            cannot be used is not described as if it could."""
     root = Path(config_dir)
-    try:
-        grid = read_rank_map(root / RANK_MAP)
-    except StructureError as e:
-        return [f"problem: {e}"]
+    grid = read_rank_map(root / RANK_MAP)
     out = [f"layout: tp={grid.tp}, pp={grid.pp}, dp={grid.dp} ({grid.world} ranks, {grid.tp * grid.pp} rank files)"]
-    try:
-        _, info = read_structure(root)
-    except StructureError as e:
-        return out + [f"problem: {e}"]
+    _, info = read_structure(root)
     m = info.model
     pos = f"learned positions {m.max_position}" if m.max_position else "RoPE"
     groups = f" in {m.query_groups} query groups" if m.query_groups != m.heads else ""

@@ -53,15 +53,16 @@ _SCHEDULER = {"max_lr": 0.0, "lr_warmup_steps": 0, "num_steps": 0, "lr_decay_sty
               "min_lr": 0.0, "start_wd": 0.0, "end_wd": 0.0, "wd_incr_style": "constant", "wd_incr_steps": 0}  # fmt: skip
 
 
-def write_structure(src: PTC | str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def write_structure(src: PTC | str | os.PathLike, out_dir: str | os.PathLike, *, trust_pickles: bool = False) -> Path:
     """Write the structure directory of `src` (a PTC, or a Megatron checkpoint directory holding
-    latest_checkpointed_iteration.txt) to `out_dir`, which must not exist; returns it.
+    latest_checkpointed_iteration.txt, its rank files unpickled as `read_megatron` does) to
+    `out_dir`, which must not exist; returns it.
 
     Raises:
         StructureError: `out_dir` exists, the checkpoint is unreadable, or the layout is one a
             structure cannot describe.
     """
-    grid, ranks = from_ptc(src) if isinstance(src, PTC) else from_tree(Path(src))
+    grid, ranks = from_ptc(src) if isinstance(src, PTC) else from_tree(Path(src), trust_pickles=trust_pickles)
     out = Path(out_dir)
     with as_structure_error(), atomic_dir(out) as tmp:
         dump_json(tmp / RANK_MAP, grid.to_json())
@@ -75,8 +76,9 @@ def write_structure(src: PTC | str | os.PathLike, out_dir: str | os.PathLike) ->
     return out
 
 
-def from_tree(root: Path) -> tuple[RankMap, Ranks]:
-    """The grid and converted rank files of a Megatron legacy checkpoint tree.
+def from_tree(root: Path, *, trust_pickles: bool = False) -> tuple[RankMap, Ranks]:
+    """The grid and converted rank files of a Megatron legacy checkpoint tree (`trust_pickles`:
+    see `megatron.pickles`).
 
     Raises:
         StructureError: the tree is unreadable, or saved with the distributed optimizer.
@@ -86,7 +88,7 @@ def from_tree(root: Path) -> tuple[RankMap, Ranks]:
         head_file = next(
             (f for f in (tree.model_file(0, 0, n) for n in (1, 2)) if f.is_file()), tree.model_file(0, 0, 1)
         )
-        head = load_file(head_file, "rank tp=0, pp=0")
+        head = load_file(head_file, "rank tp=0, pp=0", trust_pickles=trust_pickles)
         parallel = parallel_from_args(head.get("args") if isinstance(head, dict) else None, head_file)
     if parallel.zero:
         raise StructureError(f"{head_file}: key 'args' asks for the distributed optimizer, whose state "
@@ -97,7 +99,7 @@ def from_tree(root: Path) -> tuple[RankMap, Ranks]:
         for tp in range(grid.tp):
             file = tree.model_file(tp, pp, grid.pp)
             with as_structure_error():
-                data = head if (pp, tp) == (0, 0) else load_file(file, f"rank tp={tp}, pp={pp}")
+                data = head if (pp, tp) == (0, 0) else load_file(file, f"rank tp={tp}, pp={pp}", trust_pickles=trust_pickles)
             out[grid.rank(pp, tp)] = (rank_file_name(tp, pp, grid.pp), to_structure(data))
     return grid, dict(sorted(out.items()))
 

@@ -4,7 +4,10 @@
   of torch tensors, numpy arrays and scalars, in place of `torch.save`/`torch.load`;
 - `read_checkpoint` / `write_checkpoint_dir` (`directory`): a PTC and its sub-tensors, the
   directory `tenplex reshard` reads and writes;
-- `swap_in` (`swap`): replace a directory by a complete new one atomically.
+- `swap_in` (`swap`): replace a directory by a complete new one atomically;
+- `npy`: `.npy` files of untrusted checkpoints (headers checked against the file size before
+  loading; the framework readers use it too); paths, regular files, bounded JSON and write errors
+  are `tenplex.ir.files`.
 """
 
 from tenplex.runtime.checkpoint.directory import (

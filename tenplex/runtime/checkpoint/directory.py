@@ -8,14 +8,20 @@ Directory format (device-free; the same tree the FUSE view shows for one state):
 
 A sub-tensor's file holds its local array (shape `st.shape`). bfloat16 and float8 arrays are
 stored as raw bits in the unsigned integer of the same width (`<u2`, `|u1`); the real dtype is
-the tensor's dtype in ptc.json. Sub-tensor paths must be unique within a partition, relative,
-without `.`/`..` components, and no path may be `values` (the values file). Replicas (a
-partition on several devices) are stored once: the allocation and topology in ptc.json are
-informative only.
+the tensor's dtype in ptc.json. Replicas (a partition on several devices) are stored once: the
+allocation and topology in ptc.json are informative only.
+
+The directory may come from anyone: ptc.json is what names its files. Partition ids and
+sub-tensor paths are therefore relative `/`-separated paths with one spelling each (no empty,
+`.` or `..` components, backslashes or NUL bytes: `x/./y` and `x//y` are refused, not read as
+`x/y`), no path is `values` (the values file), and no two sub-tensors, of one partition or of
+two, name one file. Only regular files inside the directory are read (`tenplex.ir.files`),
+and a `.npy` header must fit its file before anything is allocated (`checkpoint.npy`).
 
 Invariants:
 - `write_checkpoint_dir` leaves the directory complete and re-read in full, or absent;
-- every read error names the file and the sub-tensor or partition it belongs to.
+- every read error names the file and the sub-tensor or partition it belongs to;
+- an I/O error while writing names the file and its errno (`No space left on device (ENOSPC)`).
 """
 
 from __future__ import annotations
@@ -23,16 +29,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import atomic_dir, read_json
+from tenplex.ir.files import atomic_dir, check_relative, confined, read_json, write_failure
 from tenplex.ir.ptc import PTC
-from tenplex.ir.serialize import dumps, load_ptc
+from tenplex.ir.serialize import dumps, ptc_from_json
 from tenplex.runtime.arrays import np_dtype, npy_dtype
+from tenplex.runtime.checkpoint.npy import load_npy, write_npy
 
 __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "read_checkpoint", "relative_paths", "write_checkpoint",
            "write_checkpoint_dir"]  # fmt: skip
@@ -51,27 +58,34 @@ def _stored_dtype(name: str) -> np.dtype:
 
 
 def relative_paths(ptc: PTC) -> dict[str, str]:
-    """Sub-tensor id -> file path relative to the directory; raises on unsafe or shared paths."""
+    """Sub-tensor id -> file path relative to the directory (see the module docstring).
+
+    Raises CheckpointError naming the partition or sub-tensor whose id or path is unsafe, clashes
+    with the values file, or names the same file as another sub-tensor."""
     out: dict[str, str] = {}
+    owner: dict[str, str] = {}  # file -> what is stored in it, in words
     for part in ptc.partitions:
-        seen: dict[str, str] = {}
+        check_relative(part.id, "partition id", CheckpointError)
+        owner[f"{part.id}/{VALUES_FILE}"] = f"the values of partition {part.id!r}"
         for sid in part.subtensors:
-            path = ptc.subtensor_map[sid].path
-            for kind, name in (("partition id", part.id), (f"sub-tensor {sid!r} path", path)):
-                parts = PurePosixPath(name).parts
-                if not name or name.startswith("/") or any(p in (".", "..") for p in parts) or "\\" in name:
-                    raise CheckpointError(f"{kind} {name!r} cannot be a relative file path")
-            if path in seen:
-                raise CheckpointError(
-                    f"partition {part.id!r}: sub-tensors {seen[path]!r} and {sid!r} share path {path!r}"
-                )
+            path = check_relative(ptc.subtensor_map[sid].path, f"sub-tensor {sid!r} path", CheckpointError)
             if path == VALUES_FILE.removesuffix(".json"):
                 raise CheckpointError(
                     f"partition {part.id!r}: sub-tensor {sid!r} path {path!r} clashes with {VALUES_FILE}"
                 )
-            seen[path] = sid
-            out[sid] = f"{part.id}/{path}.npy"
+            rel = f"{part.id}/{path}.npy"
+            if rel in owner:
+                raise CheckpointError(f"partition {part.id!r}: {owner[rel]} and sub-tensor {sid!r} share path {rel!r}")
+            owner[rel], out[sid] = f"sub-tensor {sid!r}", rel
+    _check_no_file_is_a_directory(owner)
     return out
+
+
+def _check_no_file_is_a_directory(owner: dict[str, str]) -> None:
+    dirs = {rel.rsplit("/", k)[0]: rel for rel in owner for k in range(1, rel.count("/") + 1)}
+    for rel, who in owner.items():
+        if rel in dirs:
+            raise CheckpointError(f"{who} names file {rel!r}, which {dirs[rel]!r} needs as a directory")
 
 
 def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]],
@@ -79,58 +93,77 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping
     """Write the directory format into `out_dir` (created; must not exist, or be empty).
 
     `arrays`: sub-tensor id -> local array; `values`: partition id -> {name: value}.
-    Raises CheckpointError naming the sub-tensor or partition when one is missing or wrong."""
+    Raises CheckpointError naming the sub-tensor or partition when one is missing or wrong, or
+    the file being written when the system refuses a write (full disk, ...)."""
     files = relative_paths(ptc)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for st in ptc.subtensors:
-        if st.id not in arrays:
-            raise CheckpointError(f"no array for sub-tensor {st.id!r}")
-        a = np.asarray(arrays[st.id])
-        dtype = ptc.tensor_map[st.tensor].dtype
-        if a.shape != st.shape or a.dtype != np_dtype(dtype):
-            raise CheckpointError(
-                f"sub-tensor {st.id!r}: array {a.dtype}{list(a.shape)}, expected {dtype}{list(st.shape)}"
-            )
-        path = out / files[st.id]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, np.ascontiguousarray(a).view(_stored_dtype(dtype)), allow_pickle=False)
-    for part in ptc.partitions:
-        got = dict(values.get(part.id, {}))
-        if set(got) != set(part.value_map):
-            raise CheckpointError(f"partition {part.id!r}: values {sorted(got)}, expected {sorted(part.value_map)}")
-        (out / part.id).mkdir(parents=True, exist_ok=True)
-        (out / part.id / VALUES_FILE).write_text(json.dumps(got, sort_keys=True, allow_nan=False) + "\n")
-    (out / PTC_FILE).write_text(dumps(ptc))
+    path = out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for st in ptc.subtensors:
+            a = _checked_array(ptc, arrays, st)
+            path = out / files[st.id]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
+                write_npy(f, a.view(_stored_dtype(ptc.tensor_map[st.tensor].dtype)))
+        for part in ptc.partitions:
+            got = dict(values.get(part.id, {}))
+            if set(got) != set(part.value_map):
+                raise CheckpointError(f"partition {part.id!r}: values {sorted(got)}, expected {sorted(part.value_map)}")
+            try:
+                text = json.dumps(got, sort_keys=True, allow_nan=False) + "\n"
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"partition {part.id!r}: values cannot be stored as JSON: {e}") from None
+            path = out / part.id / VALUES_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        path = out / PTC_FILE
+        path.write_text(dumps(ptc))
+    except OSError as e:
+        raise _WriteError(path, e) from None
+
+
+class _WriteError(CheckpointError):
+    """An I/O error while writing `path`; `write_checkpoint_dir` names it as the file of OUT."""
+
+    def __init__(self, path: Path, err: OSError):
+        super().__init__(str(write_failure(path, err, CheckpointError)))
+        self.path, self.err = path, err
+
+
+def _checked_array(ptc: PTC, arrays: Mapping[str, np.ndarray], st: Any) -> np.ndarray:
+    if st.id not in arrays:
+        raise CheckpointError(f"no array for sub-tensor {st.id!r}")
+    a = np.asarray(arrays[st.id])
+    dtype = ptc.tensor_map[st.tensor].dtype
+    if a.shape != st.shape or a.dtype != np_dtype(dtype):
+        raise CheckpointError(f"sub-tensor {st.id!r}: array {a.dtype}{list(a.shape)}, expected {dtype}{list(st.shape)}")
+    return a
 
 
 def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:
     """(PTC, sub-tensor id -> array, partition id -> values) of a checkpoint directory.
-    Raises CheckpointError (or ParseError for ptc.json) naming the file that is missing or wrong."""
+    Raises CheckpointError (or ParseError for ptc.json) naming the file that is missing or wrong:
+    a path that is unsafe or leads outside the directory, a file that is not a regular file, a
+    `.npy` whose header does not fit its file or its sub-tensor."""
     root = Path(src_dir)
-    if not (root / PTC_FILE).is_file():
+    if not (root / PTC_FILE).exists():
         raise CheckpointError(f"{root / PTC_FILE}: missing (not a checkpoint directory)")
-    ptc = load_ptc(root / PTC_FILE)
+    ptc = ptc_from_json(read_json(root / PTC_FILE, CheckpointError, "the PTC"), str(root / PTC_FILE))
     arrays: dict[str, np.ndarray] = {}
     for sid, rel in relative_paths(ptc).items():
-        st, path = ptc.subtensor_map[sid], root / rel
+        st, what = ptc.subtensor_map[sid], f"sub-tensor {sid!r}"
+        path = confined(root, rel, f"file of {what}", CheckpointError)
         dtype = ptc.tensor_map[st.tensor].dtype
-        try:
-            a = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: missing (sub-tensor {sid!r})") from None
-        except (OSError, ValueError, EOFError) as e:
-            raise CheckpointError(f"{path}: not a readable .npy file ({e})") from None
+        a = load_npy(path, what, CheckpointError)
         if a.shape != st.shape or a.dtype != _stored_dtype(dtype):
             raise CheckpointError(f"{path}: holds {a.dtype}{list(a.shape)}, expected "
                                   f"{_stored_dtype(dtype)}{list(st.shape)} (sub-tensor {sid!r}, {dtype})")  # fmt: skip
         arrays[sid] = a.view(np_dtype(dtype))
     values: dict[str, dict[str, Any]] = {}
     for part in ptc.partitions:
-        path = root / part.id / VALUES_FILE
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing (values of partition {part.id!r})")
-        got = read_json(path, CheckpointError)
+        path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError)
+        got = read_json(path, CheckpointError, f"values of partition {part.id!r}")
         if not isinstance(got, dict) or set(got) != set(part.value_map):
             names = sorted(got) if isinstance(got, dict) else type(got).__name__
             raise CheckpointError(f"{path}: values {names}, expected {sorted(part.value_map)}")
@@ -141,5 +174,9 @@ def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarr
 def write_checkpoint_dir(ptc: PTC, arrays: dict, values: dict, out: Path) -> None:
     """Write into a temporary directory beside `out`, validate it, rename it to `out`."""
     with atomic_dir(out, CheckpointError) as tmp:
-        write_checkpoint(ptc, arrays, values, tmp)
+        try:
+            write_checkpoint(ptc, arrays, values, tmp)
+        except _WriteError as e:
+            shown = out / e.path.relative_to(tmp) if e.path.is_relative_to(tmp) else e.path
+            raise write_failure(shown, e.err, CheckpointError) from None
         read_checkpoint(tmp)  # the written tree reads back in full

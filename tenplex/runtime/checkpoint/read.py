@@ -1,25 +1,32 @@
 """`load(path)`: rebuild the state `save` wrote (`checkpoint.manifest` describes the format).
 
+A save may come from anyone, so loading trusts nothing in it: no module is ever imported (a
+namedtuple's class is used only if its module is already imported and its fields match; else a
+look-alike namedtuple is built), every `file` is a relative path without `.`/`..`/empty parts
+that resolves inside the save, only regular files are opened, and a `.npy` header must fit its
+file before anything is allocated (`tenplex.ir.files`, `checkpoint.npy`).
+
 Invariants: load(save(x)) equals x exactly (container types, key types and order, dtypes, shapes,
-bytes, requires_grad and device, or `map_location`); a missing or corrupt file, or a manifest
-node that does not match its file, raises `SerdeError` naming the file. torch is imported only
-when the state holds tensors.
+bytes, requires_grad and device, or `map_location`); a missing, corrupt or misplaced file, or a
+manifest node that does not match its file, raises `SerdeError` naming the manifest or the file.
+torch is imported only when the state holds tensors.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import importlib
-import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tenplex.ir.files import confined, one_line, read_json
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, RAW, VERSION, SerdeError, decode_float
+from tenplex.runtime.checkpoint.npy import load_npy
 
 __all__ = ["load"]
 
@@ -34,12 +41,19 @@ def load(path: str | os.PathLike, *, map_location: Any = None) -> Any:
     """
     path = Path(path)
     try:
-        doc = json.loads((path / MANIFEST).read_bytes())
-    except (OSError, ValueError) as e:
-        raise SerdeError(f"cannot read manifest {str(path / MANIFEST)!r}: {e}") from e
+        doc = read_json(path / MANIFEST, _FileError, "the manifest of a tenplex save")
+    except _FileError as e:
+        raise SerdeError(f"cannot read manifest of {str(path)!r}: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise SerdeError(f"{str(path / MANIFEST)!r} is not a {FORMAT} v{VERSION} manifest")
-    return _Reader(path, map_location).node(doc.get("root"), "state")
+    try:
+        return _Reader(path, map_location).node(doc.get("root"), "state")
+    except RecursionError:
+        raise SerdeError(f"{str(path / MANIFEST)!r}: nodes nested too deeply") from None
+
+
+class _FileError(SerdeError):
+    """A file of the save that cannot be opened; rewrapped with the manifest's context."""
 
 
 class _Reader:
@@ -75,17 +89,23 @@ class _Reader:
             return _decode_scalar(node, kind)
         except SerdeError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
             raise SerdeError(f"malformed manifest node at {where} in {str(self.root / MANIFEST)!r}: {e!r}") from e
 
     def array(self, node: dict, kind: str) -> Any:
-        file = self.root / node["file"]
+        manifest, rel = str(self.root / MANIFEST), node["file"]
+        try:
+            file = confined(self.root, rel, "file", _FileError)
+        except _FileError as e:
+            raise SerdeError(f"{manifest!r}: file {rel!r} is not a file of this save: {e}") from None
         dtype, shape = np_dtype(node["dtype"]), tuple(node["shape"])
         stored = np.dtype(f"u{dtype.itemsize}") if node["dtype"] in RAW else dtype
+        if not os.path.lexists(file):
+            raise SerdeError(f"cannot load {str(file)!r}: No such file (named by {manifest!r})")
         try:
-            arr = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise SerdeError(f"cannot load {str(file)!r}: {e}") from e
+            arr = load_npy(file, f"named by {manifest!r}", _FileError)
+        except _FileError as e:
+            raise SerdeError(f"cannot load {str(file)!r}: {str(e).removeprefix(f'{file}: ')}") from None
         if arr.dtype != stored or arr.shape != shape:
             raise SerdeError(f"{str(file)!r} holds {arr.dtype}{list(arr.shape)}, the manifest says {stored}{list(shape)}")
         arr = arr.view(dtype)
@@ -99,7 +119,11 @@ class _Reader:
             t = torch.from_numpy(arr.view(np.int16 if arr.dtype.itemsize == 2 else np.uint8)).view(getattr(torch, name))
         else:
             t = torch.from_numpy(arr)
-        t = t.to(self.map_location if self.map_location is not None else node["device"])
+        device = self.map_location if self.map_location is not None else node["device"]
+        try:
+            t = t.to(device)
+        except (RuntimeError, AssertionError) as e:  # a device this machine lacks
+            raise SerdeError(f"cannot place a tensor of {str(self.root / MANIFEST)!r} on device {device!r}: {one_line(e)}") from None
         if kind == "torch.nn.Parameter":
             return torch.nn.Parameter(t, requires_grad=node["requires_grad"])
         return t.requires_grad_(node["requires_grad"])
@@ -129,14 +153,12 @@ def _decode_scalar(node: dict, kind: str) -> Any:
 
 
 def _namedtuple_class(qualified: str, fields: list[str]) -> type:
-    """The saved namedtuple class if it still imports with the same fields, else a look-alike."""
+    """The saved namedtuple class if its module is already imported and it has the same fields,
+    else a look-alike. Never imports, and looks names up with `vars` (no module `__getattr__`)."""
     module, _, qualname = qualified.partition(":")
-    try:
-        cls = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        if list(getattr(cls, "_fields", ())) == list(fields):
-            return cls
-    except (ImportError, AttributeError):
-        pass
+    cls: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        cls = vars(cls).get(part) if cls is not None and hasattr(cls, "__dict__") else None
+    if isinstance(cls, type) and issubclass(cls, tuple) and list(getattr(cls, "_fields", ())) == list(fields):
+        return cls
     return collections.namedtuple(qualname.rpartition(".")[2], fields)

@@ -4,7 +4,9 @@ dicts, lists, tuples) as a directory of `.npy` files and a manifest (`checkpoint
 Invariants (the rest of the format's are in `checkpoint.manifest`):
 - one tensor or array object reached twice is stored once;
 - `path` is complete or untouched (`checkpoint.swap`); unsupported values raise `SerdeError`
-  naming the key path (`state['optimizer']['state'][3]`) and leave nothing behind.
+  naming the key path (`state['optimizer']['state'][3]`) and leave nothing behind;
+- an I/O error while writing (a full disk, ...) raises `SerdeError` naming the file being
+  written and the errno (`No space left on device (ENOSPC)`), and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from urllib.parse import quote
 
 import numpy as np
 
+from tenplex.ir.files import write_failure
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, RAW, VERSION, SerdeError, encode_float
+from tenplex.runtime.checkpoint.npy import write_npy
 from tenplex.runtime.checkpoint.swap import remove, swap_in, write_fsynced
 
 __all__ = ["save"]
@@ -41,13 +45,22 @@ def save(state: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir() and not path.is_symlink() and any(path.iterdir()) and not (path / MANIFEST).exists():
         raise SerdeError(f"refusing to replace {str(path)!r}: a non-empty directory without {MANIFEST}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise write_failure(path.parent / f".{path.name}.tmp-*", e, SerdeError) from None
     os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would make the saved tree private
     try:
-        root = _Writer(tmp).node(state, "state", "", None, set())
+        writer = _Writer(tmp)
+        root = writer.node(state, "state", "", None, set())
         doc = {"format": FORMAT, "version": VERSION, "root": root}
+        writer.writing = tmp / MANIFEST
         write_fsynced(tmp / MANIFEST, json.dumps(doc, allow_nan=False).encode())
+        writer.writing = path
         swap_in(tmp, path)
+    except OSError as e:  # named as the file of `path` it was to become
+        where = writer.writing
+        raise write_failure(path / where.relative_to(tmp) if where.is_relative_to(tmp) else where, e, SerdeError) from None
     finally:
         remove(tmp)  # after a swap, tmp holds the replaced tree (or file)
 
@@ -55,6 +68,7 @@ def save(state: Any, path: str | os.PathLike) -> None:
 class _Writer:
     def __init__(self, root: Path):
         self.root, self.used, self.memo = root, {"": {MANIFEST}}, {}
+        self.writing = root  # the path being written, for an I/O error's message
         self.alive = []  # memo keys are ids: keep the objects alive so an id is never reused
 
     def node(self, obj: Any, where: str, dir_rel: str, key: Any, active: set[int]) -> dict:
@@ -103,9 +117,10 @@ class _Writer:
             out |= {"device": str(obj.device), "requires_grad": obj.requires_grad}
         if dtype in RAW:
             arr = arr.view(f"u{arr.dtype.itemsize}")
-        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.root / rel, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
+        self.writing = self.root / rel
+        self.writing.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.writing, "wb") as f:
+            write_npy(f, arr)
             f.flush()
             os.fsync(f.fileno())
         self.memo[id(obj)] = out

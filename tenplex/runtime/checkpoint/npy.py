@@ -1,0 +1,73 @@
+"""`.npy` files of a checkpoint: read only what the file holds, write so that errors keep their errno.
+
+`load_npy(path, what, error)` reads the header first (`np.lib.format.read_magic`,
+`read_array_header_1_0`/`_2_0`) and refuses a header whose shape and dtype need more bytes than
+the file has after it, before anything is allocated: a header claiming 10^12 elements is a
+one-line error, not a MemoryError. The file must be a regular file (`tenplex.ir.files.open_regular`).
+
+`write_npy(f, array)` writes the `.npy` header and the array's bytes through `f.write` (numpy's
+own `tofile` reports a full disk as "4096 requested and 992 written", without an errno); the
+bytes are those `np.save` writes.
+
+Invariants:
+- `load_npy` never allocates more than the file's size, never unpickles (object dtypes refused);
+- every read error is `error(message)` naming the file and `what` it holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from tenplex.ir.errors import TenplexError
+from tenplex.ir.files import one_line, open_regular
+
+__all__ = ["load_npy", "write_npy"]
+
+_fmt = np.lib.format
+
+
+def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
+    """The array in `.npy` file `path` (see the module docstring)."""
+    with open_regular(path, what, error) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            version = _fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f".npy format version {version} is not 1.0 or 2.0")
+            read = _fmt.read_array_header_1_0 if version == (1, 0) else _fmt.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except Exception as e:  # noqa: BLE001 (numpy's header parser raises ValueError, SyntaxError, TokenError, ...)
+            raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
+        if dtype.hasobject:
+            raise error(f"{path}: holds Python objects (dtype {dtype}), not numbers ({what})")
+        if any(n < 0 for n in shape):
+            raise error(f"{path}: header shape {list(shape)} has a negative size ({what})")
+        need, have = math.prod(shape) * dtype.itemsize, size - f.tell()
+        if need > have:
+            raise error(f"{path}: header claims {dtype}{list(shape)} ({need} bytes) but the file holds {have} bytes "
+                        f"of data ({what})")  # fmt: skip
+        f.seek(0)
+        try:
+            return _fmt.read_array(f, allow_pickle=False)
+        except (ValueError, EOFError, OSError) as e:
+            raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
+
+
+def write_npy(f: BinaryIO, array: np.ndarray) -> None:
+    """Write `array` as a `.npy` file into the open binary file `f` (see the module docstring)."""
+    a = np.asarray(array)
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    header = _fmt.header_data_from_array_1_0(a)
+    try:
+        _fmt.write_array_header_1_0(f, header)
+    except ValueError:  # a header past 64 KiB needs format 2.0, as np.save would choose
+        _fmt.write_array_header_2_0(f, header)
+    if a.size:
+        f.write(memoryview(a.reshape(-1).view(np.uint8)))
+
