@@ -9,7 +9,9 @@
 
 `order` prints one JSON line `{"epoch", "step", "rank", "samples"}` per rank and step, where
 `step` is the global step counted from the start of training (as in the schedule), for every
-step of E epochs starting at step 0 or at STATE's next step. `mount` serves rank R's next K
+step of E epochs (1..MAX_EPOCHS) starting at step 0 or at STATE's next step; lines stream out
+as they are computed, and a reader that stops early (`| head`) ends the command quietly. Counts
+are bounded: W (schedule, --world) by `tenplex.data.partition.MAX_WORLD`, --steps by MAX_STEPS. `mount` serves rank R's next K
 steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.runtime.fuse.dataset`)
 until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
 the view to its next step (a trainer rewrites STATE at each commit). A `DataError` ends in one line
@@ -18,7 +20,12 @@ the view to its next step (a trainer rewrites STATE at each commit). A `DataErro
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
+import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -27,6 +34,10 @@ if TYPE_CHECKING:
     from tenplex.data.index import DatasetIndex
 
 TAILS = ("drop", "partial")
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 1_000_000  # a mount lists one directory per step
+MAX_WORLD = 65536  # tenplex.data.partition.MAX_WORLD (not imported: the CLI loads the data layer lazily)
+CHUNK = 1024  # order lines written at once
 FORMATS = ("numpy", "megatron", "tfrecord")
 
 
@@ -56,7 +67,7 @@ def index_cmd(paths: tuple[str, ...], output: str, fmt: str | None, no_verify_cr
 @click.option("--global-batch", "-G", type=click.IntRange(min=1), required=True, help="Global batch size G.")
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), required=True, help="Order seed.")
 @click.option("--schedule", required=True, help="step:W changes, e.g. 0:4,37:3 (global steps).")
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Epochs to print.")
+@click.option("--epochs", type=click.IntRange(1, MAX_EPOCHS), default=1, show_default=True, help="Epochs to print.")
 @click.option("--tail", type=click.Choice(TAILS), default="drop", show_default=True, help="Tail policy.")
 @click.option("--uneven", is_flag=True, help="Allow W that does not divide G (counts differ by <= 1).")
 @click.option("--state", "state_path", metavar="STATE", help="Start at this saved state's next step.")
@@ -79,8 +90,18 @@ def order_cmd(index_path: str, global_batch: int, seed: int, schedule: str, epoc
     order = state.order_for(index, state_path or "state")
     start = state.step(order)
     stop = (state.epoch + epochs) * order.steps_per_epoch
-    lines = (json.dumps(rank_step.to_json()) for rank_step in replay(order, plan, stop, start, uneven))
-    click.echo("".join(line + "\n" for line in lines), nl=False)
+    _stream(json.dumps(rank_step.to_json()) for rank_step in replay(order, plan, stop, start, uneven))
+
+
+def _stream(lines: Iterator[str]) -> None:
+    """Write `lines` to stdout as they come, CHUNK at a time; a closed pipe ends the command (exit 0)."""
+    try:
+        while chunk := list(itertools.islice(lines, CHUNK)):
+            click.echo("".join(line + "\n" for line in chunk), nl=False)  # click.echo flushes
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no flush at exit into the closed pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None
 
 
 def _human(n: int) -> str:
@@ -144,11 +165,11 @@ def _mount_state(index: DatasetIndex, state_path: str | None, seed: int | None, 
 @click.argument("index_path", metavar="INDEX")
 @click.argument("directory", metavar="DIR")
 @click.option("--rank", type=click.IntRange(min=0), required=True, help="This data-parallel rank.")
-@click.option("--world", type=click.IntRange(min=1), required=True, help="Data-parallel size W.")
+@click.option("--world", type=click.IntRange(1, MAX_WORLD), required=True, help="Data-parallel size W.")
 @click.option("--state", "state_path", metavar="STATE", help="Committed state (JSON); SIGHUP re-reads it.")
 @click.option("--seed", type=click.IntRange(0, 2**64 - 1), help="Order seed (without --state).")
 @click.option("--global-batch", "-G", type=click.IntRange(min=1), help="Global batch size (without --state).")
-@click.option("--steps", type=click.IntRange(min=0), help="Steps to show (default: to the end of the epoch).")
+@click.option("--steps", type=click.IntRange(0, MAX_STEPS), help="Steps to show (default: to the end of the epoch).")
 @click.option("--tail", type=click.Choice(TAILS), default="drop", show_default=True, help="Tail policy.")
 @click.option("--uneven", is_flag=True, help="Allow W that does not divide G (counts differ by <= 1).")
 def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path: str | None, seed: int | None,
@@ -157,9 +178,13 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     import signal
     import threading
 
+    from tenplex.cli.store import check_mount_point
     from tenplex.data.index import DatasetIndex
     from tenplex.runtime.fuse.dataset import is_mounted, mount
 
+    check_mount_point(directory)  # a missing DIR or a mount point: one line, before anything else
+    if state_path is not None:  # re-read on SIGHUP, when FUSE may have changed the cwd
+        state_path = os.path.abspath(state_path)
     index = DatasetIndex.load(index_path)
     state = _mount_state(index, state_path, seed, global_batch, tail)
     stop, reload = threading.Event(), threading.Event()

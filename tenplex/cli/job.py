@@ -12,9 +12,15 @@ With --url the request goes to the job's HTTP endpoint (`tenplex.elastic.http`, 
 `job run --http`); the token defaults to $TENPLEX_TOKEN. Without it, the request is a file in
 DIR/control (`tenplex.elastic.requests`).
 
+`job run` checks the job file and every option before it creates anything; SIGTERM, SIGINT or
+SIGHUP end the running generation (torchrun and its workers) and exit 128 + the signal with one
+line. `job scale --job-dir DIR` writes only into a job's directory (DIR/status.json, written by
+`job run`). --devices is at most the job's `max_devices` (checked by the controller's side: the
+status file, the HTTP endpoint) and never above MAX_DEVICES_CEILING.
+
 Registered in `tenplex.cli.app`. Errors (TenplexError) print one line
 and exit with code 2, as every tenplex command does; an HTTP error or an unreachable URL is an
-ElasticError naming the URL, with the server's message.
+ElasticError naming the URL, with the server's message. Output is strict JSON: never NaN.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from typing import Any
 import click
 
 from tenplex.elastic.errors import ElasticError
-from tenplex.elastic.requests import read_status, write_scale_request
+from tenplex.elastic.job import MAX_DEVICES_CEILING
+from tenplex.elastic.requests import check_job_dir, read_status, write_scale_request
+from tenplex.ir.files import loads
 
 TOKEN_ENV = "TENPLEX_TOKEN"
 TIMEOUT = 10.0
@@ -79,8 +87,8 @@ def _request(url: str, path: str, token: str | None, body: dict | None = None) -
     except OSError as e:  # a timeout or reset after connecting
         raise ElasticError(f"{target}: no reply ({e})") from None
     try:
-        reply = json.loads(text)
-    except ValueError:
+        reply = loads(text)  # strict: NaN or Infinity is no answer
+    except (ValueError, RecursionError):
         reply = None
     if not isinstance(reply, dict):
         raise ElasticError(f"{target}: the reply is not a JSON object: {text[:200]!r}")
@@ -111,26 +119,34 @@ def run_cmd(ctx: click.Context, job_file: str, job_dir: str, address: tuple[str,
     """Run JOB_FILE's program elastically, reconfiguring at each schedule event or scale request."""
     if address is None and ctx.get_parameter_source("token") is click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--token applies to the HTTP endpoint: give --http HOST:PORT too")
+    from tenplex.cli.common import fail
     from tenplex.elastic.controller import Controller
+    from tenplex.elastic.http import check_address, serve_in_thread
     from tenplex.elastic.job import load_job
+    from tenplex.elastic.signals import JobInterrupted
 
-    controller = Controller(load_job(job_file), job_dir, out=click.echo)
-    if address is None:
-        reconfigurations = controller.run()
-    else:
-        from tenplex.elastic.http import serve_in_thread
-
-        (Path(job_dir) / "control").mkdir(parents=True, exist_ok=True)  # requests may come before generation 0
-        with serve_in_thread(job_dir, *address, token=token) as url:
-            click.echo(f"scale requests: {url}/scale")
+    spec = load_job(job_file)
+    if address is not None:
+        check_address(address[0], token)
+    controller = Controller(spec, job_dir, out=click.echo)  # nothing created yet: the checks come first
+    try:
+        if address is None:
             reconfigurations = controller.run()
+        else:
+            with serve_in_thread(job_dir, *address, token=token, max_devices=spec.max_devices) as url:
+                (Path(job_dir) / "control").mkdir(parents=True, exist_ok=True)  # requests may come before generation 0
+                click.echo(f"scale requests: {url}/scale")
+                reconfigurations = controller.run()
+    except JobInterrupted as e:
+        fail(str(e), 128 + e.signum)
     click.echo(f"done: {len(reconfigurations)} reconfiguration(s); report in {Path(job_dir) / 'report.json'}")
 
 
 @job.command("scale")
 @click.option("--job-dir", type=click.Path(file_okay=False, exists=True), help="The running job's directory.")
 @click.option("--url", help="The running job's HTTP endpoint (job run --http), e.g. http://127.0.0.1:8080.")
-@click.option("--devices", required=True, type=click.IntRange(min=1), help="Processes the job should run on.")
+@click.option("--devices", required=True, type=click.IntRange(1, MAX_DEVICES_CEILING),
+              help="Processes the job should run on (at most the job file's max_devices).")  # fmt: skip
 @click.option("--tp", type=click.IntRange(min=1), help="Force this tensor-parallel degree.")
 @click.option("--token", envvar=TOKEN_ENV, help=f"Bearer token for --url (default ${TOKEN_ENV}).")
 def scale_cmd(job_dir: str | None, url: str | None, devices: int, tp: int | None, token: str | None) -> None:
@@ -142,7 +158,7 @@ def scale_cmd(job_dir: str | None, url: str | None, devices: int, tp: int | None
         reply = _request(url, "/scale", token, {"devices": devices, "tp": tp})
         click.echo(f"requested {devices} device(s): {reply.get('request')} at {url}")
         return
-    path = write_scale_request(job_dir, devices, tp)
+    path = write_scale_request(job_dir, devices, tp, check_job_dir(job_dir))
     click.echo(f"requested {devices} device(s): {path}")
 
 
@@ -154,5 +170,5 @@ def status_cmd(job_dir: str | None, url: str | None, token: str | None) -> None:
     """Print the job's status (status.json and the pending scale requests) as JSON."""
     _one_target(job_dir, url)
     status = _request(url, "/status", token) if url is not None else read_status(job_dir)
-    click.echo(json.dumps(status, indent=1, sort_keys=True))
+    click.echo(json.dumps(status, indent=1, sort_keys=True, allow_nan=False))
 

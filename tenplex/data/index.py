@@ -8,7 +8,11 @@ length[i])` of file `files[file_id[i]]`. Sample ids are positions in (file order
 Invariants:
 - `sample_format` is one of SAMPLE_FORMATS; `dtype` is a numpy dtype name for "megatron" and
   None for every other format;
-- file names are unique, non-empty and relative ("/"-separated); sizes are >= 0;
+- file names are unique, non-empty and relative ("/"-separated), with no ".." component; sizes
+  are >= 0;
+- a file is read only inside the root (`local_path`): an entry that resolves outside it (through
+  a symlink) raises DataError naming the index (`source`: the file it was loaded from) and the
+  entry;
 - `file_id`, `offset` and `length` are read-only 1-D int64 arrays of one length N;
 - every range lies in its file: 0 <= file_id < F and 0 <= offset < offset + length <= size.
 
@@ -16,7 +20,8 @@ The fingerprint is the sha256 (hex) of the canonical header (sample format, dtyp
 and sizes) followed by the three arrays as little-endian int64. `root` is not part of it, so a
 dataset keeps its fingerprint when it moves. Saved as `.npz` (`tenplex.data-index/1`: a JSON
 header plus the three arrays), written atomically; loading re-checks every invariant and the
-stored fingerprint.
+stored fingerprint; a truncated, corrupt or special file (FIFO, device) is one DataError naming
+it (`npz_file`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import attrs
 import numpy as np
 
 from tenplex.data.errors import DataError
-from tenplex.data.storage import join, size_of
+from tenplex.data.npz_file import NpzError, read_npz
+from tenplex.data.storage import is_url, join, size_of
 from tenplex.ir.files import write_atomic
 
 INDEX_FORMAT = "tenplex.data-index/1"
@@ -50,8 +56,9 @@ class FileEntry:
     size: int
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or self.name.startswith("/") or "\\" in self.name:
-            raise DataError(f"file name {self.name!r} is not a non-empty relative '/'-separated path")
+        if (not isinstance(self.name, str) or not self.name or self.name.startswith("/") or "\\" in self.name
+                or ".." in self.name.split("/") or "\0" in self.name):  # fmt: skip
+            raise DataError(f"file name {self.name!r} is not a non-empty relative '/'-separated path without '..'")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise DataError(f"file {self.name}: size {self.size!r} is not an integer >= 0")
 
@@ -76,6 +83,7 @@ class DatasetIndex:
     length: np.ndarray = attrs.field(converter=_int64, repr=False)
     root: str = ""
     dtype: str | None = None
+    source: str = ""  # the file it was loaded from, for messages; not part of the fingerprint
     fingerprint: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -83,6 +91,8 @@ class DatasetIndex:
         object.__setattr__(self, "fingerprint", hashlib.sha256(self.canonical_bytes()).hexdigest())
 
     def _verify(self) -> None:
+        if not isinstance(self.root, str) or "\0" in self.root:
+            raise DataError(f"root {self.root!r} is not a path or URL")
         if self.sample_format not in SAMPLE_FORMATS:
             raise DataError(f"sample_format {self.sample_format!r} is not one of {list(SAMPLE_FORMATS)}")
         if (self.sample_format == "megatron") != (self.dtype is not None):
@@ -166,6 +176,17 @@ class DatasetIndex:
             if actual != f.size:
                 raise DataError(f"{self.location(k)}: size {actual} bytes on disk, but the index records {f.size}")
 
+    def local_path(self, file_id: int) -> str:
+        """`location(file_id)`, a local path, after checking that it resolves inside the root
+        (symlinks followed). Raises DataError naming the index and the entry when it does not."""
+        location = self.location(file_id)
+        if self.root and not is_url(self.root):
+            real, root = os.path.realpath(location), os.path.realpath(self.root)
+            if os.path.commonpath([real, root]) != root:
+                raise DataError(f"{self.source or 'dataset index'}: file {self.files[file_id].name!r} resolves to "
+                                f"{real}, outside the index root {self.root}")  # fmt: skip
+        return location
+
     def with_root(self, root: str) -> DatasetIndex:
         return attrs.evolve(self, root=root)
 
@@ -181,13 +202,9 @@ class DatasetIndex:
     def load(cls, path: str | os.PathLike) -> DatasetIndex:
         """Read an index written by `save`. Raises DataError naming `path` and the field."""
         try:
-            loaded = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
+            arrays = read_npz(path)
+        except NpzError as e:
             raise DataError(f"{path}: cannot read a dataset index: {e}") from None
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise DataError(f"{path}: cannot read a dataset index: not an .npz archive")
-        with loaded:
-            arrays = {k: loaded[k] for k in loaded.files}
         return _from_saved(str(path), arrays)
 
 
@@ -197,7 +214,7 @@ def _from_saved(source: str, arrays: dict[str, np.ndarray]) -> DatasetIndex:
         raise DataError(f"{source}: not a dataset index: no array {missing[0]!r}")
     try:
         meta = json.loads(arrays["meta"].tobytes())
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise DataError(f"{source}: meta: not valid JSON: {e}") from None
     keys = ("index", "sample_format", "dtype", "samples", "files", "root", "fingerprint")
     if not isinstance(meta, dict) or sorted(meta) != sorted(keys):
@@ -208,16 +225,17 @@ def _from_saved(source: str, arrays: dict[str, np.ndarray]) -> DatasetIndex:
         raise DataError(f"{source}: index: expected {INDEX_FORMAT!r}, got {meta['index']!r}")
     try:
         files = tuple(FileEntry(name, size) for name, size in meta["files"])
-        index = DatasetIndex(meta["sample_format"], files, *(arrays[a] for a in _ARRAYS), meta["root"], meta["dtype"])
+        index = DatasetIndex(meta["sample_format"], files, *(arrays[a] for a in _ARRAYS), meta["root"], meta["dtype"],
+                             source)  # fmt: skip
     except (TypeError, ValueError) as e:
         raise DataError(f"{source}: {e}") from None
     if index.fingerprint != meta["fingerprint"] or len(index) != meta["samples"]:
         raise DataError(
             f"{source}: fingerprint: stored {meta['fingerprint']!r}, but the contents hash to {index.fingerprint!r}"
         )
-    root = meta["root"]
-    if root and not _is_absolute(root):
-        index = index.with_root(str(Path(source).parent / root))
+    root = index.root
+    if root and not _is_absolute(root):  # absolute: the cwd may change (a FUSE mount) before a read
+        index = index.with_root(str(Path(os.path.abspath(source)).parent / root))
     return index
 
 

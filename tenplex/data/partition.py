@@ -19,7 +19,7 @@ means building new views from the committed state; the old views are simply no l
 need in steps s..s+k".
 
 Invariants:
-- 1 <= W, 0 <= rank < W; W | G unless uneven; micro_batch >= 1;
+- 1 <= W <= MAX_WORLD, 0 <= rank < W; W | G unless uneven; micro_batch >= 1;
 - for every step the W slices are disjoint, their union is B, and their sizes differ by <= 1.
 """
 
@@ -34,6 +34,8 @@ import numpy as np
 from tenplex.data.errors import DataError
 from tenplex.data.order import Order
 from tenplex.data.state import DataState
+
+MAX_WORLD = 65536  # data-parallel ranks; a view is built per rank
 
 
 def split_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -52,10 +54,13 @@ def check_world(global_batch: int, world: int, uneven: bool = False) -> None:
     """Raises DataError unless `world` ranks may split global batches of `global_batch`."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise DataError(f"world: expected an integer >= 1, got {world!r}")
+    if world > MAX_WORLD:
+        raise DataError(f"world: {world} ranks are more than {MAX_WORLD}")
     if not uneven and global_batch % world:
-        divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
-        raise DataError(f"world: {world} ranks do not divide global batch {global_batch} (divisors: "
-                        f"{', '.join(map(str, divisors))}); pass uneven=True (CLI: --uneven) to allow uneven splits")  # fmt: skip
+        divisors = "" if global_batch > 10**6 else " (divisors: " + ", ".join(
+            str(d) for d in range(1, global_batch + 1) if global_batch % d == 0) + ")"  # fmt: skip
+        raise DataError(f"world: {world} ranks do not divide global batch {global_batch}{divisors}; "
+                        "pass uneven=True (CLI: --uneven) to allow uneven splits")  # fmt: skip
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """Reading and decoding samples by (file, offset, length) from an index.
 
-`SampleReader(index)` reads sample i's bytes from `index.location(file_id)` (a local path or,
-with fsspec installed, a URL) and decodes them by the index's sample format:
+`SampleReader(index)` reads sample i's bytes from `index.location(file_id)` (a local path inside
+the index root, `DatasetIndex.local_path`, or, with fsspec installed, a URL) and decodes them by the index's sample format:
 - "numpy": `.npy` bytes -> `np.ndarray`; `.npz` bytes -> dict of name -> `np.ndarray`
   (never unpickles);
 - "megatron": a 1-D `np.ndarray` of the index's token dtype;
@@ -25,7 +25,7 @@ import numpy as np
 from tenplex.data.errors import DataError
 from tenplex.data.formats.tfrecord import decode_record
 from tenplex.data.index import DatasetIndex
-from tenplex.data.storage import filesystem, is_url
+from tenplex.data.storage import filesystem, is_url, open_regular
 
 
 class SampleReader:
@@ -59,8 +59,9 @@ class SampleReader:
             if is_url(location):
                 self._handles[file_id] = filesystem(location)
             else:
+                location = self.index.local_path(file_id)  # never a file outside the root
                 try:
-                    self._handles[file_id] = os.open(location, os.O_RDONLY)
+                    self._handles[file_id] = open_regular(location)
                 except OSError as e:
                     raise DataError(f"{location}: cannot open: {e.strerror}") from None
         return self._handles[file_id]

@@ -3,13 +3,18 @@
 A location containing "://" is a URL and goes through fsspec (imported only then); anything
 else is a local path. fsspec is optional: without it a URL raises `DataError`.
 
-Raises: `DataError` naming the location for every missing file, short read or missing fsspec.
+A local file is opened only if it is a regular file (`open_regular`): a FIFO would block the
+open and a device such as /dev/zero never ends.
+
+Raises: `DataError` naming the location for every missing file, special file, short read or
+missing fsspec.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,9 +57,20 @@ def open_binary(location: str) -> BinaryIO:
         if is_url(location):
             fs, path = filesystem(location)
             return fs.open(path, "rb")
-        return open(location, "rb")  # noqa: SIM115 -- returned to the caller, who closes it
+        return os.fdopen(open_regular(location), "rb")
     except OSError as e:
         raise DataError(f"{location}: cannot open: {getattr(e, 'strerror', None) or e}") from None
+
+
+def open_regular(location: str) -> int:
+    """A read-only descriptor of the local regular file `location`. Raises DataError naming it
+    when it is not a regular file (checked on the open descriptor, without blocking); OSError
+    when it cannot be opened."""
+    fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{location}: cannot open: not a regular file")
+    return fd
 
 
 def read_exact(f: BinaryIO, n: int, location: str, what: str) -> bytes:

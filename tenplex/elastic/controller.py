@@ -39,11 +39,15 @@ Invariants:
 - a generation's non-zero exit is an error unless it is the injected failure and the survivors'
   save completed.
 
+SIGTERM, SIGINT and SIGHUP reach the controller only (torchrun runs in a session of its own):
+it ends the generation's process tree, reaps it and raises `signals.JobInterrupted`.
+
 Raises ElasticError naming the generation, its exit code and log file, or a missing checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -56,12 +60,12 @@ from typing import Any
 from tenplex.elastic import launch as launcher
 from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
 from tenplex.elastic.configs import choose_config
-from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.errors import ElasticError, ProgramFailed
 from tenplex.elastic.job import Event, JobSpec
-from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
-from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json
+from tenplex.elastic.layouts import example_layers, gpt_plan, gpt_stages, layout_json
+from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json, write_json
 from tenplex.elastic.requests import scale_request_from_json
-from tenplex.ir.files import write_atomic
+from tenplex.elastic.signals import JobInterrupted, raise_on_signals
 
 POLL = 0.05
 
@@ -73,8 +77,9 @@ class Controller:
     def __init__(self, spec: JobSpec, job_dir: str | Path, *, plan: dict[str, str] | None = None,
                  stages: Callable[[int], dict[str, int]] | None = None, out: Callable[[str], None] = print) -> None:  # fmt: skip
         self.spec, self.job_dir, self.out = spec, Path(job_dir).resolve(), out
-        self.plan = plan if plan is not None else gpt_plan(_layers(spec))
-        self.stages = stages or functools.partial(gpt_stages, _layers(spec))
+        layers = example_layers(spec.model, spec.args, spec.source)
+        self.plan = plan if plan is not None else gpt_plan(layers)
+        self.stages = stages or functools.partial(gpt_stages, layers)
         self.pending = list(spec.schedule)
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
@@ -82,48 +87,74 @@ class Controller:
         self.steps = StepLog(self.job_dir)
 
     def run(self) -> list[Reconfiguration]:
-        """Run every generation to the end; returns the reconfigurations (also in report.json)."""
+        """Run every generation to the end; returns the reconfigurations (also in report.json).
+        SIGTERM, SIGINT or SIGHUP end the running generation's process tree, then raise
+        JobInterrupted (`signals`)."""
         if saved_dir(self.job_dir, 0).exists():
             raise ElasticError(f"{self.job_dir}: the job directory was used before; give a fresh one")
         (self.job_dir / "control").mkdir(parents=True, exist_ok=True)
         self.start = time.time()
-        generation, config, pending, restarts = 0, choose_config(self.spec, self.spec.devices), None, 0
+        self.current = 0, choose_config(self.spec, self.spec.devices)
         try:
-            while True:
-                self.out(f"generation {generation}: {describe_config(config)}")
-                self._status("running", generation, config)
+            with raise_on_signals():
                 try:
-                    event, signal_time, timing = self._run_generation(generation, config, pending)
-                except ProgramFailed as e:
-                    if restarts == self.spec.max_restarts:
-                        raise
-                    restarts += 1
-                    self.out(f"{str(e).splitlines()[0]}: restart {restarts} of {self.spec.max_restarts} from the last checkpoint")
-                    pending = self._restart(generation, config, e)
-                    generation += 1
-                    continue
-                if event is None:
-                    break
-                self._status("reconfiguring", generation, config)
-                if event.fail:
-                    pending = self._recover(generation, config, event, timing, signal_time)
-                else:
-                    dst = choose_config(self.spec, event.devices, event.tp, event.pp)
-                    pending = self._reshard(generation, config, dst, timing, signal_time)
-                generation, config = generation + 1, pending.dst
+                    self._generations()
+                finally:
+                    self._end_generation()
+        except JobInterrupted as e:
+            message = f"generation {self.current[0]}: {e}; torchrun and its workers were ended"
+            self._status("failed", *self.current, error=message)
+            raise JobInterrupted(e.signum, message) from None
         except BaseException as e:
-            self._status("failed", generation, config, error=str(e))
+            self._status("failed", *self.current, error=str(e))
             raise
-        report = {"total_seconds": time.time() - self.start, "generations": generation + 1,
+        report = {"total_seconds": time.time() - self.start, "generations": self.current[0] + 1,
                   "reconfigurations": [r.to_json() for r in self.reconfigurations]}  # fmt: skip
-        (self.job_dir / "report.json").write_text(json.dumps(report, indent=1))
-        self._status("done", generation, config)
+        write_json(self.job_dir / "report.json", report, indent=1)
+        self._status("done", *self.current)
         return self.reconfigurations
+
+    def _generations(self) -> None:
+        """Run generations from `self.current` until one finishes, keeping `current` up to date."""
+        pending, restarts = None, 0
+        while True:
+            generation, config = self.current
+            self.out(f"generation {generation}: {describe_config(config)}")
+            self._status("running", generation, config)
+            try:
+                event, signal_time, timing = self._run_generation(generation, config, pending)
+            except ProgramFailed as e:
+                if restarts == self.spec.max_restarts:
+                    raise
+                restarts += 1
+                self.out(f"{str(e).splitlines()[0]}: restart {restarts} of {self.spec.max_restarts} from the last checkpoint")
+                pending = self._restart(generation, config, e)
+                self.current = generation + 1, config
+                continue
+            if event is None:
+                return
+            self._status("reconfiguring", generation, config)
+            if event.fail:
+                pending = self._recover(generation, config, event, timing, signal_time)
+            else:
+                dst = choose_config(self.spec, event.devices, event.tp, event.pp)
+                pending = self._reshard(generation, config, dst, timing, signal_time)
+            self.current = generation + 1, pending.dst
+
+    def _end_generation(self) -> None:
+        """End and reap the running generation's process tree (`launch.terminate`), also when the
+        first signal arrives meanwhile (it is raised once; the next try completes)."""
+        for _ in range(3):
+            if self.proc is None or self.proc.returncode is not None:
+                return
+            with contextlib.suppress(JobInterrupted, subprocess.TimeoutExpired):
+                launcher.terminate(self.proc)
 
     def _status(self, state: str, generation: int, config: ParallelConfig, **extra: Any) -> None:
         doc = {"state": state, "generation": generation, "config": config.to_json(), "world": config.world,
-               "reconfigurations": len(self.reconfigurations), "time": time.time(), **extra}  # fmt: skip
-        write_atomic(self.job_dir / "status.json", json.dumps(doc))
+               "reconfigurations": len(self.reconfigurations), "time": time.time(),
+               "max_devices": self.spec.max_devices, **extra}  # fmt: skip
+        write_json(self.job_dir / "status.json", doc)
 
     def _next_step_event(self) -> Event | None:
         return self.pending[0] if self.pending and self.pending[0].at_step is not None else None
@@ -170,7 +201,7 @@ class Controller:
             return None, 0.0, timing  # the program finished its steps
         if requested is not None:
             return (*requested, timing)
-        times = self._step_times(generation)  # an at_step stop: requested when the last step ended
+        times = [t for _, t in self.steps.records(generation)]  # an at_step stop: requested when the last step ended
         return self.pending.pop(0), max(times) if times else timing["stop"], timing
 
     def _poll_request(self, generation: int, config: ParallelConfig) -> tuple[Event, float] | None:
@@ -180,7 +211,7 @@ class Controller:
             event = self.pending.pop(0)
         for path in sorted((self.job_dir / "control").glob("scale-*.json")):
             try:
-                doc = scale_request_from_json(read_json(path))
+                doc = scale_request_from_json(read_json(path), self.spec.max_devices)
             except ElasticError as e:  # a stray or hand-written file: refuse it, keep training
                 path.rename(path.with_suffix(".rejected"))
                 self.out(f"{path}: scale request refused: {e}")
@@ -258,16 +289,6 @@ class Controller:
         self.out(rec.describe())
         return True
 
-    def _step_times(self, generation: int) -> list[float]:
-        return [t for _, t in self.steps.records(generation)]
-
-class ProgramFailed(ElasticError):
-    """A generation's program exited non-zero (not an injected failure); `exited`: when."""
-
-    def __init__(self, exited: float, message: str) -> None:
-        super().__init__(message)
-        self.exited = exited
-
 
 def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:
     """The FQNs of `expected` that the DCP checkpoint `saved` does not hold."""
@@ -275,11 +296,3 @@ def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:
 
     held = {t.name for t in read_index(saved).tensors}
     return [name for name in expected if name not in held]
-
-
-def _layers(spec: JobSpec) -> int:
-    """The example GPT's layer count: job.model.num_layers, else the program's --layers, else 2."""
-    if spec.model and "num_layers" in spec.model:
-        return int(spec.model["num_layers"])
-    args = list(spec.args)
-    return int(args[args.index("--layers") + 1]) if "--layers" in args[:-1] else 2

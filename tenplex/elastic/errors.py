@@ -10,3 +10,11 @@ class ElasticError(TenplexError, ValueError):
 
 class JobFileError(ElasticError):
     """A job file is malformed; the message names the file and the field."""
+
+
+class ProgramFailed(ElasticError):
+    """A generation's program exited non-zero (not an injected failure); `exited`: when."""
+
+    def __init__(self, exited: float, message: str) -> None:
+        super().__init__(message)
+        self.exited = exited

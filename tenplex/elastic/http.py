@@ -13,6 +13,7 @@ whose status.json is malformed.
 
 Invariants:
 - a rejected request writes nothing (the body is checked in full before the file is written);
+  `devices` above the job's `max_devices` is rejected (400 naming the field and the bound);
 - with a token, every request without `Authorization: Bearer <token>` gets 401;
 - the server binds to a non-loopback host only with a token;
 - `serve_in_thread` leaves no thread, event loop or socket behind when its block exits.
@@ -29,21 +30,27 @@ from pathlib import Path
 from aiohttp import web
 
 from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.job import MAX_DEVICES_CEILING
 from tenplex.elastic.requests import read_status, scale_request_from_json, write_scale_request
+from tenplex.ir.files import loads
 from tenplex.runtime.rest.server import RestServer, bearer_auth, is_loopback
 
-__all__ = ["make_app", "serve_in_thread"]
+__all__ = ["check_address", "make_app", "serve_in_thread"]
 
 SHUTDOWN_SECONDS = 5.0
 _JOB_DIR_KEY = web.AppKey("job_dir", Path)
+_MAX_DEVICES_KEY = web.AppKey("max_devices", int)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(job_dir: str | os.PathLike, *, token: str | None = None) -> web.Application:
-    """The aiohttp application for `job_dir`; with `token`, requests need `Bearer <token>`."""
+def make_app(job_dir: str | os.PathLike, *, token: str | None = None,
+             max_devices: int = MAX_DEVICES_CEILING) -> web.Application:  # fmt: skip
+    """The aiohttp application for `job_dir`; with `token`, requests need `Bearer <token>`;
+    requests for more than `max_devices` (the job file's bound) are refused."""
     app = web.Application(middlewares=[_auth(token)] if token is not None else [])
     app[_JOB_DIR_KEY] = Path(job_dir)
+    app[_MAX_DEVICES_KEY] = max_devices
     app.router.add_post("/scale", _scale)
     app.router.add_get("/status", _status)
     return app
@@ -62,15 +69,17 @@ def _auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamRe
 
 async def _scale(request: web.Request) -> web.Response:
     try:
-        doc = json.loads(await request.read())
+        doc = loads(await request.read())  # strict: NaN and Infinity are no numbers
     except ValueError as e:  # JSONDecodeError, or a body that is not UTF-8
         raise _error(web.HTTPBadRequest, f"body: not valid JSON ({e})") from None
+    except RecursionError:
+        raise _error(web.HTTPBadRequest, "body: not valid JSON (nested too deeply)") from None
     try:
-        checked = scale_request_from_json(doc)
+        checked = scale_request_from_json(doc, request.app[_MAX_DEVICES_KEY])
     except ElasticError as e:
         raise _error(web.HTTPBadRequest, str(e)) from None
     try:
-        path = write_scale_request(request.app[_JOB_DIR_KEY], checked["devices"], checked["tp"])
+        path = write_scale_request(request.app[_JOB_DIR_KEY], checked["devices"], checked["tp"], request.app[_MAX_DEVICES_KEY])
     except (ElasticError, OSError) as e:
         raise _error(web.HTTPInternalServerError, f"request: cannot be written ({e})") from None
     return web.json_response({"request": path.name}, status=202)
@@ -86,18 +95,27 @@ async def _status(request: web.Request) -> web.Response:
 # -- a server in a thread ----------------------------------------------------------------------
 
 
+def check_address(host: str, token: str | None) -> None:
+    """Raises ElasticError if `host` is not loopback and no token is given, or the token is empty
+    (what `serve_in_thread` checks first; `job run` calls it before creating anything)."""
+    if not token and not is_loopback(host):
+        raise ElasticError(f"host: refusing to serve scale requests on non-loopback {host!r} without a token")
+    if token is not None and not token:
+        raise ElasticError("token: expected a non-empty string")
+
+
 @contextmanager
-def serve_in_thread(job_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 0,
-                    token: str | None = None) -> Iterator[str]:  # fmt: skip
-    """Serve `make_app(job_dir, token=token)` on `host:port` from a background thread with its
-    own event loop; yields the bound URL `http://host:port` (the real port when 0 was asked).
+def serve_in_thread(job_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                    max_devices: int = MAX_DEVICES_CEILING) -> Iterator[str]:  # fmt: skip
+    """Serve `make_app(job_dir, token=token, max_devices=max_devices)` on `host:port` from a
+    background thread with its own event loop; yields the bound URL `http://host:port` (the
+    real port when 0 was asked).
 
     On exit the server stops (in-flight requests get SHUTDOWN_SECONDS), its socket is closed and
     the thread is joined.
     Raises ElasticError if `host` is not loopback and no token is given, or the token is empty;
     OSError if the address cannot be bound.
     """
-    if not token and not is_loopback(host):
-        raise ElasticError(f"host: refusing to serve scale requests on non-loopback {host!r} without a token")
-    with RestServer(make_app(job_dir, token=token), host, port, SHUTDOWN_SECONDS, name="tenplex-job-http") as server:
+    check_address(host, token)
+    with RestServer(make_app(job_dir, token=token, max_devices=max_devices), host, port, SHUTDOWN_SECONDS, name="tenplex-job-http") as server:
         yield server.url

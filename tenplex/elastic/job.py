@@ -22,13 +22,21 @@ JSON, or YAML (`.yaml` / `.yml`):
     recovery: replicas                    optional: after a failure, rebuild the state from the
                                           surviving ranks' replicas (default), or `checkpoint`:
                                           restart from the generation's start state (baseline)
+    max_devices: 64                       optional: the most processes the job may run on, in
+                                          1..MAX_DEVICES_CEILING (4096); default DEFAULT_MAX_DEVICES:
+                                          64, or the machine's CPU count where that is larger
+                                          (torchrun starts every process on this machine)
+
+A job file is read only if it is a regular UTF-8 file of at most 64 MiB (`tenplex.elastic.files`).
 
 Invariants:
-- devices >= 1 everywhere; an event has exactly one of at_step (>= 1) and at_seconds (> 0);
+- 1 <= devices <= max_devices everywhere (the initial devices, every event; scale requests are
+  checked against it by the controller); an event has exactly one of at_step (>= 1) and
+  at_seconds (> 0, finite); timeout is finite; program and args hold no NUL byte;
   at_step events come in increasing order; an event's tp x pp divides its devices;
 - a `fail` event has at_step, a non-empty list of distinct ranks >= 0, and `devices` is
   optional there only (None: the surviving processes); a tp or pp hint needs devices;
-- a table entry's tp x pp x dp equals its device count.
+- a table entry's tp x pp x dp equals its device count; a `model` is a valid ModelSpec.
 
 Raises JobFileError naming the file and the field (`schedule[1].devices`), with the value.
 """
@@ -36,6 +44,7 @@ Raises JobFileError naming the file and the field (`schedule[1].devices`), with 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,10 +53,15 @@ from typing import Any
 import attrs
 
 from tenplex.elastic.errors import JobFileError
+from tenplex.ir.files import loads, read_text
 
-KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery", "max_restarts"}
+KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery",
+        "max_restarts", "max_devices"}  # fmt: skip
 EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "pp", "fail"}
 RECOVERY = ("replicas", "checkpoint")
+MAX_FILE_BYTES = 64 << 20  # job files, status and requests are a few KiB; refuse what cannot be one
+MAX_DEVICES_CEILING = 4096  # processes torchrun may start on one machine, whatever a job file says
+DEFAULT_MAX_DEVICES = min(MAX_DEVICES_CEILING, max(64, os.cpu_count() or 1))
 
 
 @attrs.frozen
@@ -78,6 +92,7 @@ class JobSpec:
     recovery: str = "replicas"
     max_restarts: int = 0
     source: str = "<job>"
+    max_devices: int = DEFAULT_MAX_DEVICES
 
 
 def _int(where: str, value: Any, low: int = 1) -> int:
@@ -89,7 +104,24 @@ def _int(where: str, value: Any, low: int = 1) -> int:
 def _number(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise JobFileError(f"{where}: expected a number > 0, got {value!r}")
-    return float(value)
+    try:
+        if math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an int beyond any float
+        pass
+    raise JobFileError(f"{where}: expected a finite number > 0, got {value!r}")
+
+
+def _devices(where: str, value: Any, max_devices: int) -> int:
+    if _int(where, value) > max_devices:
+        raise JobFileError(f"{where}: {value} is more than max_devices {max_devices}")
+    return value
+
+
+def _no_nul(where: str, text: str, what: str) -> str:
+    if "\0" in text:
+        raise JobFileError(f"{where}: {what} may not hold a NUL byte, got {text!r}")
+    return text
 
 
 def _keys(where: str, node: Any, allowed: set[str], required: set[str]) -> dict:
@@ -113,7 +145,7 @@ def _fail(where: str, node: Any) -> tuple[int, ...]:
     return ranks
 
 
-def _event(where: str, node: Any, last_step: int) -> Event:
+def _event(where: str, node: Any, last_step: int, max_devices: int) -> Event:
     node = _keys(where, node, EVENT_KEYS, set() if isinstance(node, Mapping) and "fail" in node else {"devices"})
     fail = _fail(f"{where}.fail", node["fail"]) if "fail" in node else ()
     if fail and "at_step" not in node:
@@ -121,7 +153,7 @@ def _event(where: str, node: Any, last_step: int) -> Event:
     for hint in ("tp", "pp"):
         if hint in node and "devices" not in node:
             raise JobFileError(f"{where}.{hint}: a {hint} hint needs devices")
-    devices = _int(f"{where}.devices", node["devices"]) if "devices" in node else None
+    devices = _devices(f"{where}.devices", node["devices"], max_devices) if "devices" in node else None
     if ("at_step" in node) == ("at_seconds" in node):
         raise JobFileError(f"{where}: give exactly one of at_step and at_seconds, got {sorted(set(node) & {'at_step', 'at_seconds'})}")
     step = node.get("at_step")
@@ -142,9 +174,11 @@ def _table(where: str, node: Any) -> dict[int, tuple[int, int, int]]:
     table = {}
     for key, entry in node.items():
         try:
-            devices = int(key)
+            devices = int(key) if isinstance(key, (int, str)) and not isinstance(key, bool) else None
         except ValueError:
-            raise JobFileError(f"{where}.{key}: the key must be a device count") from None
+            devices = None
+        if devices is None:
+            raise JobFileError(f"{where}.{key}: the key must be a device count")
         if not isinstance(entry, (list, tuple)) or len(entry) != 3:
             raise JobFileError(f"{where}.{key}: expected [tp, pp, dp], got {entry!r}")
         tp, pp, dp = (_int(f"{where}.{key}[{i}]", v) for i, v in enumerate(entry))
@@ -164,51 +198,76 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
         root = _keys("job", doc, KEYS, {"program", "devices"})
         if not isinstance(root["program"], str) or not root["program"]:
             raise JobFileError(f"job.program: expected a path, got {root['program']!r}")
+        _no_nul("job.program", root["program"], "a path")
         args = root.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
             raise JobFileError(f"job.args: expected a list of strings, got {args!r}")
+        args = [_no_nul(f"job.args[{i}]", str(a), "an argument") for i, a in enumerate(args)]
+        max_devices = root.get("max_devices", DEFAULT_MAX_DEVICES)
+        if isinstance(max_devices, bool) or not isinstance(max_devices, int) or not 1 <= max_devices <= MAX_DEVICES_CEILING:
+            raise JobFileError(f"job.max_devices: expected an integer in 1..{MAX_DEVICES_CEILING}, got {max_devices!r}")
+        devices = _devices("job.devices", root["devices"], max_devices)
         schedule, last = [], 0
         events = root.get("schedule", [])
         if not isinstance(events, list):
             raise JobFileError(f"job.schedule: expected a list of events, got {type(events).__name__}")
         for i, node in enumerate(events):
-            schedule.append(_event(f"job.schedule[{i}]", node, last))
+            schedule.append(_event(f"job.schedule[{i}]", node, last, max_devices))
             last = schedule[-1].at_step or last
         recovery = root.get("recovery", "replicas")
         if recovery not in RECOVERY:
             raise JobFileError(f"job.recovery: expected one of {', '.join(RECOVERY)}, got {recovery!r}")
-        model = root.get("model")
-        if model is not None and not isinstance(model, Mapping):
-            raise JobFileError(f"job.model: expected a mapping of ModelSpec fields, got {type(model).__name__}")
+        model = _model(root.get("model"))
         return JobSpec(
-            program=Path(base) / root["program"], devices=_int("job.devices", root["devices"]),
-            args=tuple(str(a) for a in args), schedule=tuple(schedule),
+            program=Path(base) / root["program"], devices=devices, args=tuple(args), schedule=tuple(schedule),
             table=None if "parallel" not in root else _table("job.parallel", root["parallel"]),
             model=None if model is None else dict(model),
             gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
             timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery,
-            max_restarts=_int("job.max_restarts", root.get("max_restarts", 0), low=0), source=source)  # fmt: skip
+            max_restarts=_int("job.max_restarts", root.get("max_restarts", 0), low=0), source=source,
+            max_devices=max_devices)  # fmt: skip
     except JobFileError as e:
         raise JobFileError(f"{source}: {e}") from None
+
+
+def _model(model: Any) -> dict[str, Any] | None:
+    """The `model` mapping, checked as a ModelSpec (the parallelizer and the layouts read it)."""
+    from tenplex.frontends.presets import model_from_fields
+    from tenplex.ir.errors import TenplexError
+
+    if model is None:
+        return None
+    if not isinstance(model, Mapping):
+        raise JobFileError(f"job.model: expected a mapping of ModelSpec fields, got {type(model).__name__}")
+    if bad := [k for k in model if not isinstance(k, str)]:
+        raise JobFileError(f"job.model: unknown model field {bad[0]!r} (fields are names)")
+    try:
+        model_from_fields(model, "job.model")
+    except (TenplexError, TypeError, ValueError, OverflowError) as e:
+        raise JobFileError(" ".join(str(e).split())) from None
+    return dict(model)
 
 
 def load_job(path: str | os.PathLike) -> JobSpec:
     """Read and parse a job file (JSON, or YAML with PyYAML). Raises JobFileError naming it."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise JobFileError(f"{path}: cannot read the job file ({e.strerror})") from None
+    text = read_text(path, JobFileError, "job file", MAX_FILE_BYTES)
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise JobFileError(f"{path}: not valid YAML ({e})") from None
+            raise JobFileError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+        except RecursionError:
+            raise JobFileError(f"{path}: not valid YAML (nested too deeply)") from None
     else:
         try:
-            doc = json.loads(text)
+            doc = loads(text)
         except json.JSONDecodeError as e:
             raise JobFileError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        except ValueError as e:  # NaN or Infinity
+            raise JobFileError(f"{path}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise JobFileError(f"{path}: not valid JSON (nested too deeply)") from None
     return parse_job(doc, str(path), path.parent)

@@ -21,14 +21,15 @@ Everything else is replicated. Data parallelism replicates over the dp mesh dim.
 
 `gpt_plan(layers)` is the plan of `examples/elastic_gpt.py` and `gpt_stages(layers, pp)` its
 stage split; the example parallelizes with them and the controller reshards with them, so the
-two cannot drift apart.
+two cannot drift apart. `example_layers(model, args)` is the layer count a job gives the example.
 
 Invariants:
 - tp, dp and pp are integers >= 1; styles are "colwise" or "rowwise";
 - patterns are module FQNs (fnmatch), without a trailing ".weight"/".bias";
 - pp > 1 needs `stages`, every stage in [0, pp), and a stage for every module of the plan (the
   longest prefix of the module, at a "." boundary, names it);
-- `gpt_stages` splits the blocks into pp contiguous equal groups: layers % pp == 0.
+- `gpt_stages` splits the blocks into pp contiguous equal groups: layers % pp == 0;
+- 1 <= layers <= MAX_LAYERS (a plan holds six entries per layer).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tenplex.elastic.errors import ElasticError
 FORMAT = "tenplex.dtensor-layout/1"
 STYLES = {"colwise": {"weight": "S(0)", "bias": "S(0)"}, "rowwise": {"weight": "S(1)", "bias": "R"}}
 MOMENTS = ("exp_avg", "exp_avg_sq")
+MAX_LAYERS = 10_000
 
 
 def check_degree(name: str, value: object) -> int:
@@ -49,10 +51,33 @@ def check_degree(name: str, value: object) -> int:
     return value
 
 
+def check_layers(layers: object) -> int:
+    """`layers` as a layer count. Raises ElasticError unless it is an int in 1..MAX_LAYERS."""
+    if check_degree("layers", layers) > MAX_LAYERS:
+        raise ElasticError(f"layers: {layers} is more than {MAX_LAYERS}")
+    return layers
+
+
+def example_layers(model: Mapping | None, args: tuple[str, ...], source: str = "<job>") -> int:
+    """The example GPT's layer count: the job's model.num_layers, else the program's --layers,
+    else 2. Raises ElasticError naming `source` and the field for a value that is no layer count."""
+    if model and "num_layers" in model:
+        where, value = "job.model.num_layers", model["num_layers"]
+    elif "--layers" in args[:-1]:
+        where, text = "job.args --layers", args[args.index("--layers") + 1]
+        value = int(text) if text.isdecimal() and len(text) < 10 else text
+    else:
+        return 2
+    try:
+        return check_layers(value)
+    except ElasticError as e:
+        raise ElasticError(f"{source}: {where}: {e}") from None
+
+
 def gpt_plan(layers: int) -> dict[str, str]:
     """The tensor-parallel plan of the example GPT: Megatron's attention and MLP split."""
     plan: dict[str, str] = {}
-    for i in range(check_degree("layers", layers)):
+    for i in range(check_layers(layers)):
         plan.update({f"blocks.{i}.attn.{n}": "colwise" for n in ("q", "k", "v")})
         plan[f"blocks.{i}.attn.o"] = "rowwise"
         plan[f"blocks.{i}.mlp.up"] = "colwise"
@@ -66,7 +91,7 @@ def gpt_stages(layers: int, pp: int) -> dict[str, int]:
 
     Raises:
         ElasticError: layers or pp not an integer >= 1, or layers not divisible by pp."""
-    check_degree("layers", layers)
+    check_layers(layers)
     check_degree("pp", pp)
     if layers % pp:
         raise ElasticError(f"layers {layers} do not split into pp {pp} equal pipeline stages (layers % pp = {layers % pp})")

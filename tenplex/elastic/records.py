@@ -3,12 +3,16 @@
 `Reconfiguration` is one change of layout (or recovery) with the seconds of each phase, printed
 by `describe` and written to report.json by `to_json`. `StepLog(job_dir).records(generation)`
 gives the (step, wall time) pairs rank 0 appended to metrics.jsonl for that generation, reading
-each byte of the file once however often it is polled. `read_json(path)` reads a JSON file or raises ElasticError naming it.
+each byte of the file once however often it is polled; it skips records whose step is not an
+integer or whose time is not a finite number. `read_json(path)` reads a strict JSON file or raises
+ElasticError naming it (`files`); `write_json(path, doc)` writes one atomically, strict too:
+a NaN or infinity becomes null, so `job status` never prints one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,9 @@ import attrs
 
 from tenplex.elastic.api import ParallelConfig, metrics_file
 from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.job import MAX_FILE_BYTES
+from tenplex.ir.files import read_json as _read_json
+from tenplex.ir.files import write_atomic
 
 
 @attrs.frozen
@@ -49,11 +56,24 @@ def describe_config(c: ParallelConfig) -> str:
     return f"tp{c.tp} dp{c.dp}{f' pp{c.pp}' if c.pp > 1 else ''} (W={c.world})"
 
 
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ElasticError(f"{path}: cannot read ({e})") from None
+def read_json(path: Path) -> Any:
+    return _read_json(path, ElasticError, "file", MAX_FILE_BYTES)
+
+
+def finite(doc: Any) -> Any:
+    """`doc` with every NaN or infinite float replaced by None (strict JSON has neither)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def write_json(path: Path, doc: Any, indent: int | None = None) -> None:
+    """`doc` as strict JSON (`finite`) in `path`, complete or absent."""
+    write_atomic(path, json.dumps(finite(doc), indent=indent, allow_nan=False))
 
 
 class StepLog:
@@ -83,7 +103,21 @@ class StepLog:
         for line in complete.splitlines():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # not a record of the example's shape: ignore it
-            if isinstance(record, dict) and "generation" in record and "time" in record and "step" in record:
-                self._steps.setdefault(record["generation"], []).append((int(record["step"]), record["time"]))
+            except (ValueError, RecursionError):  # not JSON, not UTF-8: not a record of the example's shape
+                continue
+            if _is_step(record):
+                self._steps.setdefault(record["generation"], []).append((record["step"], float(record["time"])))
+
+
+def _is_step(record: Any) -> bool:
+    """A step record of the example's shape: integer generation and step, a finite wall time."""
+    if not isinstance(record, dict) or not {"generation", "step", "time"} <= record.keys():
+        return False
+    ints = all(isinstance(record[k], int) and not isinstance(record[k], bool) for k in ("generation", "step"))
+    time = record["time"]
+    if not ints or isinstance(time, bool) or not isinstance(time, (int, float)):
+        return False
+    try:
+        return math.isfinite(time)
+    except OverflowError:  # an int beyond any float
+        return False

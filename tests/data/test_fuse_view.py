@@ -163,8 +163,10 @@ def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, vi
 
     switcher = threading.Thread(target=switch_until_done)
     switcher.start()
-    try:
+    try:  # read until the switcher raced the reader a dozen times (a loaded machine switches slowly)
         snaps = child(op="race", dir=view.directory, count=200)
+        while len(published) <= 10 and len(snaps) < 2000:
+            snaps += child(op="race", dir=view.directory, count=200)
     finally:
         done.set()
         switcher.join()
@@ -250,6 +252,54 @@ def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_p
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert not is_mounted(str(tmp_path / "mnt"))
+
+
+def test_cli_mount_reloads_a_relative_state_from_its_own_cwd(dataset, tmp_path):
+    """Issue 12 item 1: a relative --state was re-read on SIGHUP after FUSE changed the cwd to `/`."""
+    (cwd := tmp_path / "cwd").mkdir()
+    dataset.save(cwd / "index.npz")
+    state = DataState.start(dataset, 2, 4)
+    state.save(cwd / "state.json")
+    (cwd / "mnt").mkdir()
+    proc, _ = start_mount("dataset", "mount", "index.npz", "mnt", "--rank", "0", "--world", "2",
+                          "--state", "state.json", "--steps", "3", cwd=cwd)  # fmt: skip
+    try:
+        state.commit(state.order_for(dataset), 2).save(cwd / "state.json")
+        proc.send_signal(signal.SIGHUP)
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready and proc.stdout.readline() == "tenplex: switched to steps 2..4 (generation 1)\n"
+        assert json.loads((cwd / "mnt" / ".state.json").read_text())["step"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "error" not in err, err
+    assert not is_mounted(str(cwd / "mnt"))
+
+
+def test_cli_mount_never_serves_a_file_outside_the_index_root(tmp_path):
+    """Issue 12 item 13: an index entry that resolves outside its root (a symlink) was served."""
+    (root := tmp_path / "ds").mkdir()
+    secret = npy_bytes(np.full(3, 7, np.int64))
+    (tmp_path / "secret.npy").write_bytes(secret)
+    (root / "a.npy").symlink_to(tmp_path / "secret.npy")
+    (root / "b.npy").write_bytes(ok := npy_bytes(np.arange(2)))
+    parts = [("a.npy", len(secret), [0], [len(secret)]), ("b.npy", len(ok), [0], [len(ok)])]
+    DatasetIndex.from_files("numpy", str(root), parts).save(tmp_path / "index.npz")
+    (mnt := tmp_path / "mnt").mkdir()
+    proc, _ = start_mount("dataset", "mount", str(tmp_path / "index.npz"), str(mnt), "--rank", "0", "--world", "1",
+                          "--seed", "0", "-G", "2", "--steps", "1")  # fmt: skip
+    try:
+        served, refused = [], []
+        for f in sorted((mnt / "step-000000").iterdir()):
+            try:
+                served.append(f.read_bytes())
+            except OSError as e:
+                refused.append(e.errno)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert served == [ok] and refused == [5]  # EIO
+    assert not is_mounted(str(mnt))
 
 
 def test_cli_mount_errors_are_one_line(dataset, tmp_path):

@@ -18,7 +18,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_gpt.py"
 ARGS = ["--steps", "6", "--samples", "64", "--layers", "1"]
 
 
+def _running(job_dir: Path) -> Path:
+    """`job_dir` as a running controller marks it (`job scale --job-dir` writes only there)."""
+    (job_dir / "status.json").write_text('{"state": "running", "max_devices": 8}')
+    return job_dir
+
+
 def test_scale_request_is_picked_up_and_stops_the_generation(tmp_path):
+    _running(tmp_path)
     result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "4", "--tp", "2"])
     assert result.exit_code == 0, result.output
     controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path)
@@ -28,12 +35,14 @@ def test_scale_request_is_picked_up_and_stops_the_generation(tmp_path):
 
 
 def test_scale_request_to_the_same_layout_is_ignored(tmp_path):
+    _running(tmp_path)
     CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "2"])
     controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path)
     assert controller._poll_request(0, ParallelConfig(1, 2)) is None and not stop_file(tmp_path, 0).exists()
 
 
 def test_scale_cli_rejects_tp_not_dividing(tmp_path):
+    _running(tmp_path)
     result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "3", "--tp", "2"])
     assert isinstance(result.exception, ElasticError) and "--tp: 2 does not divide --devices 3" in str(result.exception)
 
@@ -82,7 +91,7 @@ def test_malformed_scale_request_is_refused_and_the_job_goes_on(tmp_path):
     controller = Controller(parse_job({"program": "p.py", "devices": 2}), tmp_path, out=lines.append)
     assert controller._poll_request(0, ParallelConfig(1, 2)) is None
     assert sorted(p.name for p in (tmp_path / "control").iterdir()) == ["scale-1.rejected", "scale-2.rejected"]
-    assert "devices: expected an integer >= 1, got 0" in lines[0] and "cannot read" in lines[1]
+    assert "devices: expected an integer >= 1, got 0" in lines[0] and "not valid JSON" in lines[1]
 
 
 @pytest.mark.slow

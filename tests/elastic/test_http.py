@@ -58,6 +58,7 @@ def test_post_scale_writes_the_same_request_as_the_cli(tmp_path):
     assert status == 202 and NAME.fullmatch(reply["request"])
     via_http = tmp_path / "control" / reply["request"]
     assert json.loads(via_http.read_text()) == {"devices": 4, "tp": 2}
+    (tmp_path / "status.json").write_text('{"state": "running"}')  # `job scale --job-dir` needs a job's directory
     result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "4", "--tp", "2"])
     assert result.exit_code == 0, result.output
     via_cli = [p for p in _requests_in(tmp_path) if p != via_http]
@@ -226,6 +227,7 @@ def test_cli_scale_url_nothing_listening_exits_2_naming_the_url():
 
 
 def test_cli_scale_job_dir_still_works(tmp_path):
+    (tmp_path / "status.json").write_text('{"state": "running"}')  # what `job run` writes first
     result = CliRunner().invoke(job, ["scale", "--job-dir", str(tmp_path), "--devices", "2"])
     assert result.exit_code == 0, result.output
     [path] = _requests_in(tmp_path)

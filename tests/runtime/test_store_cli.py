@@ -10,6 +10,7 @@ exit 0), read-only and with --write-back (written back, or refused with exit 2 a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,16 +109,24 @@ def test_write_back_of_a_checkpoint(ckpt):
 
 
 def _fail_halfway(monkeypatch):
-    """np.save writes one file, then the disk is full."""
-    calls, save = [], np.save
+    """One array file is written (by np.save, or the checkpoint directory's own writer), then
+    the disk is full."""
+    from tenplex.runtime.checkpoint import directory
 
-    def full(*args, **kwargs):
-        calls.append(args)
-        if len(calls) > 1:
-            raise OSError(28, "No space left on device")
-        return save(*args, **kwargs)
+    calls: list = []
 
-    monkeypatch.setattr(np, "save", full)
+    def full(save):
+        def write(*args, **kwargs):
+            calls.append(args)
+            if len(calls) > 1:
+                raise OSError(28, "No space left on device")
+            return save(*args, **kwargs)
+
+        return write
+
+    monkeypatch.setattr(np, "save", full(np.save))
+    if hasattr(directory, "write_npy"):
+        monkeypatch.setattr(directory, "write_npy", full(directory.write_npy))
 
 
 @pytest.mark.parametrize(
@@ -273,3 +282,71 @@ def test_importing_the_cli_loads_no_fuse_or_torch():
     code = "import sys, tenplex.cli.app; print(sorted(m for m in ('mfusepy', 'torch', 'tenplex.runtime.fuse.store') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+@fuse_test
+def test_write_back_of_a_relative_store_writes_the_store_under_the_cwd(ckpt, tmp_path):
+    """Issue 12 item 1: FUSE ran with cwd `/`, so a relative STORE was written back to `/STORE`."""
+    name = f"tenplex-store-{os.getpid()}-{tmp_path.name}"  # nothing of that name may appear in /
+    (cwd := tmp_path / "cwd").mkdir()
+    ckpt.rename(cwd / name)
+    leaf, old = _first_array(cwd / name)
+    (cwd / "mnt").mkdir()
+    proc, _ = start_mount("store", "mount", name, "mnt", "--write-back", cwd=cwd)
+    try:
+        _numpy("np.save(argv[0], np.load(argv[0]) + 1)", f"{cwd / 'mnt'}{leaf}.npy")
+    finally:
+        code, out, err = _stop(proc, signal.SIGTERM)
+        stray = [p for p in Path("/").iterdir() if name in p.name]
+        for p in stray:
+            shutil.rmtree(p, ignore_errors=True)
+    assert code == 0, err
+    assert not stray, f"written outside the store: {stray}"
+    assert out.strip().endswith(f"tenplex: wrote the store back to {name}")
+    _, new = _first_array(cwd / name)
+    assert (new.view(np.uint16) == old.view(np.uint16) + 1).all()
+    _no_temp_dirs(cwd / name)
+
+
+def _npy_claiming(elements: int) -> bytes:
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (elements,)})
+    return header.getvalue() + bytes(16)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda f: f.write_bytes(_npy_claiming(10**12)), "header claims float32[1000000000000] (4000000000000 bytes) but the file holds 16 bytes"),
+        (lambda f: (f.unlink(), f.symlink_to("/dev/zero")), "not a regular file"),
+        (lambda f: (f.unlink(), os.mkfifo(f)), "not a regular file"),
+        (lambda f: f.write_bytes(b"\x93NUMPY\x01\x00\xff\xff{'descr'"), "not a readable .npy file"),
+    ],
+    ids=["header-1e12", "dev-zero", "fifo", "bad-header"],
+)
+def test_store_ls_of_a_lying_or_special_npy_is_one_line(save_dir, change, message):
+    """Issue 12 item 8: a header claiming 10^12 elements gave MemoryError; a FIFO hung."""
+    change(save_dir / "model" / "w.npy")
+    code, _, err = _tenplex("store", "ls", str(save_dir))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"tenplex: error: {save_dir / 'model' / 'w.npy'}: ") and message in err, err
+
+
+@pytest.mark.parametrize("file", ["../outside.npy", "/etc/hostname", "model/../../outside.npy", ""])
+def test_a_save_naming_files_outside_itself_is_refused(save_dir, file):
+    import json
+
+    np.save(save_dir.parent / "outside.npy", W)
+    text = (save_dir / "state.json").read_text()
+    (save_dir / "state.json").write_text(text.replace('"model/w.npy"', json.dumps(file)))
+    code, _, err = _tenplex("store", "ls", str(save_dir))
+    assert code == 2 and err.count("\n") == 1 and f"file {file!r} is not a relative path inside the save" in err, err
+
+
+def test_a_special_manifest_is_refused(save_dir):
+    (save_dir / "state.json").unlink()
+    (save_dir / "state.json").symlink_to("/dev/zero")
+    code, _, err = _tenplex("store", "ls", str(save_dir))
+    assert code == 2 and err == f"tenplex: error: {save_dir / 'state.json'}: is a character device, not a regular file (manifest)\n"

@@ -9,8 +9,13 @@ store shows the same files (`.npy`, `values.json`) as STORE, minus the manifest 
 STORE, fsynced, re-read, and swapped in by rename (`checkpoint.swap`).
 
 Invariants:
+- `StoreDir.path` is absolute and resolved when `open_dir` returns: a write-back goes to the
+  directory that was opened whatever the working directory is by then (FUSE may change it);
 - a write-back keeps every file's format: a save's tensors keep their paths and dtypes (shapes
   may change and are recorded in `state.json`); a checkpoint's arrays match its `ptc.json`;
+- a save's files are read only as regular files inside STORE (no "..", absolute or empty path
+  in `state.json`; no FIFO or device), and a `.npy` header must match its file's size before
+  the array is allocated (a header claiming 10^12 elements is refused, not a MemoryError);
 - a write-back that fails (a leaf added, removed or of the wrong dtype or shape, or an I/O
   error) raises StoreDirError naming the path and leaves STORE byte-for-byte as it was, with no
   temporary directory left beside it.
@@ -30,15 +35,18 @@ import attrs
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
+from tenplex.ir.files import check_relative, read_json
 from tenplex.runtime.arrays import np_dtype, npy_dtype
 from tenplex.runtime.checkpoint.directory import PTC_FILE, read_checkpoint, write_checkpoint
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, VERSION
+from tenplex.runtime.checkpoint.npy import load_npy
 from tenplex.runtime.checkpoint.swap import swap_in
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
 __all__ = ["StoreDir", "StoreDirError", "open_dir", "write_back"]
 
 _ARRAY_NODES = ("ndarray", "torch.Tensor", "torch.nn.Parameter")
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class StoreDirError(TenplexError):
@@ -47,9 +55,10 @@ class StoreDirError(TenplexError):
 
 @attrs.frozen
 class StoreDir:
-    """STORE loaded: `kind` "save" (`meta` is the state.json document) or "checkpoint" (the PTC)."""
+    """STORE loaded: `kind` "save" (`meta` is the state.json document) or "checkpoint" (the PTC);
+    `path` is absolute (module doc)."""
 
-    path: Path
+    path: Path = attrs.field(validator=lambda _, a, v: _check_absolute(v))
     kind: str = attrs.field(validator=attrs.validators.in_(("save", "checkpoint")))
     store: TensorStore
     meta: Any
@@ -59,17 +68,23 @@ class StoreDir:
         return sum(self.store.meta(p).kind == "array" for p in self.store.walk())
 
 
+def _check_absolute(path: Path) -> None:
+    if not path.is_absolute():
+        raise StoreDirError(f"{path}: a store directory's path must be absolute (resolve it before the cwd can change)")
+
+
 def open_dir(path: str | os.PathLike) -> StoreDir:
     """STORE as a TensorStore (module doc). Raises StoreDirError naming what is missing or wrong."""
     root = Path(path)
     if not root.is_dir():
         raise StoreDirError(f"{root}: {'not a directory' if root.exists() else 'no such directory'}")
-    kind = "save" if (root / MANIFEST).is_file() else "checkpoint" if (root / PTC_FILE).is_file() else None
+    # present at all (a FIFO or a link to /dev/zero too): the reader says what is wrong with it
+    kind = "save" if os.path.lexists(root / MANIFEST) else "checkpoint" if os.path.lexists(root / PTC_FILE) else None
     if kind is None:
         raise StoreDirError(f"{root}: neither a tenplex save ({MANIFEST}) nor a checkpoint directory ({PTC_FILE})")
     store = TensorStore()
     try:
-        return StoreDir(root, kind, store, (_load_save if kind == "save" else _load_checkpoint)(root, store))
+        return StoreDir(root.resolve(), kind, store, (_load_save if kind == "save" else _load_checkpoint)(root, store))
     except StoreDirError:
         store.close()
         raise
@@ -87,26 +102,30 @@ def _array_nodes(node: Any) -> list[dict]:
 
 
 def _load_save(root: Path, store: Any) -> dict:
-    try:
-        doc = json.loads((root / MANIFEST).read_bytes())
-    except (OSError, ValueError) as e:
-        raise StoreDirError(f"{root / MANIFEST}: cannot read: {e}") from None
+    doc = read_json(root / MANIFEST, StoreDirError, "manifest", MAX_MANIFEST_BYTES)
     if not isinstance(doc, dict) or (doc.get("format"), doc.get("version")) != (FORMAT, VERSION):
         raise StoreDirError(f"{root / MANIFEST}: not a {FORMAT} v{VERSION} manifest")
     for node in _array_nodes(doc.get("root")):
-        file, dtype, shape = root / node["file"], np_dtype(node["dtype"]), tuple(node["shape"])
+        file, dtype, shape = root / _inside(node["file"]), np_dtype(node["dtype"]), tuple(node["shape"])
         if store.exists(leaf := "/" + node["file"].removesuffix(".npy")):
             continue  # one array reached twice is one file
-        try:
-            array = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise StoreDirError(f"{file}: cannot load: {e}") from None
+        array = load_npy(file, "an array of the save", StoreDirError)
         if array.dtype != npy_dtype(dtype) or array.shape != shape:
             raise StoreDirError(
                 f"{file}: holds {array.dtype}{list(array.shape)}, {MANIFEST} says {node['dtype']}{list(shape)}"
             )
         store.put(leaf, array.view(dtype), copy=False)
     return doc
+
+
+def _inside(file: Any) -> str:
+    """`file` (a save's array path) if it is relative and stays inside the save."""
+    if not isinstance(file, str) or file.startswith("/"):
+        raise StoreDirError(f"{MANIFEST}: file {file!r} is not a relative path inside the save")
+    try:
+        return check_relative(file, "file", StoreDirError)
+    except StoreDirError:
+        raise StoreDirError(f"{MANIFEST}: file {file!r} is not a relative path inside the save") from None
 
 
 def _subtensor_leaves(ptc: Any) -> dict[str, str]:
@@ -127,7 +146,7 @@ def write_back(sd: StoreDir) -> None:
     """Replace STORE by the store's current state, atomically (module doc).
 
     Raises: StoreDirError naming the leaf or file; STORE is then unchanged."""
-    path = sd.path.resolve()
+    path = sd.path  # resolved by open_dir, before any mount could change the cwd
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         os.chmod(tmp, 0o755)
