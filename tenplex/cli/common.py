@@ -37,18 +37,29 @@ def fail(message: str, code: int = EXIT_ERROR) -> None:
 
 
 class _Size(click.ParamType):
-    """A byte count: an integer with an optional binary unit (B, K/KiB, M/MiB, G/GiB, T/TiB)."""
+    """A byte count: an integer with an optional binary unit (B, K/KiB, M/MiB, G/GiB, T/TiB),
+    below 8 EiB (2**63: what a file offset or a buffer length can be)."""
 
     name = "size"
     _UNITS = {"": 0, "b": 0, "k": 10, "kib": 10, "m": 20, "mib": 20, "g": 30, "gib": 30, "t": 40, "tib": 40}
+    LIMIT = 1 << 63
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
-        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(value))
+        text = str(value)
+        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
         if not m or m[2].lower() not in self._UNITS:
-            self.fail(f"{value!r} is not a size such as 65536, 64KiB, 64MiB or 1GiB", param, ctx)
-        return int(m[1]) << self._UNITS[m[2].lower()]
+            self.fail(f"{_short(text)!r} is not a size such as 65536, 64KiB, 64MiB or 1GiB", param, ctx)
+        # more digits than any size below the limit: refused before int() (which stops at 4300)
+        size = int(m[1]) << self._UNITS[m[2].lower()] if len(m[1].lstrip("0")) <= 20 else self.LIMIT
+        if size >= self.LIMIT:
+            self.fail(f"{_short(text)!r} is too large: sizes go up to 8 EiB", param, ctx)
+        return size
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 24 else text[:20] + "..."
 
 
 SIZE = _Size()
@@ -71,11 +82,11 @@ def load_state(arg: str) -> PTC:
     Raises ParseError or SpecError naming the argument.
     """
     path = Path(arg)
-    if path.is_dir() and (path / "rank_map.json").is_file():  # the reference's structure JSON
+    if _exists(path.is_dir) and (path / "rank_map.json").is_file():  # the reference's structure JSON
         from tenplex.frameworks.structure.read import read_structure
 
         return read_structure(path)[0]
-    if not (arg.endswith(".json") or path.is_file()):
+    if not (arg.endswith(".json") or _exists(path.is_file)):
         return frontend().ptc_from_spec(arg)
     root = read_json(path)
     if isinstance(root, dict) and "format" in root:
@@ -85,6 +96,15 @@ def load_state(arg: str) -> PTC:
             )
         return ptc_from_json(root, arg)
     return frontend().spec_from_json(root, arg).build()
+
+
+def _exists(test: Any) -> bool:
+    """`path.is_file()` or `is_dir()`, False where the name cannot be a path at all (too long:
+    a compact spec of thousands of characters is still a spec, and its error says why)."""
+    try:
+        return bool(test())
+    except (OSError, ValueError):
+        return False
 
 
 def write_output(text: str, output: str | None) -> None:

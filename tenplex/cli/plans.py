@@ -10,6 +10,9 @@ specs such as `gpt-1.3b:tp2,pp2,dp2@4x4`. Sizes accept `65536`, `64KiB`, `1GiB`.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -62,17 +65,48 @@ def compile_cmd(src: str, dst: str, emit: str, output: str | None, place_ranks: 
     _placement_note(plan, dst_ptc)
 
 
-def _dst_state_bytes(dst: PTC) -> int:
-    return sum(dst.nbytes_of(st) * len(dst.devices_of_subtensor(st.id)) for st in dst.subtensors)
+def _state_bytes(ptc: PTC) -> int:
+    return sum(ptc.nbytes_of(st) * len(ptc.devices_of_subtensor(st.id)) for st in ptc.subtensors)
+
+
+def _execution_bytes(src: PTC, dst: PTC) -> int:
+    """What the in-process run holds at once: the global arange tensors (and the int64 arange
+    of the largest), every src and dst instance."""
+    tensors = sum(t.nbytes for t in src.tensors)
+    arange = max((math.prod(t.shape) * 8 for t in src.tensors), default=0)
+    return tensors + arange + _state_bytes(src) + _state_bytes(dst)
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: Linux's MemAvailable, capped by a cgroup v2 memory
+    limit; None when the system does not say."""
+    avail = None
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        avail = int(re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)[1]) * 1024  # type: ignore[index]
+    with contextlib.suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            room = int(limit) - int((cgroup / "memory.current").read_text())
+            avail = room if avail is None else min(avail, room)
+    return avail
 
 
 def _execute(plan: Plan, src: PTC, dst: PTC, limit: int) -> str:
-    size = _dst_state_bytes(dst)
+    """Run the plan against the arange oracle when the dst state is within `limit` and the run
+    fits in memory; otherwise say why it was skipped (`check_plan` has already proved it)."""
+    size = _state_bytes(dst)
     if size > limit:
         return f"execution: skipped (dst state {human_bytes(size)} exceeds --execute-limit {human_bytes(limit)})"
-    from tenplex.runtime.oracle import check_execution
+    need, avail = _execution_bytes(src, dst), available_memory()
+    if avail is not None and need > avail:
+        return f"execution: skipped (the in-process run needs about {human_bytes(need)} of memory; {human_bytes(avail)} available)"
+    from tenplex.runtime import oracle
 
-    check_execution(plan, src, dst)
+    try:
+        oracle.check_execution(plan, src, dst)
+    except MemoryError:
+        return f"execution: skipped (ran out of memory; the in-process run needs about {human_bytes(need)})"
     return f"execution: ok (in-process on arange sources, {human_bytes(size)} of dst state equal to the oracle byte for byte)"
 
 
@@ -104,7 +138,8 @@ def _certify(plan: Plan, src: PTC, dst: PTC) -> str:
     "--z3", "use_z3", is_flag=True, help="Also certify the exact cover with z3 (needs proofs/ and z3-solver)."
 )
 @click.option("--execute-limit", type=SIZE, default=EXECUTE_LIMIT,
-              help="Execute the plan in-process against the arange oracle when the dst state is at most this big (default 256MiB).")  # fmt: skip
+              help="Execute the plan in-process against the arange oracle when the dst state is at most this big (default 256MiB) "
+                   "and the run fits in the memory available.")  # fmt: skip
 def verify(plan: str, src: str, dst: str, use_z3: bool, execute_limit: int) -> None:
     """Check that PLAN turns SRC's state into DST's (exact cover, messages, stats), and run it
     against the arange oracle when the state is small."""

@@ -7,9 +7,9 @@ randomness; the same inputs give byte-identical plan JSON.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 
-from tenplex.compiler.cost import Load, host_lower_bounds, lower_bound_seconds, predict_seconds
+from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds, round_loads
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
@@ -56,21 +56,12 @@ def _stats(program: Program, ops, messages) -> Stats:
     messages by their byte counts, local ones op by op); `check_plan` recounts them from ops."""
     size = program.dst.itemsizes
     fill = sum(op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor] for op in ops if isinstance(op, FillOp))
+    loads = round_loads(ops, messages, size)
     by_class: Counter[str] = Counter()
-    loads: dict[int, Load] = defaultdict(lambda: defaultdict(int))
-    for m in messages:
-        load = loads[m.round]
-        if m.src_host != m.dst_host:
-            by_class["network"] += m.bytes
-            load[("network", m.src_host, "out")] += m.bytes
-            load[("network", m.dst_host, "in")] += m.bytes
-            continue
-        for i in m.ops:
-            op = ops[i]
-            link = "device" if op.src_device == op.dst_device else "host"
-            nbytes = op.box.volume * size[op.tensor]
-            by_class[link] += nbytes
-            load[(link, m.dst_host, op.dst_device)] += nbytes
+    for load in loads.values():
+        for (link, _, end), nbytes in load.items():
+            if end != "in":  # a network message counts once, at its sender
+                by_class[link] += nbytes
     per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
     return Stats(
         device_bytes=by_class["device"],

@@ -77,6 +77,24 @@ def lower_bound_seconds(per_host: dict[str, int], topology: Topology) -> float:
 Load = dict[tuple[str, str, object], int]  # (link class name, host, "out" | "in" | dst device) -> bytes
 
 
+def round_loads(ops: Sequence, messages: Iterable, itemsizes: dict[str, int]) -> dict[int, Load]:
+    """Round -> bytes per link end: network messages by their byte counts (NIC egress and
+    ingress of their hosts), local ones op by op (into each dst device over the device or the
+    host link). Shared by `freeze` and `check_plan`, so both price a plan alike."""
+    loads: dict[int, Load] = defaultdict(lambda: defaultdict(int))
+    for m in messages:
+        load = loads[m.round]
+        if m.src_host != m.dst_host:
+            load[("network", m.src_host, "out")] += m.bytes
+            load[("network", m.dst_host, "in")] += m.bytes
+            continue
+        for i in m.ops:
+            op = ops[i]
+            link = "device" if op.src_device == op.dst_device else "host"
+            load[(link, m.dst_host, op.dst_device)] += op.box.volume * itemsizes[op.tensor]
+    return loads
+
+
 def predict_seconds(rounds: Iterable[Load], links: Links) -> float:
     """Sum over rounds of the slowest link's time in that round: each host's NIC egress and
     ingress, and the copies into each device over the host or device links."""

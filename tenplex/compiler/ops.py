@@ -12,7 +12,12 @@
 - `Need` is a copy whose source is not chosen yet: the diff's output, resolved by
   `select_sources`. Plans never contain a `Need`.
 
-Invariants: boxes of copies are non-empty; src_side is "src" or "dst".
+Invariants (checked when an op is built, so a plan file cannot smuggle in a malformed op):
+- devices and piece indices are ints, ids and names are strings, boxes are `Box`es;
+- boxes of copies are non-empty; src_side is "src" or "dst";
+- a fill value is a number;
+- a value op either copies (`src_partition` and `src_device` set, no literal `value`) or sets a
+  literal (neither set).
 """
 
 from __future__ import annotations
@@ -25,6 +30,23 @@ from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError
 
 SIDES = ("src", "dst")
+
+
+def check_types(what: str, fields: dict[str, Any], kinds: dict[str, tuple[type, ...]]) -> None:
+    """Raise IRError naming the first field whose value is not one of its `kinds` (a bool is
+    no device id, though Python calls it an int)."""
+    for name, kind in kinds.items():
+        v = fields[name]
+        if not isinstance(v, kind) or isinstance(v, bool) and bool not in kind:
+            raise IRError(f"{what} field {name!r} is {fields[name]!r}; expected {' or '.join(k.__name__ for k in kind)}")
+
+
+_INT, _STR, _BOX = (int,), (str,), (Box,)
+_COPY_TYPES = {"tensor": _STR, "box": _BOX, "src_device": _INT, "src_subtensor": _STR, "src_piece": _INT,
+               "dst_device": _INT, "dst_subtensor": _STR, "dst_piece": _INT, "src_side": _STR}  # fmt: skip
+_FILL_TYPES = {"dst_device": _INT, "dst_subtensor": _STR, "box": _BOX, "value": (int, float)}
+_VALUE_TYPES = {"dst_device": _INT, "dst_partition": _STR, "name": _STR,
+                "src_device": (int, type(None)), "src_partition": (str, type(None))}  # fmt: skip
 
 
 class Holder(NamedTuple):
@@ -61,6 +83,10 @@ class CopyOp:
     src_side: str = "src"
 
     def __attrs_post_init__(self) -> None:
+        if not (type(self.src_device) is int and type(self.dst_device) is int and type(self.src_piece) is int
+                and type(self.dst_piece) is int and type(self.box) is Box and type(self.tensor) is str
+                and type(self.src_subtensor) is str and type(self.dst_subtensor) is str):  # fmt: skip
+            check_types("copy", attrs.asdict(self, recurse=False), _COPY_TYPES)
         if self.box.empty:
             raise IRError(f"copy of {self.tensor!r} has an empty box {self.box}")
         if self.src_side not in SIDES:
@@ -76,6 +102,11 @@ class FillOp:
     box: Box
     value: float = 0
 
+    def __attrs_post_init__(self) -> None:
+        if not (type(self.dst_device) is int and type(self.dst_subtensor) is str and type(self.box) is Box
+                and type(self.value) in (int, float)):  # fmt: skip
+            check_types("fill", attrs.asdict(self, recurse=False), _FILL_TYPES)
+
     kind = "fill"
 
 
@@ -87,6 +118,13 @@ class ValueOp:
     src_device: int | None = None
     src_partition: str | None = None
     value: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        check_types("value op", attrs.asdict(self, recurse=False), _VALUE_TYPES)
+        if (self.src_device is None) != (self.src_partition is None):
+            raise IRError(f"value op for {self.name!r} has src_device {self.src_device!r} and src_partition {self.src_partition!r}; give both or neither")
+        if self.src_partition is not None and self.value is not None:
+            raise IRError(f"value op for {self.name!r} copies from src partition {self.src_partition!r} and also carries the literal {self.value!r}")
 
     kind = "value"
 

@@ -4,8 +4,10 @@ A plan lists ops (index = op id), order edges between them, messages (ops groupe
 pair, each in a round), the dst allocation it realizes, the options it was compiled with, and
 stats. Runtimes execute rounds in order; within a round, messages are independent.
 
-Invariants (checked by `check_plan`, not here): every copy op is in exactly one message whose
-hosts are its devices' hosts; an order edge goes to a later round.
+Invariants checked here, when a plan is built: every field has its type (ints are ints, not
+bools or strings; ops are ops; edges are pairs of op ids); message ids are unique. Checked by
+`check_plan`, not here: every copy op is in exactly one message whose hosts are its devices'
+hosts; an order edge goes to a later round; the stats are the ops' own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import attrs
 
 from tenplex.compiler.graph import EdgeKind, OpGraph
-from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp
+from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp, check_types
 from tenplex.ir.errors import IRError
 from tenplex.ir.files import read_json
 from tenplex.ir.ptc import Allocation
@@ -35,6 +37,7 @@ class CompileOptions:
     baseline: str | None = None  # "reference": source choice of the reference Tenplex (for comparison)
 
     def __attrs_post_init__(self) -> None:
+        check_types("options", attrs.asdict(self), {"place_ranks": (bool,), "max_message_bytes": (int,), "memory_budget_bytes": (int,)})
         if self.max_message_bytes < 1 or self.memory_budget_bytes < self.max_message_bytes:
             raise IRError(f"need 1 <= max_message_bytes ({self.max_message_bytes}) <= memory_budget_bytes ({self.memory_budget_bytes})")
         if self.baseline not in (None, "reference"):
@@ -50,6 +53,14 @@ class Message:
     bytes: int = 0
     round: int = 0
 
+    def __attrs_post_init__(self) -> None:
+        if not (type(self.id) is int and type(self.bytes) is int and type(self.round) is int
+                and type(self.src_host) is str and type(self.dst_host) is str):  # fmt: skip
+            check_types("message", attrs.asdict(self), {"id": (int,), "src_host": (str,), "dst_host": (str,), "bytes": (int,), "round": (int,)})
+        for i in self.ops:
+            if type(i) is not int:
+                raise IRError(f"message {self.id} lists op {i!r}; expected an op id (an int)")
+
 
 @attrs.frozen
 class Stats:
@@ -61,6 +72,11 @@ class Stats:
     predicted_seconds: float
     lower_bound_seconds: float
     rounds: int
+
+    def __attrs_post_init__(self) -> None:
+        fields = attrs.asdict(self)
+        seconds = {"predicted_seconds", "lower_bound_seconds"}
+        check_types("stats", fields, {k: (int, float) if k in seconds else (int,) for k in fields})
 
     def to_json(self) -> dict:
         return {
@@ -87,6 +103,23 @@ class Plan:
     allocation: Allocation
     options: CompileOptions
     stats: Stats
+
+    def __attrs_post_init__(self) -> None:
+        parts = {"allocation": (Allocation,), "options": (CompileOptions,), "stats": (Stats,)}
+        check_types("plan", {k: getattr(self, k) for k in parts}, parts)
+        for i, op in enumerate(self.ops):
+            if not isinstance(op, (CopyOp, FillOp, ValueOp)):
+                raise IRError(f"plan op {i} is {op!r}; expected a copy, fill or value op")
+        for e in self.edges:
+            if not (isinstance(e, tuple) and len(e) == 2 and type(e[0]) is int and type(e[1]) is int):
+                raise IRError(f"plan edge {e!r} is not a pair of op ids")
+        ids = set()
+        for m in self.messages:
+            if not isinstance(m, Message):
+                raise IRError(f"plan message {m!r} is not a Message")
+            if m.id in ids:
+                raise IRError(f"message id {m.id} is used twice")
+            ids.add(m.id)
 
     @cached_property
     def graph(self) -> OpGraph:
@@ -159,33 +192,47 @@ def _op_from_json(doc: JsonDoc, i: int, node: Any) -> Op:
     raise doc.fail(w, f"unknown op kind {kind!r} (expected copy, fill or value)")
 
 
+_STATS_KEYS = ("bytes_by_class", "fill_bytes", "network_lower_bound_bytes", "predicted_seconds", "lower_bound_seconds", "rounds")
+
+
+def _stats_from_json(doc: JsonDoc, node: Any) -> Stats:
+    doc.obj(node, "stats", _STATS_KEYS)
+    doc.obj(node["bytes_by_class"], "stats.bytes_by_class", ("device", "host", "network"))
+    return doc.build("stats", lambda: Stats.from_json(node))
+
+
+def _is_id(x: Any, n: int) -> bool:
+    return type(x) is int and 0 <= x < n
+
+
 def plan_from_json(root: Any, source: str = "<plan>") -> Plan:
-    """Parse a `tenplex.plan/1` document. Raises ParseError naming the field."""
+    """Parse a `tenplex.plan/1` document. Raises ParseError naming the field, and nothing else."""
     doc = JsonDoc(source)
     doc.obj(root, "document", ("format", "options", "stats", "allocation", "messages", "edges", "ops"))
     if root["format"] != FORMAT:
         raise doc.fail("format", f"expected {FORMAT!r}, got {root['format']!r}")
     ops = []
     for i, node in enumerate(doc.typed(root["ops"], "ops", list, "a list of ops")):
-        if not isinstance(node, dict) or node.get("id") != i:
+        if not isinstance(node, dict) or type(node.get("id")) is not int or node["id"] != i:
             raise doc.fail(f"ops[{i}]", f"expected an op object with id {i}")
         ops.append(_op_from_json(doc, i, node))
     edges = []
     for i, e in enumerate(doc.typed(root["edges"], "edges", list, "a list of edges")):
-        if not (isinstance(e, list) and len(e) == 3 and e[2] == "order" and all(isinstance(x, int) and 0 <= x < len(ops) for x in e[:2])):
+        if not (isinstance(e, list) and len(e) == 3 and e[2] == "order" and all(_is_id(x, len(ops)) for x in e[:2])):
             raise doc.fail(f"edges[{i}]", f"expected [src_op, dst_op, \"order\"] with op ids < {len(ops)}, got {e!r}")
         edges.append((e[0], e[1]))
-    messages = []
+    messages, ids = [], set()
     for i, m in enumerate(doc.typed(root["messages"], "messages", list, "a list of messages")):
         doc.obj(m, f"messages[{i}]", ("id", "src_host", "dst_host", "ops", "bytes", "round"))
+        doc.typed(m["ops"], f"messages[{i}].ops", list, "a list of op ids")
         messages.append(doc.build(f"messages[{i}]", lambda m=m: Message(**m)))
+        if m["id"] in ids:
+            raise doc.fail(f"messages[{i}].id", f"message id {m['id']} is used twice")
+        ids.add(m["id"])
     options = doc.build("options", lambda: CompileOptions(**doc.obj(root["options"], "options", (), tuple(attrs.fields_dict(CompileOptions)))))
-    try:
-        stats = Stats.from_json(root["stats"])
-    except (KeyError, TypeError) as e:
-        raise doc.fail("stats", f"malformed stats ({e})") from None
+    stats = _stats_from_json(doc, root["stats"])
     alloc = doc.build("allocation", lambda: Allocation(doc.typed(root["allocation"], "allocation", dict, "an object")))
-    return Plan(tuple(ops), tuple(edges), tuple(messages), alloc, options, stats)
+    return doc.build("document", lambda: Plan(tuple(ops), tuple(edges), tuple(messages), alloc, options, stats))
 
 
 def load_plan(path: str | os.PathLike) -> Plan:

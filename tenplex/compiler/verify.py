@@ -4,23 +4,28 @@ Checked, for the dst PTC under the plan's allocation:
 - the allocation keeps dst's partitions and replica counts on dst's devices;
 - every copy reads a region its source holds: a src piece on a device holding it, or (forward,
   `src_side="dst"`) a dst piece that an order-edge predecessor wrote in an earlier round, and
-  writes inside its dst piece of the same tensor on a device holding that piece;
+  writes inside its dst piece of the same tensor on a device holding that piece; its box has
+  the tensor's ndim, and src and dst agree on the tensor's shape and dtype;
 - exact cover: each dst piece on each device is written by pairwise-disjoint copies whose
   volumes add up to the piece's volume; every local region outside the pieces is filled exactly
   once with the sub-tensor's fill value;
 - each value of each dst partition on each device is set once, from a src partition that has
-  it (inherited values) or to the dst literal;
+  it (inherited values) or to the dst literal (equal as JSON, types included: 1 is not 1.0);
 - messages: every copy is in exactly one message, between its devices' hosts, with its bytes;
-  network bytes per host and round stay within the memory budget; stats match the ops.
+  a message exceeds `max_message_bytes` only when it holds one same-device copy or one
+  element; network bytes per host and round stay within the memory budget; every stat,
+  predicted seconds included, is the one recomputed from the ops.
 
-Raises PlanVerifyError naming tensor, sub-tensor, device and boxes. Never skips a check.
+Raises PlanVerifyError naming tensor, sub-tensor, device and boxes, and nothing else: an
+inconsistent input (e.g. src and dst placing one device on two hosts) is reported the same way.
+Never skips a check.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from tenplex.compiler.cost import network_lower_bound
+from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds, round_loads
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Plan
@@ -32,13 +37,32 @@ from tenplex.ir.sweep import overlapping_pairs
 
 @without_gc
 def check_plan(plan: Plan, src: PTC, dst: PTC) -> None:
-    dst = _with_allocation(dst, plan.allocation)
-    c = _Checker(plan, src, dst)
-    c.ops()
-    c.cover()
-    c.values()
-    c.messages()
-    c.stats()
+    try:
+        dst = _with_allocation(dst, plan.allocation)
+        c = _Checker(plan, src, dst)
+        c.ops()
+        c.cover()
+        c.values()
+        c.messages()
+        c.stats()
+    except IRError as e:  # e.g. a device on two hosts: the plan cannot be checked, so it fails
+        raise PlanVerifyError(f"plan cannot be checked: {e}") from None
+
+
+def same_json(a: object, b: object) -> bool:
+    """Equal as JSON data, types included: 1, 1.0 and True differ (a job reading its iteration
+    back would get another type); a list equals a tuple of equal items (JSON has arrays only)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)  # type: ignore[attr-defined]
+    return bool(a == b)
+
+
+def _same_number(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN fills NaN
 
 
 def _with_allocation(dst: PTC, alloc) -> PTC:
@@ -86,6 +110,9 @@ class _Checker:
         dst_st = self.piece_owner(self.dst, op.dst_subtensor, op.dst_device, op.dst_piece, f"op {i} writes")
         if dst_st.tensor != op.tensor:
             raise self.fail(f"op {i} writes tensor {op.tensor!r} into dst sub-tensor {dst_st.id!r} of tensor {dst_st.tensor!r}")
+        meta = self.dst.tensor_map[op.tensor]
+        if op.box.ndim != len(meta.shape):
+            raise self.fail(f"op {i} copies {op.tensor!r} box {op.box} of {op.box.ndim} dims, but the tensor has {len(meta.shape)} (shape {meta.shape})")
         if not dst_st.pieces[op.dst_piece].global_box.contains(op.box):
             raise self.fail(f"op {i} writes {op.tensor!r} box {op.box} outside dst piece {dst_st.pieces[op.dst_piece].global_box} of {dst_st.id!r}")
         side = self.src if op.src_side == "src" else self.dst
@@ -94,6 +121,9 @@ class _Checker:
             raise self.fail(f"op {i} reads {op.tensor!r} box {op.box} from {op.src_side} sub-tensor {src_st.id!r} piece {op.src_piece}, which holds {src_st.tensor!r} box {src_st.pieces[op.src_piece].global_box}")
         if op.src_side == "dst":
             self.forward(i, op)
+        elif self.src.tensor_map[op.tensor] != meta:
+            have = self.src.tensor_map[op.tensor]
+            raise self.fail(f"op {i} copies tensor {op.tensor!r}, which is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
         self.writes[(op.dst_subtensor, op.dst_device, op.dst_piece)].append((i, op.box))
 
     def forward(self, i: int, op: CopyOp) -> None:
@@ -116,7 +146,7 @@ class _Checker:
         st = self.dst.subtensor_map.get(op.dst_subtensor)
         if st is None or not self.holds(self.dst, op.dst_subtensor, op.dst_device):
             raise self.fail(f"op {i} fills sub-tensor {op.dst_subtensor!r} on device {op.dst_device}, which does not hold it")
-        if op.value != st.fill or not st.local_box.contains(op.box):
+        if not _same_number(op.value, st.fill) or op.box.ndim != len(st.shape) or not st.local_box.contains(op.box):
             raise self.fail(f"op {i} fills {op.dst_subtensor!r} local box {op.box} with {op.value}; expected fill {st.fill} inside shape {st.shape}")
         self.fills[(op.dst_subtensor, op.dst_device)].append(op.box)
 
@@ -162,7 +192,7 @@ class _Checker:
         want = part.value_map[op.name]
         inherit = want.value is None and want.policy == "replicated"
         if op.src_partition is None:
-            if inherit or op.value != want.value:
+            if inherit or not same_json(op.value, want.value):
                 raise self.fail(f"op {i} sets value {op.name!r} of {op.dst_partition!r} to {op.value!r}; dst wants {'it inherited from src' if inherit else repr(want.value)}")
             return
         srcp = self.src.partition_map.get(op.src_partition)
@@ -194,9 +224,20 @@ class _Checker:
         for i, op in enumerate(self.plan.ops):
             if isinstance(op, CopyOp) and in_message[i] != 1:
                 raise self.fail(f"copy op {i} ({op.tensor!r} box {op.box} to device {op.dst_device}) is in {in_message[i]} messages; expected 1")
+        limit = self.plan.options.max_message_bytes
+        for m in self.plan.messages:
+            if m.bytes > limit and not self.uncuttable(m):
+                raise self.fail(f"message {m.id} holds {m.bytes} bytes in {len(m.ops)} ops, over max_message_bytes {limit}")
         for (r, host), nbytes in sorted(load.items()):
             if nbytes > budget:
                 raise self.fail(f"host {host} moves {nbytes} network bytes in round {r}, over the memory budget of {budget}")
+
+    def uncuttable(self, m) -> bool:
+        """A message that may exceed the size limit: one same-device copy, or one element."""
+        if len(m.ops) != 1:
+            return False
+        op = self.plan.ops[m.ops[0]]
+        return op.src_device == op.dst_device or op.box.volume == 1
 
     def stats(self) -> None:
         by_class: Counter[str] = Counter()
@@ -218,6 +259,11 @@ class _Checker:
         rounds = len({m.round for m in self.plan.messages})
         if s.rounds != rounds:
             raise self.fail(f"plan stats say {s.rounds} rounds but its messages use {rounds}")
-        bound = network_lower_bound(self.src, self.dst)
+        per_host = host_lower_bounds(self.src, self.dst)
+        bound = sum(per_host.values())
         if s.network_lower_bound_bytes != bound or s.network_bytes < bound:
             raise self.fail(f"plan stats say network lower bound {s.network_lower_bound_bytes} bytes; it is {bound}, and the plan moves {s.network_bytes}")
+        loads = round_loads(self.plan.ops, self.plan.messages, size)
+        seconds = (predict_seconds((loads[r] for r in sorted(loads)), self.topology.links), lower_bound_seconds(per_host, self.topology))
+        if (s.predicted_seconds, s.lower_bound_seconds) != seconds:
+            raise self.fail(f"plan stats say predicted and lower-bound seconds {(s.predicted_seconds, s.lower_bound_seconds)}; the cost model gives {seconds}")

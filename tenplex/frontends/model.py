@@ -7,6 +7,9 @@ Invariants (each raises `SpecError` quoting the values):
 - kind is gpt, bert or llama; norm is layernorm or rmsnorm; optimizer is adam or none;
 - num_layers, hidden, heads, query_groups, head_dim, ffn_hidden, vocab and
   make_vocab_size_divisible_by are positive integers; max_position and num_experts are >= 0;
+- every size is at most its `LIMITS` entry: about 100x the largest published model (layers
+  126, hidden 25600, heads 160, ffn 102400, vocab 256000, experts 256), so that a typo such as
+  `layers=100000000` is refused at once instead of building for minutes;
 - heads is a multiple of query_groups;
 - head_dim defaults to hidden / heads, so then heads must divide hidden;
 - dtype is a known floating dtype name;
@@ -25,6 +28,11 @@ KINDS = ("gpt", "bert", "llama")
 NORMS = ("layernorm", "rmsnorm")
 OPTIMIZERS = ("adam", "none")
 FLOAT_DTYPES = tuple(d for d in ITEMSIZE if d.startswith(("float", "bfloat")))
+LIMITS = {
+    "num_layers": 1 << 14, "hidden": 1 << 22, "heads": 1 << 14, "query_groups": 1 << 14, "head_dim": 1 << 22,
+    "ffn_hidden": 1 << 24, "vocab": 1 << 25, "make_vocab_size_divisible_by": 1 << 20, "max_position": 1 << 24,
+    "num_experts": 1 << 15,
+}  # fmt: skip
 
 
 def _default_head_dim(spec: ModelSpec) -> int:
@@ -100,6 +108,8 @@ class ModelSpec:
             low = 1 if field in positive else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SpecError(f"model {field}={value!r} must be an integer >= {low}")
+            if value > LIMITS[field]:
+                raise SpecError(f"model {field}={value} exceeds the limit {LIMITS[field]} (100x the largest published model)")
 
     @property
     def qkv_rows(self) -> int:

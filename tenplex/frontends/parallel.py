@@ -5,32 +5,47 @@ Rank order is Megatron's: TP fastest, then DP, then PP, so
 (hosts fill in order). The expert-parallel rank of a DP rank is `dp_rank % ep`.
 
 Invariants of `ParallelConfig` (SpecError quoting the values):
-- tp, pp, vpp, ep >= 1; dp is None (= fill the cluster) or >= 1; zero is 0 or 1;
+- tp, pp, vpp, ep >= 1; dp is None (= fill the cluster) or >= 1; zero is 0 or 1; each of them
+  (and a cluster's hosts, GPUs per host and devices) is at most `MAX_DEVICES` (2**20), and
+  device ids stay below `MAX_DEVICE_ID` (2**40);
 - vpp > 1 needs pp > 1 and an even layer split;
 - an uneven split is either first/last stage counts (needs pp > 1) or explicit `stage_layers`
   with one non-negative count per stage, never both.
 
 `fit(model, parallel, cluster)` adds the checks that need the model and the cluster (TP divides
 heads, query groups (or the QKV rows when tp > query groups, as mcore >= 0.16), ffn; the
-layers split; EP divides dp and the experts; the ranks fit the devices) and fills in dp.
+layers split; EP divides dp and the experts; the ranks fit the devices; the PTC would have at
+most `MAX_SUBTENSORS` sub-tensors, by `estimated_subtensors`) and fills in dp. So a spec too
+large to build fails in milliseconds, before anything is built.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from tenplex.frontends.model import ModelSpec
+from tenplex.frontends.model import LIMITS, ModelSpec
 from tenplex.ir.errors import SpecError
 from tenplex.ir.topology import Device, Topology
 
+MAX_DEVICES = 1 << 20
+MAX_DEVICE_ID = 1 << 40
+LAYER_LIMIT = LIMITS["num_layers"]
+MAX_SUBTENSORS = 1 << 21  # ~40x gpt-175b on 4096 GPUs with zero1 (54k); about a minute to build
 
-def _count(field: str, value: object, low: int = 1) -> None:
+
+def _count(field: str, value: object, low: int = 1, high: int = MAX_DEVICES) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise SpecError(f"{field}={value!r} must be an integer >= {low}")
+    if value > high:
+        raise SpecError(f"{field}={value} exceeds the limit {high}")
 
 
 def _counts(values: object) -> tuple[int, ...] | None:
-    return None if values is None else tuple(values)  # type: ignore[arg-type]
+    if values is None:
+        return None
+    if not isinstance(values, (list, tuple)):
+        raise SpecError(f"stage_layers={values!r} must be a list of per-stage layer counts")
+    return tuple(values)
 
 
 @attrs.frozen
@@ -50,7 +65,7 @@ class ParallelConfig:
     order: str = "tp-dp-pp"  # rank order, fastest-varying first (Megatron's by default)
 
     def __attrs_post_init__(self) -> None:
-        if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
+        if not isinstance(self.order, str) or sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
             raise SpecError(f"order={self.order!r} must name tp, dp and pp once each, fastest first (e.g. tp-dp-pp)")
         for field in ("tp", "pp", "vpp", "ep"):
             _count(field, getattr(self, field))
@@ -70,14 +85,14 @@ class ParallelConfig:
             raise SpecError(f"first={self.first}, last={self.last} need pp > 1, got pp=1")
         for field in ("first", "last"):
             if getattr(self, field) is not None:
-                _count(field, getattr(self, field), 0)
+                _count(field, getattr(self, field), 0, LAYER_LIMIT)
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(
                     f"stage_layers={list(self.stage_layers)} has {len(self.stage_layers)} stages but pp={self.pp}"
                 )
             for n in self.stage_layers:
-                _count("stage_layers entry", n, 0)
+                _count("stage_layers entry", n, 0, LAYER_LIMIT)
         if self.vpp > 1 and self.pp == 1:
             raise SpecError(f"vpp={self.vpp} needs pp > 1, got pp=1")
         if self.vpp > 1 and (uneven or self.stage_layers is not None):
@@ -128,8 +143,9 @@ class Cluster:
     def __attrs_post_init__(self) -> None:
         _count("hosts", self.hosts)
         _count("gpus_per_host", self.gpus_per_host)
+        _count("devices (hosts*gpus_per_host)", self.hosts * self.gpus_per_host)
         _count("first_host", self.first_host, 0)
-        _count("first_device", self.first_device, 0)
+        _count("first_device", self.first_device, 0, MAX_DEVICE_ID - self.size)
 
     @property
     def size(self) -> int:
@@ -161,7 +177,27 @@ def fit(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> Paralle
     _check_ep(model, parallel.ep, dp)
     if parallel.zero and not model.has_optimizer:
         raise SpecError("zero=1 shards optimizer state, but the model has optimizer='none'")
-    return attrs.evolve(parallel, dp=dp)
+    fitted = attrs.evolve(parallel, dp=dp)
+    n = estimated_subtensors(model, fitted)
+    if n > MAX_SUBTENSORS:
+        raise SpecError(f"the PTC would have about {n} sub-tensors, over the limit {MAX_SUBTENSORS} (fewer layers, ranks or experts)")
+    return fitted
+
+
+def estimated_subtensors(model: ModelSpec, parallel: ParallelConfig) -> int:
+    """An upper estimate of the sub-tensors `build_ptc` makes (within ~3x), from sizes alone:
+    per model partition ((tp, pp, ep) coordinate) its stage's parameters with their optimizer
+    state; with zero=1, the optimizer state as fragments of flat buffers (one per parameter and
+    one more per DP cut)."""
+    experts = model.num_experts // parallel.ep if model.num_experts else 0
+    per_layer = 12 + (1 + 4 * experts if model.num_experts else 0)
+    per_stage = -(-model.num_layers // parallel.pp) * per_layer + 10  # + embeddings, heads, norms
+    kinds = 3 if model.has_optimizer else 0
+    dp = parallel.dp or 1
+    partitions = parallel.tp * parallel.pp * parallel.ep
+    if parallel.zero:
+        return partitions * per_stage + parallel.tp * parallel.pp * kinds * (per_stage * parallel.ep + dp)
+    return partitions * per_stage * (1 + kinds)
 
 
 def _fit_dp(parallel: ParallelConfig, cluster: Cluster) -> int:

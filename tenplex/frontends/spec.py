@@ -26,8 +26,8 @@ from typing import Any
 
 import attrs
 
-from tenplex.frontends.model import ModelSpec
-from tenplex.frontends.parallel import Cluster, ParallelConfig, fit
+from tenplex.frontends.model import LIMITS, ModelSpec
+from tenplex.frontends.parallel import MAX_DEVICES, Cluster, ParallelConfig, fit
 from tenplex.frontends.presets import MODEL_FIELDS, PRESETS, model_from_fields, preset
 from tenplex.frontends.transformer import build_ptc
 from tenplex.ir.errors import SpecError
@@ -43,8 +43,8 @@ ALIASES = {
     "bias": "bias_linear",
     "tied": "tied_embeddings",
 }
-_SIZE = re.compile(r"(tp|pp|dp|vpp|ep|zero)(\d+)")
-_CLUSTER = re.compile(r"(\d+)x(\d+)(?:\+(\d+))?")
+_SIZE = re.compile(r"(tp|pp|dp|vpp|ep|zero)(\d+)", re.ASCII)
+_CLUSTER = re.compile(r"(\d+)x(\d+)(?:\+(\d+))?", re.ASCII)
 _FIELD_TYPES = {a.name: a.type for a in attrs.fields(ModelSpec)}
 
 
@@ -58,9 +58,18 @@ class JobSpec:
         return build_ptc(self.model, self.parallel, self.cluster)
 
 
-def _int(key: str, text: str, token: str) -> int:
-    if not text.isdigit():
-        raise SpecError(f"option {token!r}: {key} needs a non-negative integer, got {text!r}")
+def _short(text: str, most: int = 40) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _int(key: str, text: str, token: str, where: str = "option") -> int:
+    """A decimal count. One of more than 18 digits is over every limit: refused before int()
+    (which stops at 4300 digits) with the limit of `key`."""
+    if not (text.isascii() and text.isdecimal()):
+        raise SpecError(f"{where} {_short(token)!r}: {key} needs a non-negative integer, got {_short(text)!r}")
+    if len(text.lstrip("0")) > 18:
+        limit = LIMITS.get(ALIASES.get(key, key), LIMITS["num_layers"] if key in ("first", "last", "stages") else MAX_DEVICES)
+        raise SpecError(f"{where} {_short(token)!r}: {key}={_short(text)} ({len(text)} digits) exceeds the limit {limit}")
     return int(text)
 
 
@@ -70,7 +79,7 @@ def _field(field: str, text: str, token: str) -> Any:
         return _int(field, text, token)
     if kind == "bool":
         if text not in ("true", "false", "1", "0"):
-            raise SpecError(f"option {token!r}: {field} needs true or false, got {text!r}")
+            raise SpecError(f"option {_short(token)!r}: {field} needs true or false, got {_short(text)!r}")
         return text in ("true", "1")
     return text
 
@@ -87,12 +96,12 @@ def _setting(token: str, sizes: dict[str, Any], fields: dict[str, Any]) -> None:
     elif field in MODEL_FIELDS:
         fields[field] = _field(field, text, token)
     else:
-        raise SpecError(f"option {token!r}: unknown setting {key!r}")
+        raise SpecError(f"option {_short(token)!r}: unknown setting {_short(key)!r}")
 
 
 def _option(token: str, sizes: dict[str, Any], fields: dict[str, Any]) -> None:
     if m := _SIZE.fullmatch(token):
-        sizes[m[1]] = int(m[2])
+        sizes[m[1]] = _int(m[1], m[2], token)
     elif token == "sp":
         sizes["sp"] = True
     elif token == "noopt":
@@ -100,7 +109,7 @@ def _option(token: str, sizes: dict[str, Any], fields: dict[str, Any]) -> None:
     elif "=" in token:
         _setting(token, sizes, fields)
     else:
-        raise SpecError(f"option {token!r} is not one of tpN ppN dpN vppN epN zeroN sp noopt KEY=VALUE")
+        raise SpecError(f"option {_short(token)!r} is not one of tpN ppN dpN vppN epN zeroN sp noopt KEY=VALUE")
 
 
 def parse_spec(text: str) -> JobSpec:
@@ -108,7 +117,7 @@ def parse_spec(text: str) -> JobSpec:
     try:
         return _parse(text.strip())
     except SpecError as e:
-        raise SpecError(f"spec {text!r}: {e}") from None
+        raise SpecError(f"spec {_short(text, 80)!r}: {e}") from None
 
 
 def _parse(text: str) -> JobSpec:
@@ -117,8 +126,8 @@ def _parse(text: str) -> JobSpec:
         raise SpecError("missing '@HOSTSxGPUS' cluster part")
     m = _CLUSTER.fullmatch(where)
     if not m:
-        raise SpecError(f"cluster {where!r} is not HOSTSxGPUS or HOSTSxGPUS+FIRST_HOST")
-    cluster = Cluster(int(m[1]), int(m[2]), int(m[3] or 0))
+        raise SpecError(f"cluster {_short(where)!r} is not HOSTSxGPUS or HOSTSxGPUS+FIRST_HOST")
+    cluster = Cluster(*(_int(k, v, where, "cluster") for k, v in zip(("hosts", "gpus_per_host", "first_host"), (m[1], m[2], m[3] or "0"))))
     name, _, opts = head.partition(":")
     sizes: dict[str, Any] = {}
     fields: dict[str, Any] = {}
@@ -188,7 +197,11 @@ def load_spec(path: str | Path) -> JobSpec:
 def job_from_spec(text_or_path: str | Path) -> JobSpec:
     """A JSON file path (an existing file, or a name ending in .json) or a compact spec."""
     text = str(text_or_path)
-    if text.endswith(".json") or Path(text).is_file():
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for a path (or with a NUL) is no file
+        is_file = False
+    if text.endswith(".json") or is_file:
         return load_spec(text)
     return parse_spec(text)
 

@@ -121,6 +121,9 @@ class Box:
         return True
 
     def contains(self, other: Box) -> bool:
+        """True when every point of `other` is in this box (never for another ndim)."""
+        if len(self.start) != len(other.start):
+            return False
         for a, b, c, d in zip(self.start, self.stop, other.start, other.stop):  # noqa: SIM110 (hot path)
             if c < a or d > b:
                 return False

@@ -4,19 +4,21 @@ A `Partition` is what one rank holds together: sub-tensors plus non-tensor value
 `Allocation` maps each partition to the devices holding it (several devices are DP replicas).
 
 Invariants:
-- tensor names, sub-tensor ids, partition ids are unique;
+- tensor names, sub-tensor ids, partition ids are unique strings without NUL bytes (and so are
+  value names);
 - a sub-tensor names an existing tensor; its pieces' global boxes have the tensor's ndim and
   lie inside the tensor's shape;
 - every sub-tensor belongs to exactly one partition, and partitions name existing sub-tensors;
 - a value's policy is `replicated` (all holders agree; copied from src) or `per-rank`
   (re-derived for each rank by a rule; carried by dst, never copied);
-- every partition is allocated to >= 1 device of the topology, each device at most once, and
-  the allocation names no unknown partition.
+- every partition (a string id) is allocated to >= 1 device (an integer id) of the topology,
+  each device at most once, and the allocation names no unknown partition.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
@@ -25,6 +27,7 @@ import attrs
 
 from tenplex.ir.box import Box, disjoint_union, subtract_all
 from tenplex.ir.errors import IRError
+from tenplex.ir.names import check_name
 from tenplex.ir.tensor import SubTensor, TensorMeta, itemsize
 from tenplex.ir.topology import Topology
 
@@ -56,6 +59,13 @@ class Partition:
     values: tuple[tuple[str, Value], ...] = attrs.field(converter=_sorted_items, factory=tuple)
 
     def __attrs_post_init__(self) -> None:
+        check_name("partition id", self.id)
+        for sid in self.subtensors:
+            check_name(f"partition {self.id!r} sub-tensor id", sid)
+        for name, value in self.values:
+            check_name(f"partition {self.id!r} value name", name)
+            if not isinstance(value, Value):
+                raise IRError(f"partition {self.id!r} value {name!r} is {value!r}, not a Value")
         if len(set(self.subtensors)) != len(self.subtensors):
             raise IRError(f"partition {self.id!r} lists a sub-tensor twice: {list(self.subtensors)}")
         names = [n for n, _ in self.values]
@@ -67,9 +77,24 @@ class Partition:
         return dict(self.values)
 
 
+def _device_id(pid: str, d: Any) -> int:
+    try:
+        if isinstance(d, bool):
+            raise TypeError
+        return operator.index(d)
+    except TypeError:
+        raise IRError(f"partition {pid!r} is allocated to device {d!r}, which is not an integer device id") from None
+
+
 def _alloc_items(values: Mapping[str, Iterable[int]] | Iterable[tuple[str, Iterable[int]]]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     items = values.items() if isinstance(values, Mapping) else values
-    return tuple(sorted((pid, tuple(devs)) for pid, devs in items))
+    out = []
+    for pid, devs in items:
+        check_name("allocation partition id", pid)
+        if isinstance(devs, (str, bytes, Mapping)) or not isinstance(devs, Iterable):
+            raise IRError(f"partition {pid!r} is allocated to {devs!r}; expected a list of device ids")
+        out.append((pid, tuple(_device_id(pid, d) for d in devs)))
+    return tuple(sorted(out))
 
 
 @attrs.frozen

@@ -1,7 +1,8 @@
 """`tenplex.ptc/1` JSON: strict parsing and canonical printing of a PTC.
 
 Parsing builds nothing until the whole document is checked: any unknown key, wrong type,
-out-of-range box or dangling id raises `ParseError` naming the source and the field, e.g.
+out-of-range box, dangling id or name with a NUL byte raises `ParseError` naming the source
+and the field, e.g.
 `ptc.json: subtensors["w/tp1"].pieces[0].global: ...`. Printing is canonical (fixed key order,
 maps sorted by name), so `print(parse(text)) == text` for canonical text and
 `parse(print(ptc)) == ptc` for every PTC.
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError, ParseError
 from tenplex.ir.files import read_json, reject_constant, write_atomic
+from tenplex.ir.names import check_name
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.tensor import Piece, SubTensor, TensorMeta
 from tenplex.ir.topology import Device, Links, Topology
@@ -57,6 +59,12 @@ class JsonDoc:
         except (IRError, TypeError) as e:
             raise self.fail(where, str(e)) from None
 
+    def name(self, node: Any, where: str, what: str) -> str:
+        """A name or id: a string without NUL bytes (`tenplex.ir.names`)."""
+        self.typed(node, where, str, f"a {what}")
+        self.build(where, lambda: check_name(what, node))
+        return node
+
     def box(self, node: Any, where: str) -> Box:
         self.typed(node, where, list, "a list of [start, stop] pairs")
         return self.build(where, lambda: Box.from_list(node))
@@ -79,6 +87,7 @@ def _topology(doc: JsonDoc, root: dict) -> Topology:
 
 def _tensor(doc: JsonDoc, name: str, node: Any) -> TensorMeta:
     w = f"tensors[{name!r}]"
+    doc.name(name, w, "tensor name")
     doc.obj(node, w, ("shape", "dtype"))
     doc.typed(node["shape"], w + ".shape", list, "a list of integers")
     doc.typed(node["dtype"], w + ".dtype", str, "a dtype name")
@@ -87,6 +96,7 @@ def _tensor(doc: JsonDoc, name: str, node: Any) -> TensorMeta:
 
 def _subtensor(doc: JsonDoc, sid: str, node: Any) -> SubTensor:
     w = f"subtensors[{sid!r}]"
+    doc.name(sid, w, "sub-tensor id")
     if isinstance(node, dict) and "box" in node:
         doc.obj(node, w, ("tensor", "path", "box"), ("fill",))
         box = doc.box(node["box"], w + ".box")
@@ -102,21 +112,24 @@ def _subtensor(doc: JsonDoc, sid: str, node: Any) -> SubTensor:
             doc.obj(p, pw, ("global", "local"))
             g, lo = doc.box(p["global"], pw + ".global"), doc.box(p["local"], pw + ".local")
             pieces.append(doc.build(pw, lambda g=g, lo=lo: Piece(g, lo)))
-    doc.typed(node["tensor"], w + ".tensor", str, "a tensor name")
+    doc.name(node["tensor"], w + ".tensor", "tensor name")
     doc.typed(node["path"], w + ".path", str, "a path string")
+    doc.name(node["path"], w + ".path", "path")
     fill = doc.typed(node.get("fill", 0), w + ".fill", (int, float), "a number")
     return doc.build(w, lambda: SubTensor(sid, node["tensor"], node["path"], shape, tuple(pieces), fill))
 
 
 def _partition(doc: JsonDoc, pid: str, node: Any) -> Partition:
     w = f"partitions[{pid!r}]"
+    doc.name(pid, w, "partition id")
     doc.obj(node, w, ("subtensors",), ("values",))
     subs = doc.typed(node["subtensors"], w + ".subtensors", list, "a list of sub-tensor ids")
     for k, sid in enumerate(subs):
-        doc.typed(sid, f"{w}.subtensors[{k}]", str, "a sub-tensor id")
+        doc.name(sid, f"{w}.subtensors[{k}]", "sub-tensor id")
     values = {}
     for name, v in doc.typed(node.get("values", {}), w + ".values", dict, "an object").items():
         vw = f"{w}.values[{name!r}]"
+        doc.name(name, vw, "value name")
         doc.obj(v, vw, (), ("value", "policy"))
         values[name] = doc.build(vw, lambda v=v: Value(v.get("value"), v.get("policy", "replicated")))
     return doc.build(w, lambda: Partition(pid, tuple(subs), values))
@@ -125,6 +138,7 @@ def _partition(doc: JsonDoc, pid: str, node: Any) -> Partition:
 def _allocation(doc: JsonDoc, node: Any) -> Allocation:
     doc.typed(node, "allocation", dict, "an object")
     for pid, devs in node.items():
+        doc.name(pid, f"allocation[{pid!r}]", "partition id")
         doc.typed(devs, f"allocation[{pid!r}]", list, "a list of device ids")
         for d in devs:
             doc.typed(d, f"allocation[{pid!r}]", int, "integer device ids")

@@ -6,6 +6,7 @@ elements correspond in the row-major order of each box. Local elements that no p
 *fill* (e.g. vocabulary padding rows) and hold `fill`.
 
 Invariants:
+- names, ids and paths are strings without NUL bytes (`tenplex.ir.names`);
 - dtype is a known dtype name (numpy names plus bfloat16 and float8 kinds);
 - shapes are non-negative integers;
 - a piece's boxes have equal volume and either equal extents, or a 1-D local box (a flat run,
@@ -25,6 +26,7 @@ import attrs
 
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError
+from tenplex.ir.names import check_name
 from tenplex.ir.sweep import overlapping_pairs
 
 ITEMSIZE = {
@@ -63,6 +65,9 @@ class TensorMeta:
     name: str
     shape: tuple[int, ...] = attrs.field(converter=_shape)
     dtype: str = attrs.field(validator=_dtype)
+
+    def __attrs_post_init__(self) -> None:
+        check_name("tensor name", self.name)
 
     @property
     def box(self) -> Box:
@@ -121,6 +126,9 @@ class SubTensor:
     fill: float = 0
 
     def __attrs_post_init__(self) -> None:
+        check_name("sub-tensor id", self.id)
+        check_name(f"sub-tensor {self.id!r} tensor", self.tensor)
+        check_name(f"sub-tensor {self.id!r} path", self.path)
         local = Box.from_shape(self.shape)
         for i, p in enumerate(self.pieces):
             if p.local_box.ndim != len(self.shape):

@@ -4,7 +4,7 @@ A reconfiguration moves bytes over three link classes: `device` (both ends on on
 `host` (two devices of one host: NVLink or shared memory) and `network` (two hosts).
 
 Invariants:
-- device ids are unique non-negative integers; host names are non-empty;
+- device ids are unique non-negative integers; host names are non-empty, without NUL bytes;
 - link bandwidths are positive (bytes per second).
 """
 
@@ -32,8 +32,8 @@ class Device:
     def __attrs_post_init__(self) -> None:
         if isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0:
             raise IRError(f"device id {self.id!r} is not a non-negative integer")
-        if not isinstance(self.host, str) or not self.host:
-            raise IRError(f"device {self.id} has host {self.host!r}; expected a non-empty name")
+        if not isinstance(self.host, str) or not self.host or "\x00" in self.host:
+            raise IRError(f"device {self.id} has host {self.host!r}; expected a non-empty name without NUL bytes")
 
 
 @attrs.frozen

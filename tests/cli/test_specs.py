@@ -76,3 +76,16 @@ def test_subprocess_compile_is_deterministic_and_errors_exit_2(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith("tenplex: error: spec 'gpt-tiny:tp3@1x4'") and bad.stderr.count("\n") == 1
     assert not target.exists()
+
+
+def test_huge_specs_are_one_line_errors_at_once(tenplex):
+    """A spec longer than a file name can be is still a spec (it was 'File name too long');
+    sizes past the limits fail before anything is built (they used to run for minutes)."""
+    for spec, message in [
+        ("gpt-tiny:tp" + "9" * 5000 + "@1x1", "tp=9999999999999999999999999999999999999... (5000 digits) exceeds the limit 1048576"),
+        ("gpt-tiny@1000000x1000000", "devices (hosts*gpus_per_host)=1000000000000 exceeds the limit 1048576"),
+        ("gpt-tiny:layers=100000000@1x1", "model num_layers=100000000 exceeds the limit 16384"),
+    ]:
+        code, out, err = tenplex("spec", spec)
+        assert code == 2 and out == ""
+        assert err.startswith("tenplex: error: spec ") and message in err and err.count("\n") == 1 and len(err) < 400

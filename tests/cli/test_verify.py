@@ -32,6 +32,45 @@ def test_large_state_skips_execution(tenplex, files, plan):
     assert "plan verified:" in out
 
 
+def test_huge_limit_with_too_little_memory_skips_execution(tenplex, files, plan, monkeypatch):
+    """`--execute-limit 100TiB` lets any state through the limit; the in-process run then must
+    not be started when the machine cannot hold it (it died of MemoryError or the OOM killer)."""
+    from tenplex.cli import plans
+
+    monkeypatch.setattr(plans, "available_memory", lambda: 500)
+    code, out, err = tenplex("verify", plan, files["src"], files["dst"], "--execute-limit", "100TiB")
+    assert code == 0, err
+    assert "execution: skipped (the in-process run needs about 816 B of memory; 500 B available)" in out
+    assert out.splitlines()[-1].startswith("plan verified:")
+
+
+def test_running_out_of_memory_while_executing_skips_execution(tenplex, files, plan, monkeypatch):
+    import tenplex.runtime.oracle as oracle
+
+    def exhausted(*_):
+        raise MemoryError
+
+    monkeypatch.setattr(oracle, "check_execution", exhausted)
+    code, out, err = tenplex("verify", plan, files["src"], files["dst"], "--execute-limit", "100TiB")
+    assert code == 0, err
+    assert "execution: skipped (ran out of memory; the in-process run needs about 816 B)" in out
+
+
+@pytest.mark.parametrize(
+    "limit, message",
+    [
+        pytest.param("9" * 5000, "'99999999999999999999...' is too large: sizes go up to 8 EiB", id="5000_digits"),
+        pytest.param(str(1 << 63), "'9223372036854775808' is too large: sizes go up to 8 EiB", id="2_to_the_63"),
+        pytest.param("8388608TiB", "'8388608TiB' is too large: sizes go up to 8 EiB", id="8_EiB_in_TiB"),
+        pytest.param("-1", "'-1' is not a size such as 65536, 64KiB, 64MiB or 1GiB", id="negative"),
+    ],
+)
+def test_huge_or_malformed_limit_is_a_usage_error(tenplex, files, plan, limit, message):
+    code, out, err = tenplex("verify", plan, files["src"], files["dst"], "--execute-limit", limit)
+    assert code == 2 and out == ""
+    assert message in err and "Traceback" not in err
+
+
 def _drop(kind: str):
     """Delete the first op of `kind`, renumbering the later ops and their references."""
 

@@ -248,6 +248,42 @@ def wrong_fill_bytes(plan):
     return attrs.evolve(plan, stats=attrs.evolve(s, fill_bytes=s.fill_bytes + 4)), ["fill bytes", str(s.fill_bytes + 4)]
 
 
+def copy_box_with_extra_dim(plan):
+    i = landing(plan, "w", 0)
+    b = plan.ops[i].box
+    return with_op(plan, i, box=Box(b.start + (0,), b.stop + (1,))), [f"op {i} copies 'w' box [[0, 2], [0, 4], [0, 1]] of 3 dims, but the tensor has 2 (shape (4, 4))"]
+
+
+def copy_box_with_missing_dim(plan):
+    i = landing(plan, "w", 0)
+    b = plan.ops[i].box
+    return with_op(plan, i, box=Box(b.start[:1], b.stop[:1])), [f"op {i} copies 'w' box [[0, 2]] of 1 dims, but the tensor has 2"]
+
+
+def fill_box_with_extra_dim(plan):
+    i = find(plan, FillOp, dst_device=2)
+    b = plan.ops[i].box
+    return with_op(plan, i, box=Box(b.start + (0,), b.stop + (1,))), [f"op {i} fills 'emb/r' local box [[6, 8], [0, 2], [0, 1]] with -1; expected fill -1 inside shape (8, 2)"]
+
+
+def message_over_the_size_limit(plan):
+    options = attrs.evolve(OPTIONS, max_message_bytes=16)
+    k = next(k for k, m in enumerate(plan.messages) if m.bytes > 16)
+    m = plan.messages[k]
+    return attrs.evolve(plan, options=options), [f"message {m.id} holds {m.bytes} bytes in {len(m.ops)} ops, over max_message_bytes 16"]
+
+
+def wrong_predicted_seconds(plan):
+    s = plan.stats
+    broken = attrs.evolve(plan, stats=attrs.evolve(s, predicted_seconds=s.predicted_seconds * 2))
+    return broken, ["plan stats say predicted and lower-bound seconds", f"the cost model gives ({s.predicted_seconds!r}, {s.lower_bound_seconds!r})"]
+
+
+def wrong_lower_bound_seconds(plan):
+    s = plan.stats
+    return attrs.evolve(plan, stats=attrs.evolve(s, lower_bound_seconds=0.0)), [f"plan stats say predicted and lower-bound seconds ({s.predicted_seconds!r}, 0.0)"]
+
+
 CASES = [
     dropped_copy, duplicated_copy, shifted_box, box_outside_dst_piece, src_device_lacks_src, wrong_src_piece,
     src_piece_of_other_tensor, dst_device_lacks_dst, forward_without_order_edge, forward_in_landing_round, order_cycle,
@@ -255,7 +291,8 @@ CASES = [
     literal_for_inherited_value, message_with_wrong_bytes, message_between_wrong_hosts, copy_in_no_message,
     copy_in_two_messages, over_budget_round, allocation_with_other_replicas, wrong_network_stats, wrong_rounds,
     wrong_network_lower_bound,
-    wrong_fill_bytes,
+    wrong_fill_bytes, copy_box_with_extra_dim, copy_box_with_missing_dim, fill_box_with_extra_dim,
+    message_over_the_size_limit, wrong_predicted_seconds, wrong_lower_bound_seconds,
 ]  # fmt: skip
 
 
@@ -276,3 +313,29 @@ def test_broken_plan_is_rejected(plan, breaks):
     else:
         raise AssertionError(f"{breaks.__name__}: check_plan accepted the broken plan")
 
+
+
+# -- inputs the plan does not fit ------------------------------------------------------------
+
+
+def test_src_with_another_dtype_is_rejected(plan):
+    w16 = attrs.evolve(W, dtype="float16")
+    src = attrs.evolve(SRC, tensors=(w16, EMB))
+    with pytest.raises(PlanVerifyError, match=r"op \d+ copies tensor 'w', which is float16\[4, 4\] in src but float32\[4, 4\] in dst"):
+        check_plan(plan, src, DST)
+
+
+def test_src_and_dst_placing_a_device_on_two_hosts_is_a_plan_verify_error(plan):
+    moved = Topology((Device(0, "h0"), Device(1, "h0"), Device(2, "elsewhere"), Device(3, "h1")))
+    with pytest.raises(PlanVerifyError, match="plan cannot be checked: device 2 is on host 'h1' in src but 'elsewhere' in dst"):
+        check_plan(plan, SRC, attrs.evolve(DST, topology=moved))
+
+
+def test_literal_value_of_another_json_type_is_rejected():
+    """1.0 and True equal 1 in Python, but a job reading its iteration back gets another type."""
+    dst = attrs.evolve(DST, partitions=(Partition("r", ["w/r", "emb/r"], {"iteration": Value(8)}),))
+    plan = compile_plan(SRC, dst, OPTIONS)
+    i = find(plan, ValueOp, dst_device=2)
+    for other in (8.0, True, "8"):
+        with pytest.raises(PlanVerifyError, match=rf"op {i} sets value 'iteration' of 'r' to {other!r}; dst wants 8"):
+            check_plan(with_op(plan, i, value=other), SRC, dst)

@@ -108,6 +108,13 @@ INVALID = [
         "PTC is incomplete: tensor 'w' region [[4, 6], [0, 4]] is held by no sub-tensor",
         id="incomplete",
     ),
+    pytest.param(lambda: Partition("tp\x00", ()), "partition id 'tp\\x00' contains a NUL byte", id="partition_id_with_nul"),
+    pytest.param(lambda: Partition("tp0", ("w\x00",)), "partition 'tp0' sub-tensor id 'w\\x00' contains a NUL byte", id="partition_member_with_nul"),
+    pytest.param(lambda: Partition("tp0", (), {"it\x00": Value(1)}), "partition 'tp0' value name 'it\\x00' contains a NUL byte", id="value_name_with_nul"),
+    pytest.param(lambda: Partition("tp0", (), {"it": 1}), "partition 'tp0' value 'it' is 1, not a Value", id="value_not_a_value"),
+    pytest.param(lambda: Allocation({"tp\x00": [0]}), "allocation partition id 'tp\\x00' contains a NUL byte", id="allocation_key_with_nul"),
+    pytest.param(lambda: Allocation({"tp0": ["0"]}), "partition 'tp0' is allocated to device '0', which is not an integer device id", id="allocation_str_device"),
+    pytest.param(lambda: Allocation({"tp0": 0}), "partition 'tp0' is allocated to 0; expected a list of device ids", id="allocation_not_a_list"),
 ]
 
 

@@ -209,6 +209,27 @@ INVALID = [
         setter("allocation", "tp0", [0, 0]), "allocation", "partition 'tp0' is allocated to devices [0, 0] with duplicates",
         id="allocation_duplicate_device",
     ),
+    # NUL bytes cut names short in files, C strings and UCX tags
+    pytest.param(setter(*ST1, "path", "model/w\x00.npy"), "subtensors['w/tp1'].path", "path 'model/w\\x00.npy' contains a NUL byte", id="path_with_nul"),
+    pytest.param(setter(*ST1, "tensor", "w\x00"), "subtensors['w/tp1'].tensor", "tensor name 'w\\x00' contains a NUL byte", id="tensor_ref_with_nul"),
+    pytest.param(
+        setter("subtensors", "w/tp1\x00", {"tensor": "w", "path": "p", "box": [[0, 1], [0, 1]]}), "subtensors['w/tp1\\x00']",
+        "sub-tensor id 'w/tp1\\x00' contains a NUL byte", id="subtensor_id_with_nul",
+    ),
+    pytest.param(
+        setter("tensors", "w\x00", {"shape": [1], "dtype": "float32"}), "tensors['w\\x00']", "tensor name 'w\\x00' contains a NUL byte",
+        id="tensor_name_with_nul",
+    ),
+    pytest.param(
+        setter("partitions", "tp\x00", {"subtensors": []}), "partitions['tp\\x00']", "partition id 'tp\\x00' contains a NUL byte",
+        id="partition_id_with_nul",
+    ),
+    pytest.param(
+        setter("partitions", "tp0", "values", {"it\x00": {"value": 1}}), "partitions['tp0'].values['it\\x00']",
+        "value name 'it\\x00' contains a NUL byte", id="value_name_with_nul",
+    ),
+    pytest.param(setter("devices", 1, "host", "h\x00"), "devices[1]", "device 1 has host 'h\\x00'; expected a non-empty name without NUL bytes", id="host_with_nul"),
+    pytest.param(setter("allocation", "tp\x00", [0]), "allocation['tp\\x00']", "partition id 'tp\\x00' contains a NUL byte", id="allocation_key_with_nul"),
 ]
 
 

@@ -83,6 +83,11 @@ INVALID = [
         "local region [[0, 1]] of flat piece [[0, 4]] has no global box",
         id="to_global_of_flat_piece",
     ),
+    pytest.param(lambda: TensorMeta("w\x00", (2,), "float32"), "tensor name 'w\\x00' contains a NUL byte", id="tensor_name_with_nul"),
+    pytest.param(lambda: TensorMeta(7, (2,), "float32"), "tensor name 7 is not a string", id="tensor_name_not_string"),
+    pytest.param(lambda: SubTensor("w/tp0", "w", "model/w\x00", (0,), ()), "sub-tensor 'w/tp0' path 'model/w\\x00' contains a NUL byte", id="path_with_nul"),
+    pytest.param(lambda: sub((0,), sid="w/\x00tp0"), "sub-tensor id 'w/\\x00tp0' contains a NUL byte", id="subtensor_id_with_nul"),
+    pytest.param(lambda: SubTensor("w/tp0", None, "p", (0,), ()), "sub-tensor 'w/tp0' tensor None is not a string", id="subtensor_tensor_none"),
 ]
 
 

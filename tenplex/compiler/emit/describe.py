@@ -2,8 +2,10 @@
 
 Three parts: a table of partitions (id, devices, hosts, sub-tensors, bytes, values), totals
 (tensors, logical bytes per dtype, bytes held on devices, devices, hosts), and notes in plain
-words about what deserves a look: regions no sub-tensor holds (`PTC.uncovered`), fill (padding)
-bytes, replicated partitions, devices that hold nothing. Plain text, sorted, deterministic.
+words about what deserves a look: regions no sub-tensor holds (`PTC.uncovered`), sub-tensors
+whose boxes overlap without being equal and elements held more than once (`ir.overlap`), fill
+(padding) bytes, replicated partitions, devices that hold nothing. "complete" is said only when
+there is nothing to note. Plain text, sorted, deterministic.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tenplex.compiler.emit.fmt import human_bytes, table
+from tenplex.ir.overlap import extra_elements, overlaps
 from tenplex.ir.ptc import PTC, Partition
 
 _LIST = 4  # names shown before "+N more"
@@ -77,6 +80,27 @@ def _gaps(ptc: PTC) -> list[str]:
     return out
 
 
+def _overlaps(ptc: PTC) -> list[str]:
+    found = overlaps(ptc, limit=1)
+    out = []
+    for name in sorted(found)[:_LIST]:
+        o = found[name][0]
+        out.append(f"overlapping: tensor {name!r} is held by sub-tensors whose boxes overlap without being equal: "
+                   f"{o.a[0]!r} {o.a[1]} and {o.b[0]!r} {o.b[1]} both hold {o.common}")  # fmt: skip
+    if len(found) > _LIST:
+        out.append(f"overlapping: {len(found) - _LIST} more tensors are held by sub-tensors whose boxes overlap")
+    return out
+
+
+def _held_twice(ptc: PTC) -> list[str]:
+    extra = extra_elements(ptc)
+    if not extra:
+        return []
+    nbytes = sum(n * ptc.itemsize(name) for name, n in extra.items())
+    return [f"held twice: {len(extra)} tensor(s) have elements held by more than one sub-tensor (e.g. norms kept "
+            f"whole on every TP rank, tied embeddings), {human_bytes(nbytes)} beyond one copy: {_short(sorted(extra))}"]  # fmt: skip
+
+
 def _fills(ptc: PTC) -> list[str]:
     padded = {sid: n for sid in sorted(ptc.subtensor_map) if (n := _fill_bytes(ptc, sid))}
     if not padded:
@@ -105,7 +129,7 @@ def _idle(ptc: PTC) -> list[str]:
 
 def describe(ptc: PTC) -> str:
     """The plain-text description of `ptc`, ending with a newline."""
-    notes = _gaps(ptc) + _fills(ptc) + _replicas(ptc) + _idle(ptc)
+    notes = _gaps(ptc) + _overlaps(ptc) + _held_twice(ptc) + _fills(ptc) + _replicas(ptc) + _idle(ptc)
     sections = [
         ["partitions:", _partitions(ptc)],
         ["totals:", *_totals(ptc)],

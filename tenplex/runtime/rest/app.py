@@ -13,7 +13,8 @@ Endpoints (every parameter is a query parameter; unknown parameters are rejected
 per leading dimension, optionally in `[...]`; missing trailing dimensions are taken whole.
 
 Errors are 4xx with a one-line `text/plain` message that starts with the parameter at fault:
-400 malformed input (path traversal, syntax, dtype, shape, body length), 401 bad token,
+400 malformed input (path traversal, syntax, dtype, shape, body length; a number in `range` or
+`shape` above 2**62, more than 64 dimensions), 401 bad token,
 404 missing path, 409 clash with the store (exists, under a leaf, over its memory budget),
 413 a shape too large to allocate, 416 range outside the tensor.
 
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from tenplex.ir.box import Box
 from tenplex.runtime.arrays import np_dtype
-from tenplex.runtime.rest.ranges import RangeError, parse_range
+from tenplex.runtime.rest.ranges import MAX_INDEX, RangeError, parse_range, short
 from tenplex.runtime.rest.server import RestServer, bearer_auth, is_loopback
 from tenplex.runtime.store.leaf import parse_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
@@ -43,6 +44,7 @@ from tenplex.runtime.store.tree import StoreError, TensorStore
 __all__ = ["CHUNK_BYTES", "make_app", "serve"]
 
 CHUNK_BYTES = 4 << 20
+MAX_NDIM = 64  # numpy's own limit
 _EXTRA_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # ml_dtypes, as in arrays.np_dtype
 _STORE_KEY = web.AppKey("store", TensorStore)
 
@@ -172,7 +174,7 @@ def _dtype(request: web.Request) -> np.dtype:
     except (TypeError, ValueError):
         dtype = None
     if dtype is None or not dtype.isnative or not (dtype.kind in "biufc" or str(dtype) in _EXTRA_DTYPES):
-        raise _fail(web.HTTPBadRequest, f"dtype: {name!r} is not a supported numeric dtype (e.g. float32, bfloat16, bool)")
+        raise _fail(web.HTTPBadRequest, f"dtype: {short(name)!r} is not a supported numeric dtype (e.g. float32, bfloat16, bool)")
     return dtype
 
 
@@ -180,16 +182,21 @@ def _shape(request: web.Request) -> tuple[int, ...]:
     text = request.query.get("shape")
     if text is None:
         raise _fail(web.HTTPBadRequest, "shape: missing parameter (empty for a 0-d tensor)")
-    parts = text.split(",") if text.strip() else []
-    if not all(p.strip().isdecimal() and p.strip().isascii() for p in parts):
-        raise _fail(web.HTTPBadRequest, f"shape: {text!r} is not a comma-separated list of non-negative integers")
+    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    if not all(p.isdecimal() and p.isascii() for p in parts):
+        raise _fail(web.HTTPBadRequest, f"shape: {short(text)!r} is not a comma-separated list of non-negative integers")
+    if len(parts) > MAX_NDIM:
+        raise _fail(web.HTTPBadRequest, f"shape: {short(text)!r} has {len(parts)} dimensions; at most {MAX_NDIM}")
+    for d, p in enumerate(parts):  # checked by length first: int() stops at 4300 digits
+        if len(p.lstrip("0")) > 19 or int(p) > MAX_INDEX:
+            raise _fail(web.HTTPBadRequest, f"shape: dimension {d} of {short(text)!r} is above 2**62")
     return tuple(int(p) for p in parts)
 
 
 def _flag(request: web.Request, name: str) -> bool:
     value = request.query.get(name, "0").lower()
     if value not in ("0", "1", "true", "false"):
-        raise _fail(web.HTTPBadRequest, f"{name}: {value!r} is not 0, 1, true or false")
+        raise _fail(web.HTTPBadRequest, f"{name}: {short(value)!r} is not 0, 1, true or false")
     return value in ("1", "true")
 
 
