@@ -27,7 +27,8 @@ JSON, or YAML (`.yaml` / `.yml`):
                                           64, or the machine's CPU count where that is larger
                                           (torchrun starts every process on this machine)
 
-A job file is read only if it is a regular UTF-8 file of at most 64 MiB (`tenplex.elastic.files`).
+A job file is read only if it is a regular UTF-8 file of at most 64 MiB (`MAX_FILE_BYTES`, read by
+`tenplex.ir.files.read_text`).
 
 Invariants:
 - 1 <= devices <= max_devices everywhere (the initial devices, every event; scale requests are
