@@ -13,6 +13,8 @@ import click
 
 from tenplex.cli.common import load_state
 
+MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process and a UCX worker
+
 
 @click.command("reshard")
 @click.argument("src_dir", type=click.Path(file_okay=False))
@@ -25,8 +27,8 @@ from tenplex.cli.common import load_state
               help="Format of SRC_DIR (default: detected).")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
               help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Local workers (1: in-process; >= 2: one agent process each).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
+              help=f"Local workers (1: in-process; >= 2: one agent process each, at most {MAX_WORKERS}).")  # fmt: skip
 @click.option("--central", is_flag=True, help="Baseline (tenplex format only): gather on worker w0, then scatter.")
 @click.option("--trust-pickles", is_flag=True,
               help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "

@@ -116,3 +116,8 @@ def test_reference_structure_directories_are_ptcs_for_compile_and_inspect(tmp_pa
     assert code == 0 and "problems: none" in out, out + err
     code, out, err = tenplex("reshard", str(dirs[0]), "--to", "tp=1,pp=1", "--out", str(tmp_path / "x"))
     assert code == 2 and "structure directory (shapes only, no data)" in err
+
+
+def test_reshard_workers_are_bounded(tenplex, tmp_path):
+    code, _, err = tenplex("reshard", str(tmp_path), "--to", "tp=1", "--out", str(tmp_path / "o"), "--workers", "100000")
+    assert code == 2 and err.count("\n") == 1 and "--workers" in err and "1<=x<=256" in err, err
