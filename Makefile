@@ -1,15 +1,24 @@
 # make test | demo | bench | lint | fix — each works on a fresh machine with only python3.
 VENV := .venv
 PY := $(VENV)/bin/python
-SRC := $(wildcard tenplex tests proofs bench demo fixtures experiments)
+SRC := $(wildcard tenplex tests bench demo fixtures experiments examples docs/architecture.py)
 
-.PHONY: test lint fix demo bench deps
+.PHONY: test lint fix demo bench deps constraints
 
-# (Re)install only when pyproject.toml changed since the last install.
-$(VENV)/.stamp: pyproject.toml
+# (Re)install only when pyproject.toml or constraints.txt changed since the last install: the
+# package's compatible ranges, resolved to the exact tested versions of constraints.txt.
+$(VENV)/.stamp: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,lint,torch,ucx]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint,torch,ucx,plots,proofs]'
 	touch $@
+
+# After changing dependencies in pyproject.toml: resolve them again and pin what installed
+# (torch stays at TORCH: an unpinned torch resolves to several GB of CUDA wheels).
+TORCH := 2.13.0
+constraints: $(VENV)/.stamp
+	$(PY) -m pip install -q -U -e '.[test,lint,torch,ucx,plots,proofs]' 'torch==$(TORCH)'
+	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 deps: $(VENV)/.stamp
 	@command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3) >/dev/null 2>&1 \

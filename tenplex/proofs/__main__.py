@@ -1,4 +1,4 @@
-"""`python -m proofs`: prove every lemma and certify the sample plans; print a table.
+"""`python -m tenplex.proofs`: prove every lemma and certify the sample plans; print a table.
 
 Exit status 0 when everything is proved, 1 otherwise (each failure's message is printed).
 Model-spec plans (`gpt-tiny`, `llama-tiny`) are certified on a deterministic sample of their dst
@@ -12,12 +12,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from proofs.certificate import certify
-from proofs.lemmas import LEMMAS
-from proofs.network import certify_network
-from proofs.samples import SAMPLES, Pair
 from tenplex.compiler import compile_plan
 from tenplex.ir.errors import TenplexError
+from tenplex.proofs.certificate import certify
+from tenplex.proofs.lemmas import LEMMAS
+from tenplex.proofs.network import certify_network
+from tenplex.proofs.samples import SAMPLES, Pair
 
 SPEC_PAIRS = (
     ("gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,dp2@2x4"),
@@ -62,7 +62,7 @@ def plan_row(name: str, build: Callable[[], Pair], max_instances: int | None, ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tenplex.proofs", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--max-instances", type=int, default=120, help="dst instances to certify per model-spec plan (default 120)"
     )

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import z3
 
-from proofs.certificate import CertificateError, certify
-from proofs.encode import LocalFrame
-from proofs.lemmas import LEMMAS, LemmaError, _in, exactly_one, prove
-from proofs.network import certify_network
-from proofs.samples import SAMPLES
 from tenplex.compiler import CopyOp, FillOp, compile_plan
 from tenplex.compiler.plan import Plan
 from tenplex.ir import PTC
+from tenplex.proofs.certificate import CertificateError, certify
+from tenplex.proofs.encode import LocalFrame
+from tenplex.proofs.lemmas import LEMMAS, LemmaError, _in, exactly_one, prove
+from tenplex.proofs.network import certify_network
+from tenplex.proofs.samples import SAMPLES
 from tenplex.runtime.arrays import region
 
 pytestmark = pytest.mark.z3

@@ -29,13 +29,13 @@ from collections.abc import Sequence
 import attrs
 import z3
 
-from proofs.encode import LocalFrame, Write, describe, in_box, int_vector
 from tenplex.compiler.ops import CopyOp, FillOp
 from tenplex.compiler.plan import Plan
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import SubTensor
+from tenplex.proofs.encode import LocalFrame, Write, describe, in_box, int_vector
 
 
 class CertificateError(AssertionError):

@@ -20,12 +20,12 @@ from collections import defaultdict
 import attrs
 import z3
 
-from proofs.certificate import CertificateError
-from proofs.encode import describe, in_box, int_vector
 from tenplex.compiler.ops import CopyOp
 from tenplex.compiler.plan import Plan
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
+from tenplex.proofs.certificate import CertificateError
+from tenplex.proofs.encode import describe, in_box, int_vector
 
 
 @attrs.frozen
