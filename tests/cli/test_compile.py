@@ -1,8 +1,10 @@
 """`tenplex compile`: each emitter to stdout and to a file, options, determinism, and errors
-that print one line, exit 2 and leave no output file."""
+that print one line, exit 2 and leave no output file; pictures (svg, png) and the committed
+picture of the README; progress only on a terminal."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -21,7 +23,10 @@ def test_json_to_stdout_is_a_plan_with_the_dst_allocation(tenplex, files):
     assert plan.stats.network_bytes == plan.stats.network_lower_bound_bytes == 88
 
 
-@pytest.mark.parametrize("emit", ["json", "dot", "text"])
+_PLOTS = pytest.mark.skipif(not __import__("importlib").util.find_spec("matplotlib"), reason="needs matplotlib")
+
+
+@pytest.mark.parametrize("emit", ["json", "dot", "text", pytest.param("svg", marks=_PLOTS)])
 def test_output_file_equals_stdout(tenplex, files, emit):
     target = Path(files["dir"]) / f"plan.{emit}"
     code, out, _ = tenplex("compile", files["src"], files["dst"], "--emit", emit)
@@ -57,6 +62,54 @@ def test_dot_has_one_cluster_per_host(tenplex, files):
     assert re.findall(r'subgraph "(cluster_[^"]+)"', out) == ["cluster_h0", "cluster_h1"]
     assert '"d1" -> "d2" [label="48 B", style=bold' in out
     assert '"d0" -> "d1" [label="48 B", style=dashed' in out
+    assert '"agent h0" -> "agent h1" [label="round 0: 1 message, 88 B", style=bold' in out
+    assert '"agent h0" -> "agent h0" [label="round 0: 1 message, 96 B", style=dashed' in out
+
+
+@_PLOTS
+def test_png_to_a_file_is_a_png_and_the_same_each_time(tenplex, files):
+    images = []
+    for name in ("a.png", "b.png"):
+        target = Path(files["dir"]) / name
+        code, out, err = tenplex("compile", files["src"], files["dst"], "--emit", "png", "-o", str(target))
+        assert code == 0 and out == "" and f"wrote {target}" in err
+        images.append(target.read_bytes())
+    assert images[0].startswith(b"\x89PNG\r\n\x1a\n") and images[0] == images[1]
+
+
+@pytest.mark.parametrize("output", [pytest.param([], id="no_output"), pytest.param(["-o", "-"], id="stdout")])
+def test_png_needs_an_output_file(tenplex, files, output):
+    code, out, err = tenplex("compile", files["src"], files["dst"], "--emit", "png", *output)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--emit png writes an image: give -o FILE" in err
+
+
+README_PICTURE = ["compile", "gpt-1.3b:tp4,pp2,dp1@2x4", "gpt-1.3b:tp4,pp2,dp2@4x4", "--emit", "svg"]
+
+
+@_PLOTS
+def test_the_committed_picture_is_what_the_command_draws_today(tenplex):
+    """docs/img/plan.svg (in the README) is `tenplex compile ... --emit svg -o docs/img/plan.svg`."""
+    code, out, err = tenplex(*README_PICTURE)
+    committed = Path(__file__).resolve().parents[2] / "docs" / "img" / "plan.svg"
+    assert code == 0, err
+    assert out == committed.read_text(), (
+        "the picture changed: run `tenplex " + " ".join(README_PICTURE) + " -o docs/img/plan.svg` and commit it"
+    )
+
+
+def test_progress_is_shown_only_on_a_terminal(tenplex, files, monkeypatch):
+    from rich.console import Console
+
+    from tenplex.cli import plans
+
+    code, out, err = tenplex("compile", files["src"], files["dst"])
+    assert code == 0 and err == ""  # the test runner's stderr is no terminal: no spinner
+    screen = io.StringIO()
+    monkeypatch.setattr(plans, "_console", lambda: Console(file=screen, force_terminal=True, width=100))
+    code, again, err = tenplex("compile", files["src"], files["dst"])
+    assert code == 0 and err == "" and again == out
+    assert "writing the plan as json" in screen.getvalue()  # the last state, drawn once more as it stops
 
 
 def test_options_reach_the_plan(tenplex, files):
