@@ -11,6 +11,10 @@ SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
   write that with the target format's writer. Megatron output needs a Megatron source (the
   args, names and optimizer structure come from it).
 
+`convert` returns a `Converted` (the facts `tenplex reshard` prints as a line, or as JSON with
+`--json`); `inspect_report(dir)` returns the format, the findings and the PTC that `inspect`
+describes, for `tenplex inspect --json`.
+
 `to` means what the source format means by a layout: `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
 (the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
 file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source.
@@ -24,9 +28,12 @@ a checkpoint cannot be read (the CLI exits 2): only a readable checkpoint is des
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
@@ -36,6 +43,25 @@ FORMATS = ("tenplex", "megatron", "dcp")
 
 class FormatError(TenplexError):
     """A directory in no known format, or a conversion that cannot be done."""
+
+
+@attrs.frozen
+class Converted:
+    """What `convert` did: source and output (path and format), workers, the bytes the verified
+    plan moved between ranks, seconds (in all, and per phase where the path times them), and the
+    one-line summary the CLI prints."""
+
+    src: str
+    src_format: str
+    out: str
+    out_format: str
+    workers: int
+    bytes_moved: int
+    seconds: dict[str, float]
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "verified": True}
 
 
 def detect(path: str | os.PathLike) -> str:
@@ -99,8 +125,8 @@ def _is_mesh_layout(to: str) -> bool:
 
 
 def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], *, src_fmt: str | None = None,
-            fmt: str | None = None, workers: int = 1, trust_pickles: bool = False) -> str:  # fmt: skip
-    """Reshard SRC into `to` and write OUT in `fmt`; returns a one-line summary.
+            fmt: str | None = None, workers: int = 1, trust_pickles: bool = False) -> Converted:  # fmt: skip
+    """Reshard SRC into `to` and write OUT in `fmt`; returns what was done (`Converted`).
     `trust_pickles`: see the module docstring.
 
     Raises FormatError (unknown format, impossible conversion, existing OUT) and the readers',
@@ -118,25 +144,31 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
                               f"{src_dir} and {to!r}): args, parameter names and optimizer groups come from the source")  # fmt: skip
         from tenplex.frameworks.megatron.reshard import reshard_megatron
 
-        return reshard_megatron(src_dir, to, out_dir, workers, trust_pickles=trust_pickles).summary()
+        m = reshard_megatron(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
+        seconds = {"total": m.seconds, **dict(m.phases)}
+        return Converted(src_dir, src_fmt, out_dir, fmt, workers, m.bytes_moved, seconds, m.summary())
     if fmt == src_fmt == "dcp" and _is_mesh_layout(to):
         from tenplex.frameworks.dcp.reshard import reshard_dcp
 
-        return reshard_dcp(src_dir, to, out_dir, workers, trust_pickles=trust_pickles).summary()
+        d = reshard_dcp(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
+        seconds = {"total": sum(d.seconds.values()), **d.seconds}
+        return Converted(src_dir, src_fmt, out_dir, fmt, workers, d.bytes_moved, seconds, d.summary())
     return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers, trust_pickles)
 
 
 def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], src_fmt: str, fmt: str,
-             workers: int, trust_pickles: bool) -> str:  # fmt: skip
+             workers: int, trust_pickles: bool) -> Converted:  # fmt: skip
     from tenplex.frameworks.dcp.reshard import reshard_arrays
 
+    start = time.perf_counter()
     src, arrays, values, meta = read(src_dir, src_fmt, trust_pickles=trust_pickles)
     dst = dst_ptc(src_fmt, src, meta, to, load_state)
     out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers)
     _write(fmt, dst, dict(out_arrays), out_values, out_dir)
     moved = plan.stats.host_bytes + plan.stats.network_bytes
-    return (f"tenplex: resharded {src_fmt} {src_dir} into {fmt} {out_dir} with {workers} worker(s); "
-            f"{moved} B moved between ranks, plan verified")  # fmt: skip
+    summary = (f"tenplex: resharded {src_fmt} {src_dir} into {fmt} {out_dir} with {workers} worker(s); "
+               f"{moved} B moved between ranks, plan verified")  # fmt: skip
+    return Converted(src_dir, src_fmt, out_dir, fmt, workers, moved, {"total": time.perf_counter() - start}, summary)
 
 
 def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None:
@@ -155,20 +187,34 @@ def inspect(path: str, *, trust_pickles: bool = False) -> list[str]:
 
     Raises the format reader's error (a TenplexError naming the file) when the checkpoint
     cannot be read; findings that do not stop it from being read are lines of the result."""
+    fmt, findings, ptc = inspect_report(path, trust_pickles=trust_pickles)
+    if fmt != "tenplex":
+        return findings
+    from tenplex.compiler.emit.describe import describe
+
+    return [*findings, *describe(ptc).splitlines()]
+
+
+def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list[str], PTC]:
+    """(format, findings, the PTC of the layout) of a checkpoint directory; `inspect` prints
+    the findings (and, for a tenplex directory, the PTC's description). Raises like `inspect`."""
     fmt = detect(path)
     if fmt == "structure":
-        from tenplex.frameworks.structure.read import inspect_structure
+        from tenplex.frameworks.structure.read import inspect_structure, read_structure
 
-        return inspect_structure(path)
+        return fmt, inspect_structure(path), read_structure(path)[0]
     if fmt == "megatron":
-        from tenplex.frameworks.megatron.reshard import inspect_megatron
+        from tenplex.frameworks.megatron.read import read_megatron
+        from tenplex.frameworks.megatron.reshard import megatron_findings
 
-        return inspect_megatron(path, trust_pickles=trust_pickles)
+        ckpt = read_megatron(path, trust_pickles=trust_pickles)
+        return fmt, megatron_findings(ckpt), ckpt.ptc
     if fmt == "dcp":
+        from tenplex.frameworks.dcp.read import ptc_of_index, read_index
         from tenplex.frameworks.dcp.reshard import inspect_dcp
 
-        return inspect_dcp(path, trust_pickles=trust_pickles)
-    from tenplex.compiler.emit.describe import describe
+        index = read_index(path, trust_pickles=trust_pickles)  # once: a trusted pickle may do anything
+        return fmt, inspect_dcp(path, index=index), ptc_of_index(index)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
-    return [f"tenplex checkpoint directory {path}", *describe(read_checkpoint(path)[0]).splitlines()]
+    return fmt, [f"tenplex checkpoint directory {path}"], read_checkpoint(path)[0]

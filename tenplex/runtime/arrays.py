@@ -16,10 +16,17 @@ from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import Piece, SubTensor
 
 _EXTRA = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
+EXTRA_DTYPES = tuple(_EXTRA)  # ml_dtypes, not numpy: no numpy descr, no torch view without an integer one
 
 
 def np_dtype(name: str) -> np.dtype:
     return np.dtype(_EXTRA.get(name, name))
+
+
+def npy_descr(dtype: np.dtype) -> str:
+    """The `.npy` header `descr` of `dtype`: its name for the `EXTRA_DTYPES` (so that `np.load`
+    returns the dtype where ml_dtypes is imported and refuses where it is not), else numpy's own."""
+    return dtype.name if dtype.name in EXTRA_DTYPES else np.lib.format.dtype_to_descr(dtype)
 
 
 def npy_dtype(dtype: np.dtype) -> np.dtype:

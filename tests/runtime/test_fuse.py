@@ -84,8 +84,7 @@ def _load(path: str) -> np.ndarray:
 
 
 def _expected(name: str) -> np.ndarray:
-    a = ARRAYS[name]
-    return a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a
+    return ARRAYS[name]
 
 
 def test_listing_mirrors_the_store(mnt):
@@ -97,10 +96,12 @@ def test_listing_mirrors_the_store(mnt):
 
 def test_numpy_load_equals_the_stored_array(mnt, tmp_path):
     copy = """
+import ml_dtypes  # the bfloat16 leaf's header names bfloat16
 for name in argv[2:]:
     for mode in (None, "r"):
         a = np.load(f"{argv[0]}/{name}.npy", mmap_mode=mode)
-        np.save(f"{argv[1]}/{name}-{mode}.npy", a)
+        open(f"{argv[1]}/{name}-{mode}.dtype", "w").write(a.dtype.name)
+        np.save(f"{argv[1]}/{name}-{mode}.npy", a.view(np.uint16) if a.dtype.name == "bfloat16" else a)
 """
     _child(copy, f"{mnt}{P}", tmp_path, *ARRAYS)
     for name in ARRAYS:
@@ -108,8 +109,8 @@ for name in argv[2:]:
         assert os.path.getsize(f"{mnt}{P}/{name}.npy") == len(_npy_bytes(ARRAYS[name]))
         for mode in (None, "r"):
             got = np.load(tmp_path / f"{name}-{mode}.npy")
-            assert got.dtype == want.dtype and got.shape == want.shape, (name, mode)
-            np.testing.assert_array_equal(got, want)
+            assert (tmp_path / f"{name}-{mode}.dtype").read_text() == want.dtype.name, (name, mode)
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (name, mode)
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -125,10 +126,17 @@ def test_files_are_byte_identical_to_np_save(store, mnt, tmp_path):
             assert f.read() == (tmp_path / "ref.npy").read_bytes()
 
 
-def test_bfloat16_is_raw_bits_with_a_dtype_xattr(mnt):
+def test_bfloat16_header_names_its_dtype_with_a_dtype_xattr(mnt):
+    """Issue 13 item 13: the file was raw <u2 bits, which np.load returned as uint16 silently."""
     path = f"{mnt}{P}/w_bf16.npy"
     assert os.getxattr(path, DTYPE_XATTR) == b"bfloat16"
-    np.testing.assert_array_equal(_load(path).view(ml_dtypes.bfloat16), ARRAYS["w_bf16"])
+    assert b"'descr': 'bfloat16'" in Path(path).read_bytes()[:128]
+    got = _load(path)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got, ARRAYS["w_bf16"])
+    script = "import sys, numpy as np\ntry:\n    np.load(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n"
+    r = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "'bfloat16'" in r.stdout, r.stdout + r.stderr  # refused, never uint16
 
 
 def test_strided_view_is_served_in_c_order(store, tmp_path):
@@ -180,10 +188,27 @@ np.save(argv[1], np.asfortranarray(np.ones((3, 2), np.int8)))
     np.testing.assert_array_equal(store.get(f"{P}/ids"), np.ones((3, 2), np.int8))
 
 
-def test_raw_bits_written_over_bfloat16_keep_the_dtype(store, mnt):
-    _child("np.save(argv[0], np.load(argv[0]) + 0)", f"{mnt}{P}/w_bf16.npy")  # read-modify-write
+@pytest.mark.parametrize(
+    "code",
+    [
+        "np.save(argv[0], np.load(argv[0]).view(np.uint16))",  # raw <u2 bits, as older versions served
+        "np.save(argv[0], np.load(argv[0]) + 0)",  # np.save of an ml_dtypes array: an opaque |V2
+        "from tenplex.runtime.checkpoint.npy import write_npy\na = np.load(argv[0])\nwrite_npy(open(argv[0], 'wb'), a)",
+    ],
+    ids=["raw-bits", "np.save", "named"],
+)
+def test_bfloat16_written_over_bfloat16_keeps_the_dtype(store, mnt, code):
+    _child("import ml_dtypes\n" + code, f"{mnt}{P}/w_bf16.npy")  # read-modify-write
     assert store.get(f"{P}/w_bf16").dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(store.get(f"{P}/w_bf16"), ARRAYS["w_bf16"])
+
+
+def test_a_named_bfloat16_npy_makes_a_new_bfloat16_leaf(store, mnt):
+    code = "import ml_dtypes\nfrom tenplex.runtime.checkpoint.npy import write_npy\n"
+    code += "write_npy(open(argv[0], 'wb'), np.arange(4, dtype=ml_dtypes.bfloat16))"
+    _child(code, f"{mnt}{P}/new_bf16.npy")
+    assert store.get(f"{P}/new_bf16").dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(store.get(f"{P}/new_bf16"), np.arange(4, dtype=ml_dtypes.bfloat16))
 
 
 def test_json_written_through_the_mount_is_stored(store, mnt):
@@ -296,7 +321,7 @@ def test_load_npy_equals_numpy_load(mnt, tmp_path, name):
     want = _expected(name)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
-    np.save(tmp_path / "x.npy", want)
+    (tmp_path / "x.npy").write_bytes(_npy_bytes(want))
     np.testing.assert_array_equal(load_npy(tmp_path / "x.npy"), want)  # O_DIRECT or its fallback
 
 

@@ -67,8 +67,8 @@ def test_format_round_trip(case, tmp_path):
     ptc, arrays, values = read_checkpoint(a)
     assert ptc == src and values == _values(src)
     st = next(s for s in src.subtensors if src.tensor_map[s.tensor].dtype == "bfloat16")
-    raw = np.load(a / st.id.split("/")[0] / f"{st.path}.npy")
-    assert raw.dtype == np.dtype("<u2") and arrays[st.id].dtype.name == "bfloat16"
+    on_disk = np.load(a / st.id.split("/")[0] / f"{st.path}.npy")  # the header names bfloat16
+    assert on_disk.dtype.name == "bfloat16" and arrays[st.id].dtype.name == "bfloat16"
     for s in src.subtensors:
         assert arrays[s.id].tobytes() == materialize(src, tensors, s).tobytes()
     write_checkpoint(ptc, arrays, values, tmp_path / "copy")

@@ -94,8 +94,8 @@ def test_every_npy_is_plain_and_matches(tmp_path):
     save(state, tmp_path / "c")
     root = json.loads((tmp_path / "c" / MANIFEST).read_text())["root"]
     assert np.array_equal(np.load(tmp_path / "c/model/w.npy"), state["model"]["w"])
-    raw = np.load(tmp_path / "c/model/b16.npy")
-    assert raw.dtype == np.uint16 and np.array_equal(raw.view(ml_dtypes.bfloat16), state["model"]["b16"])
+    b16 = np.load(tmp_path / "c/model/b16.npy")  # its header names bfloat16 (tests/runtime/test_npy_dtypes.py)
+    assert b16.dtype == ml_dtypes.bfloat16 and np.array_equal(b16, state["model"]["b16"])
     assert np.array_equal(np.load(tmp_path / "c/opt/1.npy"), state["opt"][1])
     assert root["items"][0][1]["items"][1][1] == {"type": "ndarray", "file": "model/b16.npy", "dtype": "bfloat16", "shape": [3]}
     assert sorted(p.relative_to(tmp_path / "c").as_posix() for p in (tmp_path / "c").rglob("*.npy")) == ["model/b16.npy", "model/w.npy", "opt/1.npy"]
@@ -293,3 +293,12 @@ def test_import_and_numpy_load_need_no_torch(tmp_path):
     save({"w": np.ones(2)}, tmp_path / "c")
     code = f"import sys; from tenplex.runtime.checkpoint import load; load({str(tmp_path / 'c')!r}); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_save_makes_the_directories_above_it_and_names_what_it_cannot_make(tmp_path):
+    """Issue 13 item 1: `tenplex.save(state, "ckpt/step7")` without ckpt/ was a FileNotFoundError traceback."""
+    save({"w": np.arange(3)}, tmp_path / "ckpt" / "deep" / "step7")
+    assert load(tmp_path / "ckpt" / "deep" / "step7")["w"].tolist() == [0, 1, 2]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SerdeError, match=rf"{tmp_path / 'file'}: cannot write: .*ENOTDIR|{tmp_path / 'file'}: cannot write"):
+        save({"w": np.arange(3)}, tmp_path / "file" / "step7")

@@ -109,9 +109,9 @@ def test_write_back_of_a_checkpoint(ckpt):
 
 
 def _fail_halfway(monkeypatch):
-    """One array file is written (by np.save, or the checkpoint directory's own writer), then
-    the disk is full."""
-    from tenplex.runtime.checkpoint import directory
+    """One array file is written (by the writer of a save's or a checkpoint directory's files),
+    then the disk is full."""
+    from tenplex.runtime.checkpoint import directory, store_dir
 
     calls: list = []
 
@@ -124,9 +124,8 @@ def _fail_halfway(monkeypatch):
 
         return write
 
-    monkeypatch.setattr(np, "save", full(np.save))
-    if hasattr(directory, "write_npy"):
-        monkeypatch.setattr(directory, "write_npy", full(directory.write_npy))
+    monkeypatch.setattr(store_dir, "write_npy", full(store_dir.write_npy))
+    monkeypatch.setattr(directory, "write_npy", full(directory.write_npy))
 
 
 @pytest.mark.parametrize(
@@ -202,6 +201,10 @@ def _stop(proc: subprocess.Popen, sig: int) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+# reads the bfloat16 leaf (its header names bfloat16: needs ml_dtypes), writes back its bits + 1 as <u2
+RAW_PLUS_ONE = "import ml_dtypes\nnp.save(argv[0], np.load(argv[0]).view(np.uint16) + 1)"
+
+
 def _numpy(code: str, *args: object) -> str:
     script = "import sys, numpy as np\nargv = sys.argv[1:]\n" + code
     r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=60)
@@ -250,7 +253,7 @@ def test_write_back_through_the_mount_after_an_external_unmount(ckpt, tmp_path):
     proc, line = _start(str(ckpt), str(mnt), "--write-back")
     try:
         assert "read-write, written back on exit" in line
-        _numpy("np.save(argv[0], np.load(argv[0]) + 1)", f"{mnt}{leaf}.npy")  # bfloat16 as raw bits
+        _numpy(RAW_PLUS_ONE, f"{mnt}{leaf}.npy")  # bfloat16 rewritten as raw bits
         subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=30)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -294,7 +297,7 @@ def test_write_back_of_a_relative_store_writes_the_store_under_the_cwd(ckpt, tmp
     (cwd / "mnt").mkdir()
     proc, _ = start_mount("store", "mount", name, "mnt", "--write-back", cwd=cwd)
     try:
-        _numpy("np.save(argv[0], np.load(argv[0]) + 1)", f"{cwd / 'mnt'}{leaf}.npy")
+        _numpy(RAW_PLUS_ONE, f"{cwd / 'mnt'}{leaf}.npy")
     finally:
         code, out, err = _stop(proc, signal.SIGTERM)
         stray = [p for p in Path("/").iterdir() if name in p.name]

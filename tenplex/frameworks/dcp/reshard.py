@@ -116,9 +116,10 @@ def _first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dic
     return out_arrays, {pid: values.get((pid, d), {}) for pid, d in first.items()}
 
 
-def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False) -> list[str]:
+def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False, index: DcpIndex | None = None) -> list[str]:
     """Plain-words findings about a DCP directory: what it holds and how each tensor is cut.
-    Reads `.metadata` and file sizes only (`trust_pickles`: see `read_index`).
+    Reads `.metadata` (unless `index` is its `read_index` already) and file sizes only
+    (`trust_pickles`: see `read_index`).
 
     Raises:
         DcpError: a problem visible without reading tensor data (unreadable metadata, chunks
@@ -126,7 +127,7 @@ def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False) -> list
             that cannot be read is not described as if it could. The message lists every
             missing or short file."""
     root = Path(root)
-    index = read_index(root, trust_pickles=trust_pickles)
+    index = index or read_index(root, trust_pickles=trust_pickles)
     ptc = ptc_of_index(index)
     problems = _file_problems(index)
     if problems:

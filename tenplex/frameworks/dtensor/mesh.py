@@ -20,6 +20,8 @@ chunks (DCP stores no placements): the tensor dims along which the source's chun
 increasing order, are sharded over mesh dims 0, 1, ...; the remaining mesh dims replicate; a
 tensor the source did not cut is replicated. So a 1-D source `Shard(1)` stays `Shard(1)` on a
 new 1-D mesh of any size, and `[Shard(0), Shard(1)]` on 2×2 stays that on a new 2-D mesh.
+`source_layout(src)` writes that default out as a layout (`tenplex layout DCP_DIR`), with the
+mesh the chunks suggest: the file a user edits (the mesh sizes) and passes to `reshard --to`.
 
 Invariants:
 - the mesh has >= 1 dims, each >= 1; every entry has one placement per mesh dim;
@@ -40,6 +42,7 @@ import fnmatch
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,29 @@ def source_placements(src: PTC, name: str, mesh_ndim: int) -> tuple[Placement, .
     ndim = len(src.tensor_map[name].shape)
     cut = [d for d in range(ndim) if len({(b.start[d], b.stop[d]) for b in boxes}) > 1][:mesh_ndim]
     return tuple(Shard(d) for d in cut) + (Replicate(),) * (mesh_ndim - len(cut))
+
+
+def source_layout(src: PTC) -> MeshLayout:
+    """The layout `src` has now, as far as its chunks tell (DCP stores no mesh or placements):
+    mesh dims = the most tensor dims any tensor is cut along; mesh dim i's size = the most
+    common number of distinct chunk extents along the i-th cut dim of the tensors cut that
+    often (ties: the larger); each cut tensor's `source_placements` as an exact entry, and
+    `"*"` replicating the rest. Given to `reshard --to` unchanged it keeps the chunks of every
+    tensor that each mesh dim cut along its own tensor dim; a tensor dim cut by two mesh dims
+    (`[S(0), S(0)]`) comes out cut by one, and which mesh dim cut a dim is not saved (a source
+    `[R, S(0)]` comes out `[S(0), R]`). With other mesh sizes it is that layout on a resized mesh."""
+    extents: dict[str, list[int]] = {}
+    for meta in src.tensors:
+        boxes = [p.global_box for st in src.by_tensor[meta.name] for p in st.pieces if p.global_box.volume]
+        counts = [len({(b.start[d], b.stop[d]) for b in boxes}) for d in range(len(meta.shape))]
+        extents[meta.name] = [n for n in counts if n > 1]
+    ndim = max([len(cuts) for cuts in extents.values()] + [1])
+    mesh = []
+    for i in range(ndim):
+        sizes = Counter(cuts[i] for cuts in extents.values() if len(cuts) > i) or Counter({1: 1})
+        mesh.append(max(sizes, key=lambda n: (sizes[n], n)))
+    rules = [(name, source_placements(src, name, ndim)) for name, cuts in extents.items() if cuts]
+    return MeshLayout(tuple(mesh), [*rules, ("*", (Replicate(),) * ndim)])
 
 
 def dst_specs(src: PTC, layout: MeshLayout) -> list[TensorSpec]:

@@ -131,7 +131,11 @@ def inspect_megatron(src_dir: str | os.PathLike, *, vocab: int | None = None, tr
     Raises:
         CheckpointFormatError: the checkpoint does not read (as `read_megatron`): a checkpoint
             that cannot be resharded is not described as if it could."""
-    ckpt = read_megatron(src_dir, vocab=vocab, trust_pickles=trust_pickles)
+    return megatron_findings(read_megatron(src_dir, vocab=vocab, trust_pickles=trust_pickles))
+
+
+def megatron_findings(ckpt: MegatronCheckpoint) -> list[str]:
+    """`inspect_megatron`'s findings about a checkpoint already read."""
     meta, model, par = ckpt.meta, ckpt.meta.model, ckpt.meta.parallel
     step = "release" if meta.release else f"iteration {ckpt.values[model_partition_id(par, 0, 0)]['iteration']}"
     out = [

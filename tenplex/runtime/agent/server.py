@@ -13,6 +13,10 @@ text naming the command and, where known, the message and op that failed. While 
 the agent sends `{"beat": n}` every `BEAT_S` seconds, so a runtime tells a busy agent from a
 stopped or hung one.
 
+Output: `tenplex agent` prints one line `tenplex agent NAME: control ...` on stdout once it
+listens (launchers wait for it); diagnostics go to the logger `tenplex.agent` (stderr with
+`tenplex: ` through the CLI's logging, `-q`/`-v`).
+
 Credentials: the control token (`--token-file` or `$TENPLEX_AGENT_TOKEN`) authenticates
 runtimes; the REST API, when served (`--rest`), has its own token (`--rest-token-file` or
 `$TENPLEX_REST_TOKEN`), which must differ from the control token: a REST client can read and
@@ -22,10 +26,10 @@ write tensors, but never command the agent.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import traceback
 from typing import Any
@@ -41,6 +45,7 @@ TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
 BEAT_S = 1.0
 REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
+log = logging.getLogger("tenplex.agent")
 
 
 def serve(sock: socket.socket, host: str, timeout: float = 30.0) -> None:
@@ -135,7 +140,7 @@ def serve_forever(listener: socket.socket, agent: Agent, token: str | None) -> N
         try:
             channel = accept(listener, agent.host, token)
         except ChannelError as e:
-            print(f"tenplex agent {agent.host}: rejected a connection: {e}", file=sys.stderr, flush=True)
+            log.warning("agent %s: rejected a connection: %s", agent.host, e)
             continue
         if channel is None:
             continue
@@ -146,8 +151,7 @@ def serve_forever(listener: socket.socket, agent: Agent, token: str | None) -> N
         if agent.execution is not None:
             ex = agent.execution
             agent.abort(ex.job, ex.dst_tag)
-            print(f"tenplex agent {agent.host}: runtime left during {ex.job}/{ex.dst_tag}; aborted it",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.warning("agent %s: runtime left during %s/%s; aborted it", agent.host, ex.job, ex.dst_tag)
         if stopped:
             return
 
@@ -186,7 +190,8 @@ def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, uc
         line = f"tenplex agent {name}: control {control}"
         if rest_at is not None:
             line += f", REST {agent.serve_rest(*rest_at, rest_token)}"
-        print(line, flush=True)
+        print(line, flush=True)  # stdout, for launchers that wait for it
+        log.debug("agent %s: serving until SIGTERM or a runtime's stop", name)
         serve_forever(listener, agent, token)
     except KeyboardInterrupt:
         pass

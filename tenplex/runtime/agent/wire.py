@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
-from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.arrays import EXTRA_DTYPES, np_dtype
 
 __all__ = ["MAGIC", "PREFIX", "WireError", "decode", "encode", "parse_prefix"]
 
@@ -35,7 +35,6 @@ MAGIC = b"TPX1"
 PREFIX = struct.Struct(">4sQI")  # magic, header bytes, number of buffers
 MAX_HEADER = 1 << 31
 MAX_BUFFERS = 1 << 24
-_EXTRA = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 _TAGS = {"$t", "$m", "$f", "$b", "$a", "$g"}
 
 
@@ -48,7 +47,7 @@ def _dtype(name: Any, where: str) -> np.dtype:
         dtype = np_dtype(name) if isinstance(name, str) else None
     except (TypeError, ValueError):
         dtype = None
-    if dtype is None or not (dtype.kind in "biufc" or str(dtype) in _EXTRA) or dtype.hasobject:
+    if dtype is None or not (dtype.kind in "biufc" or str(dtype) in EXTRA_DTYPES) or dtype.hasobject:
         raise WireError(f"{where}: dtype {name!r} is not a numeric dtype")
     return dtype
 

@@ -6,8 +6,9 @@
   directory `tenplex reshard` reads and writes;
 - `swap_in` (`swap`): replace a directory by a complete new one atomically;
 - `npy`: `.npy` files of untrusted checkpoints (headers checked against the file size before
-  loading; the framework readers use it too); paths, regular files, bounded JSON and write errors
-  are `tenplex.ir.files`.
+  loading; the framework readers use it too; a bfloat16 or float8 header names its dtype, and
+  the raw bits older versions wrote are still read); paths, regular files, bounded JSON and
+  write errors are `tenplex.ir.files`.
 """
 
 from tenplex.runtime.checkpoint.directory import (

@@ -4,12 +4,13 @@ Directory format (device-free; the same tree the FUSE view shows for one state):
 
     DIR/ptc.json                          the PTC (`tenplex.ptc/1`)
     DIR/<partition>/<sub-tensor path>.npy one file per sub-tensor of the partition
-    DIR/<partition>/values.json           {value name: JSON value} of the partition
+    DIR/<partition>/values.json           {value name: JSON value}; only for a partition with values
 
-A sub-tensor's file holds its local array (shape `st.shape`). bfloat16 and float8 arrays are
-stored as raw bits in the unsigned integer of the same width (`<u2`, `|u1`); the real dtype is
-the tensor's dtype in ptc.json. Replicas (a partition on several devices) are stored once: the
-allocation and topology in ptc.json are informative only.
+A sub-tensor's file holds its local array (shape `st.shape`, the tensor's dtype; a bfloat16 or
+float8 header names the dtype, `checkpoint.npy`). Files of older versions that hold such arrays
+as raw bits (`<u2`, `|u1`) are read too: ptc.json names the real dtype. A partition without
+values has no values file (an empty `{}` one is accepted). Replicas (a partition on several
+devices) are stored once: the allocation and topology in ptc.json are informative only.
 
 The directory may come from anyone: ptc.json is what names its files. Partition ids and
 sub-tensor paths are therefore relative `/`-separated paths with one spelling each (no empty,
@@ -38,8 +39,8 @@ from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import atomic_dir, check_relative, confined, read_json, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import dumps, ptc_from_json
-from tenplex.runtime.arrays import np_dtype, npy_dtype
-from tenplex.runtime.checkpoint.npy import load_npy, write_npy
+from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, write_npy
 
 __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "read_checkpoint", "relative_paths", "write_checkpoint",
            "write_checkpoint_dir"]  # fmt: skip
@@ -50,11 +51,6 @@ VALUES_FILE = "values.json"
 
 class CheckpointError(TenplexError):
     """A checkpoint directory that cannot be read or written."""
-
-
-def _stored_dtype(name: str) -> np.dtype:
-    """The dtype of the .npy file for a tensor dtype: raw unsigned bits for non-numpy dtypes."""
-    return npy_dtype(np_dtype(name))
 
 
 def relative_paths(ptc: PTC) -> dict[str, str]:
@@ -105,11 +101,13 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping
             path = out / files[st.id]
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
-                write_npy(f, a.view(_stored_dtype(ptc.tensor_map[st.tensor].dtype)))
+                write_npy(f, a)
         for part in ptc.partitions:
             got = dict(values.get(part.id, {}))
             if set(got) != set(part.value_map):
                 raise CheckpointError(f"partition {part.id!r}: values {sorted(got)}, expected {sorted(part.value_map)}")
+            if not got:
+                continue  # no values: no values file
             try:
                 text = json.dumps(got, sort_keys=True, allow_nan=False) + "\n"
             except (TypeError, ValueError) as e:
@@ -156,13 +154,17 @@ def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarr
         path = confined(root, rel, f"file of {what}", CheckpointError)
         dtype = ptc.tensor_map[st.tensor].dtype
         a = load_npy(path, what, CheckpointError)
-        if a.shape != st.shape or a.dtype != _stored_dtype(dtype):
-            raise CheckpointError(f"{path}: holds {a.dtype}{list(a.shape)}, expected "
-                                  f"{_stored_dtype(dtype)}{list(st.shape)} (sub-tensor {sid!r}, {dtype})")  # fmt: skip
-        arrays[sid] = a.view(np_dtype(dtype))
+        got = as_dtype(a, np_dtype(dtype))  # the dtype itself, or the raw bits older versions wrote
+        if got is None or a.shape != st.shape:
+            raise CheckpointError(f"{path}: holds {a.dtype}{list(a.shape)}, expected {dtype}{list(st.shape)} "
+                                  f"(sub-tensor {sid!r})")  # fmt: skip
+        arrays[sid] = got
     values: dict[str, dict[str, Any]] = {}
     for part in ptc.partitions:
         path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError)
+        if not part.values and not os.path.lexists(path):
+            values[part.id] = {}  # a partition without values needs no values file
+            continue
         got = read_json(path, CheckpointError, f"values of partition {part.id!r}")
         if not isinstance(got, dict) or set(got) != set(part.value_map):
             names = sorted(got) if isinstance(got, dict) else type(got).__name__

@@ -20,8 +20,10 @@ records every file, so loading never parses names. A NODE is a JSON object with 
     torch.Tensor, torch.nn.Parameter  {"file", "dtype", "shape", "device", "requires_grad"}
 
 `dtype` is a name `np_dtype` understands ("float32", "bool", "bfloat16"; `dtype.str` such as ">f4"
-for non-native byte order). bfloat16 and float8 data is stored as raw bits in a same-width
-unsigned `.npy` (uint16/uint8); the manifest's dtype says how to view it.
+for non-native byte order). A bfloat16 or float8 array's `.npy` names its dtype in the header
+(`descr: 'bfloat16'`, `checkpoint.npy`): `np.load` returns it where ml_dtypes is imported and
+refuses the file where it is not. Older tenplex versions stored the raw bits (uint16/uint8)
+instead; `load` reads both, viewing the bits as the manifest's dtype.
 
 Invariants:
 - load(save(x)) equals x exactly: container types, key types and order, dtypes, shapes, bytes,
@@ -43,12 +45,13 @@ import math
 import struct
 
 from tenplex.ir.errors import TenplexError
+from tenplex.runtime.arrays import EXTRA_DTYPES
 
 __all__ = ["FORMAT", "MANIFEST", "RAW", "VERSION", "SerdeError", "decode_float", "encode_float"]
 
 MANIFEST = "state.json"
 FORMAT, VERSION = "tenplex.state", 1
-RAW = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # no portable .npy dtype: stored as raw bits
+RAW = EXTRA_DTYPES  # ml_dtypes, not numpy: torch sees them through integer views
 _NAN_BITS = struct.pack(">d", math.nan).hex()
 
 

@@ -7,11 +7,19 @@ one-line error, not a MemoryError. The file must be a regular file (`tenplex.ir.
 
 `write_npy(f, array)` writes the `.npy` header and the array's bytes through `f.write` (numpy's
 own `tofile` reports a full disk as "4096 requested and 992 written", without an errno); the
-bytes are those `np.save` writes.
+bytes are those `np.save` writes, except the header of a bfloat16 or float8 array.
+
+bfloat16 and float8 (`NAMED`): the header's `descr` is the dtype's name (`'bfloat16'`,
+`'float8_e4m3fn'`, `'float8_e5m2'`), which `np.load` turns into that dtype where ml_dtypes is
+imported and refuses ("descr is not a valid dtype descriptor: 'bfloat16'") where it is not:
+never the silent uint16 that `np.save`'s `'<V2'` or the raw bits of older tenplex versions
+give. Files written by tenplex before this hold the raw bits (`<u2`, `|u1`); `as_dtype`
+accepts them where the manifest or ptc.json names the real dtype.
 
 Invariants:
 - `load_npy` never allocates more than the file's size, never unpickles (object dtypes refused);
-- every read error is `error(message)` naming the file and `what` it holds.
+- every read error is `error(message)` naming the file and `what` it holds;
+- `load_npy(write_npy(a))` has `a`'s dtype, shape and bytes, for every dtype `NAMED` too.
 """
 
 from __future__ import annotations
@@ -21,14 +29,27 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so headers naming them parse)
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import one_line, open_regular
+from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
-__all__ = ["load_npy", "write_npy"]
+__all__ = ["NAMED", "as_dtype", "load_npy", "npy_descr", "write_npy"]
 
+NAMED = EXTRA_DTYPES  # no numpy descr: the header names them (`runtime.arrays.npy_descr`)
 _fmt = np.lib.format
+
+
+def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """`array` (as a file held it) as `dtype`, or None when the file holds something else. A
+    `NAMED` dtype is also accepted as the same-width raw bits that older versions wrote."""
+    if array.dtype == dtype:
+        return array
+    if dtype.name in NAMED and array.dtype == np.dtype(f"u{dtype.itemsize}"):
+        return array.view(dtype)
+    return None
 
 
 def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
@@ -63,11 +84,10 @@ def write_npy(f: BinaryIO, array: np.ndarray) -> None:
     a = np.asarray(array)
     if not a.flags.c_contiguous:
         a = a.copy(order="C")
-    header = _fmt.header_data_from_array_1_0(a)
+    header = {"descr": npy_descr(a.dtype), "fortran_order": False, "shape": a.shape}
     try:
         _fmt.write_array_header_1_0(f, header)
     except ValueError:  # a header past 64 KiB needs format 2.0, as np.save would choose
         _fmt.write_array_header_2_0(f, header)
     if a.size:
         f.write(memoryview(a.reshape(-1).view(np.uint8)))
-

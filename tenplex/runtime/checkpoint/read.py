@@ -26,7 +26,7 @@ import numpy as np
 from tenplex.ir.files import confined, one_line, read_json
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, RAW, VERSION, SerdeError, decode_float
-from tenplex.runtime.checkpoint.npy import load_npy
+from tenplex.runtime.checkpoint.npy import as_dtype, load_npy
 
 __all__ = ["load"]
 
@@ -99,16 +99,16 @@ class _Reader:
         except _FileError as e:
             raise SerdeError(f"{manifest!r}: file {rel!r} is not a file of this save: {e}") from None
         dtype, shape = np_dtype(node["dtype"]), tuple(node["shape"])
-        stored = np.dtype(f"u{dtype.itemsize}") if node["dtype"] in RAW else dtype
         if not os.path.lexists(file):
             raise SerdeError(f"cannot load {str(file)!r}: No such file (named by {manifest!r})")
         try:
             arr = load_npy(file, f"named by {manifest!r}", _FileError)
         except _FileError as e:
             raise SerdeError(f"cannot load {str(file)!r}: {str(e).removeprefix(f'{file}: ')}") from None
-        if arr.dtype != stored or arr.shape != shape:
-            raise SerdeError(f"{str(file)!r} holds {arr.dtype}{list(arr.shape)}, the manifest says {stored}{list(shape)}")
-        arr = arr.view(dtype)
+        got = as_dtype(arr, dtype)  # the dtype itself, or the raw bits of an older save
+        if got is None or arr.shape != shape:
+            raise SerdeError(f"{str(file)!r} holds {arr.dtype}{list(arr.shape)}, the manifest says {dtype}{list(shape)}")
+        arr = got
         return arr if kind == "ndarray" else self.tensor(arr, node, kind)
 
     def tensor(self, arr: np.ndarray, node: dict, kind: str) -> Any:

@@ -3,8 +3,10 @@
 STORE is a directory written by `tenplex.save` (it holds `state.json`) or a checkpoint directory
 (`ptc.json`, `checkpoint.directory`). `open_dir` loads it into a TensorStore whose tree is the
 directory's own: a save's array `<file>.npy` at `/<file>`, a checkpoint's sub-tensor at
-`/<partition>/<path>` and its partition's values at `/<partition>/values`; so a FUSE mount of the
-store shows the same files (`.npy`, `values.json`) as STORE, minus the manifest or `ptc.json`.
+`/<partition>/<path>` and its partition's values (if it has any) at `/<partition>/values`; so a
+FUSE mount of the store shows the same files (`.npy`, `values.json`) as STORE, minus the manifest
+or `ptc.json`. Arrays are written back as `checkpoint.npy` writes them (a bfloat16 or float8
+header names its dtype), and read in that format or the raw bits of older versions.
 `write_back` puts the store back into STORE: the tree is written into a new directory beside
 STORE, fsynced, re-read, and swapped in by rename (`checkpoint.swap`).
 
@@ -36,10 +38,10 @@ import numpy as np
 
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import check_relative, read_json
-from tenplex.runtime.arrays import np_dtype, npy_dtype
+from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.directory import PTC_FILE, read_checkpoint, write_checkpoint
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, VERSION
-from tenplex.runtime.checkpoint.npy import load_npy
+from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, write_npy
 from tenplex.runtime.checkpoint.swap import swap_in
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
@@ -110,11 +112,12 @@ def _load_save(root: Path, store: Any) -> dict:
         if store.exists(leaf := "/" + node["file"].removesuffix(".npy")):
             continue  # one array reached twice is one file
         array = load_npy(file, "an array of the save", StoreDirError)
-        if array.dtype != npy_dtype(dtype) or array.shape != shape:
+        got = as_dtype(array, dtype)  # the dtype itself, or the raw bits older versions wrote
+        if got is None or array.shape != shape:
             raise StoreDirError(
                 f"{file}: holds {array.dtype}{list(array.shape)}, {MANIFEST} says {node['dtype']}{list(shape)}"
             )
-        store.put(leaf, array.view(dtype), copy=False)
+        store.put(leaf, got, copy=False)
     return doc
 
 
@@ -138,7 +141,8 @@ def _load_checkpoint(root: Path, store: Any) -> Any:
     for sid, leaf in _subtensor_leaves(ptc).items():
         store.put(leaf, arrays[sid], copy=False)
     for pid, named in values.items():
-        store.put(f"/{pid}/values", named)
+        if named:
+            store.put(f"/{pid}/values", named)
     return ptc
 
 
@@ -180,13 +184,15 @@ def _write_save(sd: StoreDir, tmp: Path) -> None:
     _extra(sd, {"/" + f.removesuffix(".npy") for f in files})
     for rel, array in files.items():
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        np.save(tmp / rel, array.view(npy_dtype(array.dtype)), allow_pickle=False)
+        with open(tmp / rel, "wb") as f:
+            write_npy(f, array)
     (tmp / MANIFEST).write_text(json.dumps(doc, allow_nan=False))
 
 
 def _write_checkpoint(sd: StoreDir, tmp: Path) -> None:
     leaves = _subtensor_leaves(sd.meta)
-    values = {p.id: sd.store.get(f"/{p.id}/values") for p in sd.meta.partitions}
+    values = {p.id: sd.store.get(f"/{p.id}/values") if sd.store.exists(f"/{p.id}/values") else {}
+              for p in sd.meta.partitions}  # fmt: skip
     _extra(sd, set(leaves.values()) | {f"/{pid}/values" for pid in values})
     write_checkpoint(sd.meta, {sid: sd.store.get(leaf) for sid, leaf in leaves.items()}, values, tmp)
 

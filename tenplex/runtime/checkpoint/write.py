@@ -36,7 +36,8 @@ _DICTS = {dict: "dict", collections.OrderedDict: "OrderedDict", argparse.Namespa
 
 
 def save(state: Any, path: str | os.PathLike) -> None:
-    """Write `state` to the directory `path` (see the module docstring for the format).
+    """Write `state` to the directory `path` (see the module docstring for the format); the
+    directories above `path` are made when missing.
 
     Raises:
         SerdeError: an unsupported value or key (names its key path), a cycle, or an existing
@@ -45,6 +46,10 @@ def save(state: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir() and not path.is_symlink() and any(path.iterdir()) and not (path / MANIFEST).exists():
         raise SerdeError(f"refusing to replace {str(path)!r}: a non-empty directory without {MANIFEST}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # made where it is asked for, as `mkdir -p` would
+    except OSError as e:
+        raise write_failure(path.parent, e, SerdeError) from None
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     except OSError as e:
@@ -115,8 +120,6 @@ class _Writer:
         out |= {"file": rel, "dtype": dtype, "shape": list(arr.shape)}
         if out["type"] != "ndarray":
             out |= {"device": str(obj.device), "requires_grad": obj.requires_grad}
-        if dtype in RAW:
-            arr = arr.view(f"u{arr.dtype.itemsize}")
         self.writing = self.root / rel
         self.writing.parent.mkdir(parents=True, exist_ok=True)
         with open(self.writing, "wb") as f:

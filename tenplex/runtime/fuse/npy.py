@@ -1,8 +1,11 @@
 """The bytes of a leaf's file in the FUSE view (`tenplex.runtime.fuse.store`), and parsing them back.
 
 An open file is a `Handle`: a reader's `NpyFile`, or a writer's buffered bytes that `parse` turns
-back into a leaf when the file is closed. An array leaf is served as a `.npy` (format 1.0, numpy's own header for its dtype and shape)
-whose data bytes come straight from the stored array: `NpyFile.read_into` copies a byte range
+back into a leaf when the file is closed. An array leaf is served as a `.npy` (format 1.0, numpy's
+own header for its dtype and shape; for bfloat16 and float8 a header whose `descr` is the dtype's
+name, `'bfloat16'`, so that `np.load` returns that dtype where ml_dtypes is imported and refuses
+the file where it is not, instead of returning raw uint16 bits) whose data bytes come straight
+from the stored array: `NpyFile.read_into` copies a byte range
 from the array's memory into the kernel's reply buffer in one `memmove` (no `bytes` in between)
 for C- or Fortran-contiguous arrays, and copies just the elements that cover the range of a
 strided view. A value leaf is its JSON plus a newline.
@@ -12,7 +15,8 @@ arrays because it reads with O_DIRECT, which FUSE serves straight into the array
 page cache, no second copy; see bench/results/fuse.md).
 
 Invariants:
-- a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf;
+- a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf, but for
+  the `descr` of the `NAMED` dtypes;
 - `read(size, offset)` and `read_into(dst, size, offset)` serve the same bytes;
 - `parse_npy` returns a C- or F-contiguous array and rejects truncated, oversized, object-dtype
   or unsupported-version `.npy` bytes with a ValueError that says which.
@@ -27,11 +31,14 @@ import json
 import os
 
 import attrs
+import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so headers naming them parse)
 import numpy as np
 
-from tenplex.runtime.arrays import npy_dtype
+from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
-__all__ = ["Handle", "NpyFile", "load_npy", "npy_dtype", "parse_npy"]
+__all__ = ["NAMED", "Handle", "NpyFile", "load_npy", "npy_descr", "parse_npy"]
+
+NAMED = EXTRA_DTYPES  # the dtypes whose header names them (`runtime.arrays.npy_descr`)
 
 
 @attrs.frozen
@@ -50,10 +57,10 @@ class NpyFile:
     def from_leaf(cls, data: np.ndarray | object) -> NpyFile:
         if not isinstance(data, np.ndarray):
             return cls((json.dumps(data) + "\n").encode(), None)
-        array = data.view(npy_dtype(data.dtype))
+        array = data
         fortran = array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous
         out = io.BytesIO()
-        d = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": fortran, "shape": array.shape}
+        d = {"descr": npy_descr(array.dtype), "fortran_order": fortran, "shape": array.shape}
         np.lib.format.write_array_header_1_0(out, d)
         contiguous = array.flags.c_contiguous or array.flags.f_contiguous
         address = array.__array_interface__["data"][0] if contiguous and array.size else None

@@ -35,7 +35,7 @@ import numpy as np
 from aiohttp import web
 
 from tenplex.ir.box import Box
-from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.arrays import EXTRA_DTYPES, np_dtype
 from tenplex.runtime.rest.ranges import MAX_INDEX, RangeError, parse_range, short
 from tenplex.runtime.rest.server import RestServer, bearer_auth, is_loopback
 from tenplex.runtime.store.leaf import parse_path
@@ -45,7 +45,6 @@ __all__ = ["CHUNK_BYTES", "make_app", "serve"]
 
 CHUNK_BYTES = 4 << 20
 MAX_NDIM = 64  # numpy's own limit
-_EXTRA_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # ml_dtypes, as in arrays.np_dtype
 _STORE_KEY = web.AppKey("store", TensorStore)
 
 
@@ -173,7 +172,7 @@ def _dtype(request: web.Request) -> np.dtype:
         dtype = np_dtype(name)
     except (TypeError, ValueError):
         dtype = None
-    if dtype is None or not dtype.isnative or not (dtype.kind in "biufc" or str(dtype) in _EXTRA_DTYPES):
+    if dtype is None or not dtype.isnative or not (dtype.kind in "biufc" or str(dtype) in EXTRA_DTYPES):
         raise _fail(web.HTTPBadRequest, f"dtype: {short(name)!r} is not a supported numeric dtype (e.g. float32, bfloat16, bool)")
     return dtype
 

@@ -10,7 +10,7 @@ from tenplex.runtime.fuse.store.view import (
     is_mounted,
     load_npy,
     mount,
-    npy_dtype,
+    npy_descr,
     parse_npy,
     read_ahead_of,
     serve,
@@ -18,5 +18,5 @@ from tenplex.runtime.fuse.store.view import (
 
 __all__ = [
     "DTYPE_XATTR", "READ_AHEAD_KB", "FuseError", "NpyFile", "StoreFS", "fuse_unavailable_reason", "is_mounted",
-    "load_npy", "mount", "npy_dtype", "parse_npy", "read_ahead_of", "serve",
+    "load_npy", "mount", "npy_descr", "parse_npy", "read_ahead_of", "serve",
 ]  # fmt: skip

@@ -2,10 +2,12 @@
 
 Layout: store directories are directories; an array leaf `<name>` is the file `<name>.npy` (see
 `fuse.npy`: a `.npy` that `numpy.load` reads, also with `mmap_mode="r"`); a value leaf is
-`<name>.json` holding its JSON. bfloat16 and float8 appear as raw bits in the unsigned integer of
-the same width (`<u2`, `|u1`), as `tenplex.save` stores them; `getxattr(path,
-"user.tenplex.dtype")` names the stored dtype, and writing the raw-bits file over such a leaf
-keeps its dtype, so read-modify-write round trips are exact.
+`<name>.json` holding its JSON. A bfloat16 or float8 leaf's header names its dtype (`descr:
+'bfloat16'`, as `tenplex.save` writes them): `np.load` returns that dtype where ml_dtypes is
+imported and refuses the file where it is not. `getxattr(path, "user.tenplex.dtype")` names the
+stored dtype. Writing such a `.npy` over the leaf stores it as it is; writing raw bits in the
+unsigned integer of the same width (`<u2`, `|u1`: how older versions served these leaves) over
+it keeps the leaf's dtype, so read-modify-write round trips are exact either way.
 
 Writes: `writes.Writes` (buffered in memory, stored on close; `read_only` refuses them with EROFS).
 

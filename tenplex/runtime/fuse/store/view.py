@@ -37,13 +37,13 @@ from tenplex.runtime.fuse.mount import (
     is_mounted,
     read_ahead_of,
 )
-from tenplex.runtime.fuse.npy import NpyFile, load_npy, npy_dtype, parse_npy
+from tenplex.runtime.fuse.npy import NpyFile, load_npy, npy_descr, parse_npy
 from tenplex.runtime.fuse.store.ops import DTYPE_XATTR, StoreFS
 from tenplex.runtime.store.tree import TensorStore
 
 __all__ = [
     "DTYPE_XATTR", "READ_AHEAD_KB", "FuseError", "NpyFile", "StoreFS", "fuse_unavailable_reason",
-    "is_mounted", "load_npy", "mount", "npy_dtype", "parse_npy", "read_ahead_of", "serve",
+    "is_mounted", "load_npy", "mount", "npy_descr", "parse_npy", "read_ahead_of", "serve",
 ]  # fmt: skip
 
 FuseError = FuseUnavailable  # FUSE cannot be used here, or a mount failed

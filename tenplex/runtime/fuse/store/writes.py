@@ -5,8 +5,10 @@ memory; each close parses the buffer (`parse_npy` or `json`) and stores the leaf
 replacing any old one. Other file names cannot be created (EPERM). `mkdir` makes a directory that
 lives only in this view until a leaf is written under it (the store has no empty directories of
 its own); `unlink`/`rmdir` (empty directories only) map to `store.delete`, `rename` to
-`store.rename`. With `read_only`, every change fails with EROFS. Raw bits written over a
-bfloat16/float8 leaf keep the leaf's dtype.
+`store.rename`. With `read_only`, every change fails with EROFS. A `.npy` whose header names
+bfloat16 or float8 is stored with that dtype; raw bits (`<u2`, `|u1`) or the opaque `|V2`/`|V1`
+that `np.save` writes for an ml_dtypes array, written over a bfloat16/float8 leaf, keep the
+leaf's dtype.
 
 `Writes` is mixed into `StoreFS` and uses its path resolution (`_store_path`, `_kind`, `_need`,
 `_file`, `_writable`), handle table (`_handles`, `_add`, `_lock`) and view state (`_dirs`,
@@ -93,7 +95,9 @@ class Writes:
         """Raw bits written over a bfloat16/float8 leaf stay that dtype (see module doc)."""
         with contextlib.suppress(StoreError):
             meta = self.store.meta(sp)
-            if meta.kind == "array" and npy_dtype(old := np_dtype(meta.dtype)) == array.dtype != old:
+            old = np_dtype(meta.dtype) if meta.kind == "array" else None
+            raw = () if old is None or npy_dtype(old) == old else (npy_dtype(old), np.dtype(f"V{old.itemsize}"))
+            if array.dtype in raw:
                 return array.view(old)
         return array
 
