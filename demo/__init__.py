@@ -1,7 +1,7 @@
 """`make demo` (`python -m demo`): tenplex end to end on this machine, part by part.
 
 `paper`, `steps`, `agents`, `hosts` and `elastic` each run and show one part; `main` runs them in
-order and prints the headline. `hosts` and `convergence` are also what `bench/` and
+order, each part's title printed before it runs, and prints the summary (`headline`) last. `hosts` and `convergence` are also what `bench/` and
 `experiments/` measure with. Not part of the installed library.
 """
 

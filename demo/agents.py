@@ -121,9 +121,14 @@ def run_agent_steps(model: str, steps: Sequence, workers: int = AGENT_WORKERS,
     return out, ""
 
 
-def show_agents(p: Printer, model: str, agents: list[AgentStep], skipped: str) -> None:
-    p.line(f"3. {model}: the same reconfigurations executed by {AGENT_WORKERS} local agent processes over UCX "
-           f"(the 4 devices alternately on hosts w0, w1), checked against the source", style="bold")  # fmt: skip
+def agents_title(model: str) -> str:
+    return (f"3. {model}: the first {len(AGENT_STEPS) - 1} reconfigurations of part 2 (on one host's 4 devices) executed "
+            f"by {AGENT_WORKERS} local agent processes over UCX (the devices alternately on hosts w0, w1), "
+            "checked against the source")  # fmt: skip
+
+
+def show_agents(p: Printer, agents: list[AgentStep], skipped: str) -> None:
+    """Part 3's table (its title, `agents_title`, comes before the agents run)."""
     if skipped:
         p.line(f"  skipped: ucxx cannot be imported ({skipped})")
         return

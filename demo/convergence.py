@@ -1,9 +1,10 @@
 """A static run vs an elastic run of the example GPT through the controller: the evidence that a
 reconfiguration does not change training (`experiments/convergence.py`, `make demo`).
 
-`compare(work, steps, extra, scenario)` runs the example program (`examples/elastic_gpt.py`)
+`compare(work, steps, extra, scenario, out)` runs the example program (`examples/elastic_gpt.py`)
 once statically on the scenario's first layout and once through `Controller` with the
-scenario's changes (resource changes and injected failures at fractions of the steps), and
+scenario's changes (resource changes and injected failures at fractions of the steps), each
+controller line going to `out` labelled with its run (`static run: ...`, `elastic run: ...`), and
 returns the per-step losses of both, the max absolute and relative difference, whether every
 step read the same global samples in the same order, and each reconfiguration's phases.
 `FULL` and `SMALL` change tp and dp at steps/3 and 2·steps/3 (on 4 and 2 processes); `DEMO`
@@ -16,6 +17,7 @@ repository) or the two runs logged different steps.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +53,16 @@ DEMO = Scenario(2, {"2": [2, 1, 1]}, ((0.2, {"devices": 1}), (0.4, {"devices": 2
                                       (0.8, {"fail": [1]})))  # fmt: skip
 
 
-def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL) -> dict:
+def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL,
+            out: Callable[[str], None] = print) -> dict:  # fmt: skip
     if not EXAMPLE.is_file():
         raise ElasticError(f"{EXAMPLE}: the example program is missing (run from the repository)")
     args = ["--steps", str(steps), *extra]
     base = {"program": str(EXAMPLE), "args": args, "devices": scenario.devices, "parallel": scenario.table}
     static = parse_job(base)
     elastic = parse_job({**base, "schedule": scenario.schedule(steps)})
-    Controller(static, work / "static").run()
-    recs = Controller(elastic, work / "elastic").run()
+    Controller(static, work / "static", out=lambda line: out(f"static run: {line}")).run()
+    recs = Controller(elastic, work / "elastic", out=lambda line: out(f"elastic run: {line}")).run()
     a, b = metrics(work / "static"), metrics(work / "elastic")
     if [r["step"] for r in a] != [r["step"] for r in b]:
         raise ElasticError(f"the runs logged different steps: {len(a)} vs {len(b)}")

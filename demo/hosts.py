@@ -127,11 +127,14 @@ def run_hosts(model: str, moves: Sequence[tuple[str, str, str]], rate: str = RAT
 HEADERS = ("move", "P2P net", "central net", "bound", "P2P", "central", "speedup", "P2P/bound", "checked")
 
 
+def hosts_title() -> str:
+    return f"5. Emulated hosts: 4 network namespaces, links shaped to {RATE}, one `tenplex agent` each (UCX over TCP)"
+
+
 def show_hosts(p: Any, model: str, rows: list[dict[str, Any]], skipped: str) -> None:
-    """The comparison as a table on the demo's printer."""
+    """The comparison as a table on the demo's printer (its title, `hosts_title`, comes first)."""
     from tenplex.compiler.emit import human_bytes
 
-    p.line(f"Emulated hosts: 4 network namespaces, links shaped to {RATE}, one `tenplex agent` each (UCX over TCP)")
     if skipped:
         p.line(f"  skipped: {skipped}")
         return

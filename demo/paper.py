@@ -88,10 +88,14 @@ def pct_saved(ours: int, theirs: int) -> str:
     return f"{100 * (theirs - ours) / theirs:.0f}%" if theirs else "-"
 
 
+def cases_title(n: int) -> str:
+    (tpd, cluster) = PAPER_SRC
+    return (f"1. Scale-up, (T,P,D) = {tpd_text(tpd)} on {cluster.replace('x', ' hosts x ')} GPUs -> 4 hosts x 4 GPUs "
+            f"(model + Adam state, {plural(n, 'case')})")  # fmt: skip
+
+
 def show_cases(p: Printer, cases: list[Case]) -> None:
-    (tpd, cluster), n = PAPER_SRC, len(cases)
-    p.line(f"1. Scale-up, (T,P,D) = {tpd_text(tpd)} on {cluster.replace('x', ' hosts x ')} GPUs -> 4 hosts x 4 GPUs "
-           f"(model + Adam state, {plural(n, 'case')})", style="bold")  # fmt: skip
+    """Part 1's table (its title, `cases_title`, comes before the cases run)."""
     rows = []
     for c in cases:
         if c.error:

@@ -69,8 +69,12 @@ def run_steps(model: str, steps: Sequence) -> tuple[list[Step], PTC, PTC]:
     return out, *last
 
 
-def show_steps(p: Printer, model: str, steps: list[Step]) -> None:
-    p.line(f"2. {model}: reconfigured, executed in-process, checked against the source", style="bold")
+def steps_title(model: str) -> str:
+    return f"2. {model}: reconfigured, executed in-process, checked against the source"
+
+
+def show_steps(p: Printer, steps: list[Step]) -> None:
+    """Part 2's table (its title, `steps_title`, comes before the steps run)."""
     rows = []
     for s in steps:
         move = f"{tpd_text(s.src[0])}@{s.src[1]} -> {tpd_text(s.dst[0])}@{s.dst[1]}"
@@ -89,7 +93,7 @@ def write_dot(p: Printer, plan: Plan, src: PTC, dst: PTC, out_dir: Path) -> None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "plan.dot"
     path.write_text(to_dot(plan, src, dst))
-    p.line(f"4. Graphviz: wrote {path} (the last plan of part 2)", style="bold")
+    p.line(f"  Graphviz DOT: wrote {path}")
     if shutil.which("dot") is None:
         p.line(f"  'dot' is not on PATH: PNG skipped (with graphviz: dot -Tpng {path} -o {path.with_suffix('.png')})")
         return
@@ -99,9 +103,10 @@ def write_dot(p: Printer, plan: Plan, src: PTC, dst: PTC, out_dir: Path) -> None
 
 
 def show_last(p: Printer, step: Step, src: PTC, dst: PTC, out_dir: Path) -> None:
+    """Part 4: the last plan of part 2, as text and as a Graphviz DOT file."""
     assert step.plan is not None
     move = f"{tpd_text(step.src[0])}@{step.src[1]} -> {tpd_text(step.dst[0])}@{step.dst[1]}"
-    p.line(f"plan of the last step, {move} (to_text):")
+    p.line(f"4. The last plan of part 2, {move}: its summary (to_text) and its Graphviz DOT", style="bold")
     p.line(to_text(step.plan, src, dst).rstrip())
     p.line()
     write_dot(p, step.plan, src, dst, out_dir)

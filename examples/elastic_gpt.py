@@ -1,9 +1,9 @@
 """A tiny GPT trained with tensor, pipeline and data parallelism on CPU (gloo), made elastic by tenplex.
 
-    torchrun --standalone --nproc-per-node W examples/elastic_gpt.py --job-dir DIR [--steps S]
+    TENPLEX_TP=T TENPLEX_DP=D torchrun --standalone --nproc-per-node W examples/elastic_gpt.py --job-dir DIR [--steps S]
 
-Run it through `tenplex job run JOB.yaml` to change W while it trains. The mesh is (pp, dp, tp)
-from `tenplex.elastic.Job.config`; attention and MLP Linears are split Megatron-style with
+Run it through `tenplex job run examples/elastic_gpt.yaml` (the job file beside it) to change W
+while it trains. The mesh is (pp, dp, tp) from `tenplex.elastic.Job.config`; attention and MLP Linears are split Megatron-style with
 DTensor's ColwiseParallel/RowwiseParallel (`tenplex.elastic.layouts.gpt_plan`, the same plan the
 controller reshards with); pipeline stage s keeps only its modules (`gpt_stages`: contiguous
 blocks, embeddings on the first stage, final norm and head on the last) and passes activations
@@ -13,7 +13,11 @@ per step (tenplex.data) in micro-batches, and the loss is sum(per-sample loss) /
 loss and update do not depend on W (up to floating-point reduction order). Rank 0 appends {step,
 loss, W, tp, dp, pp, samples} to DIR/metrics.jsonl. Model init is a pure function of --seed (every
 stage builds the whole model, then drops what other stages own); the data set (synthetic token
-sequences, one .npy file per sample) is written once under DIR/../dataset-<seed> or --data-dir.
+sequences, one .npy file per sample) is written once under DIR/dataset-<seed> (or --data-dir).
+DIR is created when missing; the program writes nothing outside DIR and --data-dir.
+
+A wrong environment or job directory fails every rank at once, before any collective, with one
+line `elastic_gpt.py: error: <what and where>` (exit 2); so does any tenplex error later on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import attrs
 import numpy as np
@@ -39,6 +44,7 @@ from tenplex.data import DatasetIndex, build_index
 from tenplex.data.reader import SampleReader
 from tenplex.elastic import Job
 from tenplex.elastic.layouts import gpt_plan, gpt_stages
+from tenplex.ir.errors import TenplexError
 
 
 class Attention(nn.Module):
@@ -118,7 +124,7 @@ def write_dataset(root: Path, samples: int, seq: int, vocab: int, seed: int) -> 
 
 
 def dataset(args: argparse.Namespace, job: Job) -> DatasetIndex:
-    root = Path(args.data_dir or job.job_dir.parent / f"dataset-{args.seed}")
+    root = Path(args.data_dir or job.job_dir / f"dataset-{args.seed}")
     if job.rank == 0 and not root.exists():
         write_dataset(root, args.samples, args.seq, args.vocab, args.seed)
     dist.barrier()
@@ -198,8 +204,8 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.Pr
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job-dir", required=True)
-    parser.add_argument("--data-dir")
+    parser.add_argument("--job-dir", required=True, help="where the job keeps its files (created when missing)")
+    parser.add_argument("--data-dir", help="the data set's directory (default JOB_DIR/dataset-SEED, written once)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=2)
@@ -214,32 +220,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
+    try:
+        job = Job.from_env(args.job_dir)  # checks the environment, creates the job directory
+    except TenplexError as e:
+        fail(e)
     dist.init_process_group("gloo")
     try:
-        job = Job.from_env(args.job_dir)
-        index = dataset(args, job)
-        model, optim, dp_group, stage = build(args, job)
-        if job.resuming:
-            model_sd, optim_sd = get_state_dict(model, optim)
-            state = {"model": model_sd, "optim": optim_sd}
-            job.load(state)
-            set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        data = job.data(index, seed=args.seed, global_batch=args.global_batch, micro_batch=args.micro_batch)
-        reader = SampleReader(index)
-        step = data.view.start
-        while step < args.steps and not job.should_stop(step):
-            rank_step = data.view.step_at(step)
-            loss = train_step(model, optim, dp_group, stage, reader, rank_step, data.layout.accumulation_steps,
-                              rank_step.global_count, args.hidden)  # fmt: skip
-            shares = [None] * job.config.dp
-            dist.all_gather_object(shares, rank_step.ids.tolist(), group=dp_group)
-            job.log(step=step, loss=loss, W=job.world, tp=job.config.tp, dp=job.config.dp, pp=job.config.pp,
-                    samples=[i for share in shares for i in share])  # fmt: skip
-            if not math.isfinite(loss):
-                raise SystemExit(f"step {step}: loss {loss} is not finite")
-            step += 1
-        model_sd, optim_sd = get_state_dict(model, optim)
-        job.save({"model": model_sd, "optim": optim_sd}, data.state.at_step(data.order, step))
+        train(args, job)
+    except TenplexError as e:
+        dist.destroy_process_group()
+        fail(e)
     except BaseException:
         dist.destroy_process_group()
         raise
@@ -249,6 +239,39 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def train(args: argparse.Namespace, job: Job) -> None:
+    """Resume or start, train to --steps or the controller's stop, save."""
+    index = dataset(args, job)
+    model, optim, dp_group, stage = build(args, job)
+    if job.resuming:
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd}
+        job.load(state)
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    data = job.data(index, seed=args.seed, global_batch=args.global_batch, micro_batch=args.micro_batch)
+    reader = SampleReader(index)
+    step = data.view.start
+    while step < args.steps and not job.should_stop(step):
+        rank_step = data.view.step_at(step)
+        loss = train_step(model, optim, dp_group, stage, reader, rank_step, data.layout.accumulation_steps,
+                          rank_step.global_count, args.hidden)  # fmt: skip
+        shares = [None] * job.config.dp
+        dist.all_gather_object(shares, rank_step.ids.tolist(), group=dp_group)
+        job.log(step=step, loss=loss, W=job.world, tp=job.config.tp, dp=job.config.dp, pp=job.config.pp,
+                samples=[i for share in shares for i in share])  # fmt: skip
+        if not math.isfinite(loss):
+            raise SystemExit(f"step {step}: loss {loss} is not finite")
+        step += 1
+    model_sd, optim_sd = get_state_dict(model, optim)
+    job.save({"model": model_sd, "optim": optim_sd}, data.state.at_step(data.order, step))
+
+
+def fail(error: TenplexError) -> NoReturn:
+    """One line on stderr (torchrun prefixes the rank), exit 2: no traceback for a known error."""
+    print(f"{Path(__file__).name}: error: {error}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def run(work: Path, policy: str, args: argparse.Namespace) -> dict:
         schedule.append({"at_step": args.fail_at, "fail": [3], "devices": 2, "tp": 2})
     doc = {"program": str(EXAMPLE), "args": ["--steps", str(args.steps), *args.program_args], "devices": 4,
            "schedule": schedule, "recovery": "checkpoint" if policy == "checkpoint" else "replicas"}  # fmt: skip
-    Controller(parse_job(doc), work / policy).run()
+    Controller(parse_job(doc), work / policy, out=print).run()  # its phase lines, as the run goes
     report = json.loads((work / policy / "report.json").read_text())
     records = metrics(work / policy)
     last = {r["step"]: r for r in records}  # a re-run step counts once, its last run

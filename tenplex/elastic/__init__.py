@@ -2,7 +2,8 @@
 new parallel configuration, stopping the program at a step boundary, resharding its saved state
 and relaunching it; `Job` is what the training program calls (`api`).
 
-- the program's side: `api` (`Job`), `layouts` (its DTensor layout for a (tp, dp, pp));
+- the program's side: `api` (`Job`), `layouts` (its DTensor layout for a (tp, dp, pp)), `jobdir`
+  (the job directory);
 - the controller's side: `controller` (generations and reconfigurations), `configs` (which
   layout), `launch` (torchrun), `job` (job files), `requests` and `http` (scale requests, status),
   `records` (what it measured), `recovery` (failure recovery plans), `parallelizer/`.

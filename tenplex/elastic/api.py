@@ -9,16 +9,8 @@
         ... train on data.view.step_at(step) ...; step += 1
     job.save(state_dict, data.state.at_step(data.order, step))
 
-The job directory (all paths relative to it; N is the generation):
-
-    state/gen-N/            DCP checkpoint in generation N's layout, written by the controller
-                            (`reshard_dcp`); plus `data_state.json`, the DataState to resume from
-                            (empty after a failure with no checkpoint: start afresh)
-    saved/gen-N/            what generation N saved at its stop, in its own layout (`dcp.save`),
-                            `data_state.json`, `timing.json` (wall times; `stop_step` when it
-                            stopped on request) and `COMPLETE` (written last, rank 0)
-    control/stop-N          present: generation N stops at its next step boundary
-    metrics.jsonl           one JSON record per `job.log` call (rank 0)
+`Job.from_env` creates the job directory when it is missing (`jobdir`: its layout, `state/gen-N`,
+`saved/gen-N`, `control/stop-N`, `metrics.jsonl`); a program keeps everything it writes there.
 
 Environment (the controller sets it; torchrun sets RANK and WORLD_SIZE): TENPLEX_JOB_DIR,
 TENPLEX_GENERATION (default 0), TENPLEX_TP, TENPLEX_DP, TENPLEX_PP (default: tp 1, pp 1, dp =
@@ -53,23 +45,11 @@ from typing import Any
 import attrs
 
 from tenplex.elastic.errors import ElasticError
+from tenplex.elastic.jobdir import make_job_dir, metrics_file, saved_dir, state_dir, stop_file
 from tenplex.elastic.layouts import check_degree
 
-
-def state_dir(job_dir: str | os.PathLike, generation: int) -> Path:
-    return Path(job_dir) / "state" / f"gen-{generation}"
-
-
-def saved_dir(job_dir: str | os.PathLike, generation: int) -> Path:
-    return Path(job_dir) / "saved" / f"gen-{generation}"
-
-
-def stop_file(job_dir: str | os.PathLike, generation: int) -> Path:
-    return Path(job_dir) / "control" / f"stop-{generation}"
-
-
-def metrics_file(job_dir: str | os.PathLike) -> Path:
-    return Path(job_dir) / "metrics.jsonl"
+__all__ = ["Job", "JobData", "ParallelConfig", "make_job_dir", "metrics_file", "saved_dir", "state_dir", "stop_file",
+           "tensor_names"]  # fmt: skip
 
 
 @attrs.frozen
@@ -152,7 +132,14 @@ class Job:
 
     @classmethod
     def from_env(cls, job_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Job:
-        """The job of this process, from the environment (`job_dir` overrides TENPLEX_JOB_DIR)."""
+        """The job of this process, from the environment (`job_dir` overrides TENPLEX_JOB_DIR).
+        Creates the job directory (and its parents) when it is missing, so every rank can write
+        into it from its first step; every check here runs before any collective.
+
+        Raises:
+            ElasticError: a variable is missing or wrong, or the job directory cannot be created
+                or written to (naming it and the reason).
+        """
         env = dict(os.environ if env is None else env)
         job_dir = job_dir or env.get("TENPLEX_JOB_DIR")
         if not job_dir:
@@ -161,8 +148,10 @@ class Job:
         tp, pp = _env_int(env, "TENPLEX_TP", 1), _env_int(env, "TENPLEX_PP", 1)
         config = ParallelConfig(tp, _env_int(env, "TENPLEX_DP", max(1, world // (tp * pp))), pp)
         stop = env.get("TENPLEX_STOP_STEP")
-        return cls(job_dir, _env_int(env, "TENPLEX_GENERATION", 0), _env_int(env, "RANK", 0), world, config,
-                   None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"), _ranks(env, "TENPLEX_FAIL_RANKS"))  # fmt: skip
+        job = cls(job_dir, _env_int(env, "TENPLEX_GENERATION", 0), _env_int(env, "RANK", 0), world, config,
+                  None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"), _ranks(env, "TENPLEX_FAIL_RANKS"))  # fmt: skip
+        make_job_dir(job.job_dir)
+        return job
 
     @property
     def dp_rank(self) -> int:

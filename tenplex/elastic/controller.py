@@ -28,8 +28,12 @@ chosen for them. An unplanned crash (the program exits non-zero on its own) ends
 Each reconfiguration records its phases in seconds: `stop` (request → the ranks agree to
 stop), `save` (their checkpoint), `exit` (process teardown), `reshard` (compile + execute +
 write) and `restart` (launch → first step of the new generation logged), plus `rerun` after a
-restart from a checkpoint (first step → the lost steps done again). The report is printed and
-written to `JOB_DIR/report.json`; `JOB_DIR/status.json` says what the job is doing now.
+restart from a checkpoint (first step → the lost steps done again). The report is written to
+`JOB_DIR/report.json`; `JOB_DIR/status.json` says what the job is doing now.
+
+Progress goes to `out`, one line per phase change (a generation starting, a stop, a reshard and
+its bytes, a reconfiguration's phases): by default the logger `tenplex.elastic` at INFO, which
+the `tenplex` command shows on stderr and a library caller configures (or not) as it likes.
 
 Invariants:
 - at most one generation runs at a time; its process tree is always ended (killed after
@@ -42,14 +46,17 @@ Invariants:
 SIGTERM, SIGINT and SIGHUP reach the controller only (torchrun runs in a session of its own):
 it ends the generation's process tree, reaps it and raises `signals.JobInterrupted`.
 
-Raises ElasticError naming the generation, its exit code and log file, or a missing checkpoint.
+Before anything is created or started, `run` checks that the program is a file (`job.check_program`).
+
+Raises ElasticError naming the generation, its exit code, the cause (the failing rank's exception,
+`launch.failure_cause`) and log file, or a missing checkpoint; always one line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
+import logging
 import shutil
 import subprocess
 import time
@@ -57,25 +64,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tenplex.compiler.emit import human_bytes
 from tenplex.elastic import launch as launcher
 from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError, ProgramFailed
-from tenplex.elastic.job import Event, JobSpec
+from tenplex.elastic.job import Event, JobSpec, check_program
 from tenplex.elastic.layouts import example_layers, gpt_plan, gpt_stages, layout_json
 from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json, write_json
-from tenplex.elastic.requests import scale_request_from_json
+from tenplex.elastic.requests import take_scale_request
 from tenplex.elastic.signals import JobInterrupted, raise_on_signals
 
 POLL = 0.05
+log = logging.getLogger("tenplex.elastic")
 
 
 class Controller:
     """Runs one elastic job (see the module docstring). `plan` is the program's TP plan and
-    `stages(pp)` its modules' pipeline stages (default: the example GPT's, `layouts`)."""
+    `stages(pp)` its modules' pipeline stages (default: the example GPT's, `layouts`); `out`
+    takes the progress lines (default: `log.info`)."""
 
     def __init__(self, spec: JobSpec, job_dir: str | Path, *, plan: dict[str, str] | None = None,
-                 stages: Callable[[int], dict[str, int]] | None = None, out: Callable[[str], None] = print) -> None:  # fmt: skip
+                 stages: Callable[[int], dict[str, int]] | None = None, out: Callable[[str], None] = log.info) -> None:  # fmt: skip
         self.spec, self.job_dir, self.out = spec, Path(job_dir).resolve(), out
         layers = example_layers(spec.model, spec.args, spec.source)
         self.plan = plan if plan is not None else gpt_plan(layers)
@@ -90,6 +100,7 @@ class Controller:
         """Run every generation to the end; returns the reconfigurations (also in report.json).
         SIGTERM, SIGINT or SIGHUP end the running generation's process tree, then raise
         JobInterrupted (`signals`)."""
+        check_program(self.spec)
         if saved_dir(self.job_dir, 0).exists():
             raise ElasticError(f"{self.job_dir}: the job directory was used before; give a fresh one")
         (self.job_dir / "control").mkdir(parents=True, exist_ok=True)
@@ -99,8 +110,8 @@ class Controller:
             with raise_on_signals():
                 try:
                     self._generations()
-                finally:
-                    self._end_generation()
+                finally:  # end and reap the running generation's process tree, signals or not
+                    launcher.terminate_surely(self.proc)
         except JobInterrupted as e:
             message = f"generation {self.current[0]}: {e}; torchrun and its workers were ended"
             self._status("failed", *self.current, error=message)
@@ -119,7 +130,8 @@ class Controller:
         pending, restarts = None, 0
         while True:
             generation, config = self.current
-            self.out(f"generation {generation}: {describe_config(config)}")
+            self.out(f"generation {generation}: {describe_config(config)}: {'re' if generation else ''}starting torchrun on "
+                     f"{config.world} process{'es' * (config.world > 1)}; log {launcher.log_path(self.job_dir, generation)}")  # fmt: skip
             self._status("running", generation, config)
             try:
                 event, signal_time, timing = self._run_generation(generation, config, pending)
@@ -134,21 +146,14 @@ class Controller:
             if event is None:
                 return
             self._status("reconfiguring", generation, config)
+            what = f"rank(s) {list(event.fail)} failed" if event.fail else "stopped and saved"
+            self.out(f"generation {generation}: {what} at step {timing['stop_step']}")
             if event.fail:
                 pending = self._recover(generation, config, event, timing, signal_time)
             else:
                 dst = choose_config(self.spec, event.devices, event.tp, event.pp)
                 pending = self._reshard(generation, config, dst, timing, signal_time)
             self.current = generation + 1, pending.dst
-
-    def _end_generation(self) -> None:
-        """End and reap the running generation's process tree (`launch.terminate`), also when the
-        first signal arrives meanwhile (it is raised once; the next try completes)."""
-        for _ in range(3):
-            if self.proc is None or self.proc.returncode is not None:
-                return
-            with contextlib.suppress(JobInterrupted, subprocess.TimeoutExpired):
-                launcher.terminate(self.proc)
 
     def _status(self, state: str, generation: int, config: ParallelConfig, **extra: Any) -> None:
         doc = {"state": state, "generation": generation, "config": config.to_json(), "world": config.world,
@@ -165,11 +170,6 @@ class Controller:
         when the stop was requested, and its saved timing. `pending` (the reconfiguration that
         led here) gets its restart phase once this generation logs its first step."""
         step_event = self._next_step_event()
-        if step_event and any(r >= config.world for r in step_event.fail):
-            raise ElasticError(f"{self.spec.source}: the failure at step {step_event.at_step} names ranks {list(step_event.fail)}, "
-                               f"but generation {generation} has {config.world} (0..{config.world - 1})")  # fmt: skip
-        if step_event and len(step_event.fail) >= config.world:
-            raise ElasticError(f"{self.spec.source}: the failure at step {step_event.at_step} leaves no survivor")
         launched = time.time()
         proc = self.proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
                                step_event.fail if step_event else ())  # fmt: skip
@@ -193,8 +193,7 @@ class Controller:
         if pending is not None:
             self._finish(pending, generation, launched, final=True)
         if proc.returncode != 0 and "failed" not in timing:
-            raise ProgramFailed(exited, f"generation {generation}: the program exited with code {proc.returncode}; "
-                                f"log {launcher.log_path(self.job_dir, generation)}:\n{launcher.log_tail(self.job_dir, generation)}")  # fmt: skip
+            raise ProgramFailed(exited, launcher.failure_message(self.job_dir, generation, proc.returncode))
         if not complete:
             raise ElasticError(f"{saved}: generation {generation} exited without a complete checkpoint (no COMPLETE)")
         if "stop_step" not in timing:
@@ -209,18 +208,12 @@ class Controller:
         event = None
         if self.pending and self.pending[0].at_seconds is not None and time.time() - self.start >= self.pending[0].at_seconds:
             event = self.pending.pop(0)
-        for path in sorted((self.job_dir / "control").glob("scale-*.json")):
-            try:
-                doc = scale_request_from_json(read_json(path), self.spec.max_devices)
-            except ElasticError as e:  # a stray or hand-written file: refuse it, keep training
-                path.rename(path.with_suffix(".rejected"))
-                self.out(f"{path}: scale request refused: {e}")
-                continue
-            path.rename(path.with_suffix(".taken"))
-            event = Event(doc["devices"], tp=doc["tp"])
+        if request := take_scale_request(self.job_dir, self.spec.max_devices, self.out):
+            event = Event(request["devices"], tp=request["tp"])
         if event is None or choose_config(self.spec, event.devices, event.tp, event.pp) == config:
             return None
         stop_file(self.job_dir, generation).write_text(json.dumps({"devices": event.devices}))
+        self.out(f"generation {generation}: stopping at its next step for {event.devices} device(s)")
         return event, time.time()
 
     def _reshard(self, generation: int, src: ParallelConfig, dst: ParallelConfig, timing: dict, signal_time: float,
@@ -234,8 +227,10 @@ class Controller:
         out = state_dir(self.job_dir, generation + 1)
         moved = 0
         if (source / ".metadata").exists():
+            self.out(f"resharding {source.relative_to(self.job_dir)} from {describe_config(src)} to {describe_config(dst)}")
             layout = layout_json(dst.tp, dst.dp, self.plan, dst.pp, self.stages(dst.pp) if dst.pp > 1 else None)
             moved = reshard_dcp(source, layout, out).bytes_moved
+            self.out(f"resharded {human_bytes(moved)} in {time.time() - begin:.2f}s")
         else:
             out.mkdir(parents=True)  # a restart from the job's start: no state, no data state
         if (source / "data_state.json").exists():

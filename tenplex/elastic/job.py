@@ -2,7 +2,10 @@
 
 JSON, or YAML (`.yaml` / `.yml`):
 
-    program: examples/elastic_gpt.py      required: the training script (relative to the job file)
+    program: elastic_gpt.py               required: the training script; a relative path is
+                                          resolved against the job file's directory (not the
+                                          current directory), so a job file and its program
+                                          move together (`examples/elastic_gpt.yaml`)
     args: ["--steps", "30"]               optional: its arguments (the controller adds --job-dir)
     devices: 4                            required: processes of the first generation
     schedule:                             optional: resource changes, in order
@@ -28,7 +31,9 @@ JSON, or YAML (`.yaml` / `.yml`):
                                           (torchrun starts every process on this machine)
 
 A job file is read only if it is a regular UTF-8 file of at most 64 MiB (`MAX_FILE_BYTES`, read by
-`tenplex.ir.files.read_text`).
+`tenplex.ir.files.read_text`). `load_job` also checks that the program is a file (`check_program`,
+which the controller calls again before it starts anything), so a wrong path fails at once with
+one line naming the job file, the field and the resolved path, never after torchrun started.
 
 Invariants:
 - 1 <= devices <= max_devices everywhere (the initial devices, every event; scale requests are
@@ -271,4 +276,17 @@ def load_job(path: str | os.PathLike) -> JobSpec:
             raise JobFileError(f"{path}: not valid JSON ({e})") from None
         except RecursionError:
             raise JobFileError(f"{path}: not valid JSON (nested too deeply)") from None
-    return parse_job(doc, str(path), path.parent)
+    return check_program(parse_job(doc, str(path), path.parent.absolute()))
+
+
+def check_program(spec: JobSpec) -> JobSpec:
+    """`spec`, once its program is a regular file (following links). Raises JobFileError naming
+    the job file, `job.program` and the resolved path."""
+    try:
+        what = None if spec.program.is_file() else "is not a regular file" if spec.program.exists() else "does not exist"
+    except OSError as e:  # a name too long for the file system, a permission denied on the way
+        what = f"cannot be looked up ({e.strerror or e})"
+    if what is not None:
+        raise JobFileError(f"{spec.source}: job.program: {spec.program} {what} (a relative program is resolved "
+                           "against the job file's directory)")  # fmt: skip
+    return spec

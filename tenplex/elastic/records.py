@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from tenplex.compiler.emit import human_bytes
 from tenplex.elastic.api import ParallelConfig, metrics_file
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import MAX_FILE_BYTES
@@ -44,7 +45,7 @@ class Reconfiguration:
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.phases.items())
         what = "" if not self.failed else f" after ranks {list(self.failed)} failed, from {self.recovered_from} ({self.lost_steps} steps lost)"
         return (f"step {self.step}: {describe_config(self.src)} -> {describe_config(self.dst)}{what}: {parts}; total {total:.2f}s, "
-                f"{self.bytes_moved} bytes resharded")  # fmt: skip
+                f"{human_bytes(self.bytes_moved)} resharded")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "src": self.src.to_json(), "dst": self.dst.to_json(), "phases": self.phases,

@@ -2,7 +2,8 @@
 (`tenplex.elastic.http`) and the controller share.
 
     control/scale-<time_ns>.json   one request, `{"devices": N, "tp": T | null}`
-    control/scale-<time_ns>.taken  a request the controller has taken
+    control/scale-<time_ns>.taken  a request the controller has taken (`take_scale_request`)
+    control/scale-<time_ns>.rejected  a file the controller refused (not a valid request)
     status.json                    the controller's status: a JSON object such as
                                    {"generation": N, "config": {"tp", "dp", "pp"}, "state": ...,
                                     "max_devices": M}; written first thing by `job run`, so
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,23 @@ def _link_new(tmp: Path, control: Path) -> Path:
             return path
         except FileExistsError:
             ns += 1
+
+
+def take_scale_request(job_dir: str | os.PathLike, max_devices: int, refused: Callable[[str], None]) -> dict[str, Any] | None:
+    """The newest pending request that is valid, or None; the controller's side. Every pending
+    file is taken: renamed `.taken`, or `.rejected` (and reported to `refused`, one line) when it
+    is not a valid request: a stray or hand-written file never stops the job."""
+    newest = None
+    for path in sorted(control_dir(job_dir).glob("scale-*.json")):
+        try:
+            doc = scale_request_from_json(read_json(path, ElasticError, "file", MAX_FILE_BYTES), max_devices)
+        except ElasticError as e:
+            path.rename(path.with_suffix(".rejected"))
+            refused(f"{path}: scale request refused: {e}")
+            continue
+        path.rename(path.with_suffix(".taken"))
+        newest = doc
+    return newest
 
 
 def pending_requests(job_dir: str | os.PathLike) -> list[str]:

@@ -240,7 +240,10 @@ CLI_USAGE = {
                            "give exactly one of --job-dir and --url"),
     "status_bad_url": (["status", "--url", "localhost:80"], "'localhost:80' is not an http:// or https:// URL"),
     "run_bad_address": (["run", "JOB", "--job-dir", "d", "--http", "localhost"], "'localhost' is not HOST:PORT"),
-    "run_token_without_http": (["run", "JOB", "--job-dir", "d", "--token", "t"], "--token applies to the HTTP endpoint"),
+    "run_token_on_the_command_line": (["run", "JOB", "--job-dir", "d", "--token", "t"],
+                                      "--token is no longer accepted: a token on the command line is visible"),
+    "run_token_file_without_http": (["run", "JOB", "--job-dir", "d", "--token-file", "JOB"],
+                                    "--token-file applies to the HTTP endpoint: give --http HOST:PORT too"),
 }  # fmt: skip
 
 
@@ -264,11 +267,12 @@ def test_cli_run_http_serves_while_the_controller_runs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Controller, "run", fake_run)
     (tmp_path / "job.json").write_text('{"program": "p.py", "devices": 2}')
+    (tmp_path / "p.py").write_text("")
     job_dir = tmp_path / "run"
     args = ["run", str(tmp_path / "job.json"), "--job-dir", str(job_dir), "--http", f"127.0.0.1:{port}"]
     result = CliRunner().invoke(job, args)
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"scale requests: http://127.0.0.1:{port}/scale\n")
+    assert result.output.startswith(f"job directory: {job_dir}\nscale requests: http://127.0.0.1:{port}/scale\n")
     assert seen["reply"][0] == 202 and [p.name for p in _requests_in(job_dir)] == [seen["reply"][1]["request"]]
     assert _server_threads() == []
 

@@ -18,6 +18,7 @@ def test_parse_full_job(tmp_path):
            "schedule": [{"at_step": 3, "devices": 2}, {"at_seconds": 1.5, "devices": 4, "tp": 2}, {"at_step": 6, "devices": 1}]}  # fmt: skip
     path = tmp_path / "job.json"
     path.write_text(json.dumps(doc))
+    (tmp_path / "train.py").write_text("")  # load_job checks the program is a file
     spec = load_job(path)
     assert spec.program == tmp_path / "train.py" and spec.args == ("--steps", "9") and spec.devices == 4
     assert spec.schedule == (Event(2, at_step=3), Event(4, at_seconds=1.5, tp=2), Event(1, at_step=6))
@@ -84,6 +85,7 @@ def test_load_job_file_errors(tmp_path):
 def test_yaml_job_file(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("program: train.py\ndevices: 2\nschedule:\n  - {at_step: 4, devices: 1}\n")
+    (tmp_path / "train.py").write_text("")
     assert load_job(path).schedule == (Event(1, at_step=4),)
     path.write_text("program: train.py\ndevices: [2\n")
     with pytest.raises(JobFileError, match=re.escape(str(path))):
