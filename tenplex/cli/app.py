@@ -3,32 +3,51 @@
     tenplex compile | verify          plans.py     plans from two PTCs or specs, and their proofs
     tenplex inspect | spec            specs.py     describe PTCs, specs and checkpoints
     tenplex reshard                   reshard.py   checkpoint directories in another layout
+    tenplex layout                    layout.py    the DTensor layout of a DCP checkpoint (for reshard --to)
     tenplex agent                     agent.py     a host's agent
     tenplex store ls | mount          store.py     a saved state or checkpoint over FUSE
     tenplex dataset ...               dataset.py   sample indexes, orders, per-rank views
     tenplex job run | scale | status  job.py       elastic jobs
 
-Errors (`common`): one line `tenplex: error: <message>` on stderr, exit code 2; outputs are
-written atomically, so an error leaves no file behind.
+Options of the group: `--version`, `-q/--quiet` and `-v/--verbose` (the `tenplex` logger's level,
+`common.configure_logging`).
+
+Errors and exit codes (`common`, docs/cli.md): a usage error or a `TenplexError` (bad input)
+prints one line `tenplex: error: <message>` on stderr and exits 2 (`EXIT_USAGE`); a
+`PlanVerifyError` exits 3 (`EXIT_VERIFY`); any other exception is a bug: one line naming its type
+and message, the traceback only with -v, exit 4 (`EXIT_INTERNAL`). Outputs are written
+atomically, so an error leaves no file behind.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import traceback
 from typing import Any
 
 import click
 
+from tenplex import __version__
 from tenplex.cli.agent import agent_cmd
-from tenplex.cli.common import fail
+from tenplex.cli.common import EXIT_INTERNAL, EXIT_USAGE, EXIT_VERIFY, configure_logging, fail, is_verbose
 from tenplex.cli.dataset import dataset
 from tenplex.cli.job import job
+from tenplex.cli.layout import layout_cmd
 from tenplex.cli.plans import compile_cmd, verify
 from tenplex.cli.reshard import reshard_cmd
 from tenplex.cli.specs import inspect_cmd, spec
 from tenplex.cli.store import store
-from tenplex.ir.errors import TenplexError
+from tenplex.ir.errors import PlanVerifyError, TenplexError
+
+EPILOG = f"""\b
+Exit codes:
+  0    success
+  {EXIT_USAGE}    usage error or bad input (a file, spec or checkpoint tenplex cannot use)
+  {EXIT_VERIFY}    a plan or checkpoint failed verification
+  {EXIT_INTERNAL}    internal error: a bug in tenplex (run with -v for the traceback)
+  130  interrupted (Ctrl-C); 128+N: ended by signal N
+Errors are one line on stderr: tenplex: error: <message>. Details: docs/cli.md."""
 
 
 class _Tenplex(click.Group):
@@ -49,17 +68,35 @@ class _Tenplex(click.Group):
             fail(e.format_message())
         except click.Abort:
             fail("aborted", 130)
+        except PlanVerifyError as e:
+            fail(str(e), EXIT_VERIFY)
         except TenplexError as e:
-            fail(str(e))
+            fail(str(e), EXIT_USAGE)
         except OSError as e:
-            fail(f"{e.filename or 'I/O'}: {e.strerror or e}")
+            fail(f"{e.filename or 'I/O'}: {e.strerror or e}", EXIT_USAGE)
+        except Exception as e:  # noqa: BLE001 (anything else is a bug: one line, the traceback with -v)
+            _internal(e)
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(name="tenplex", cls=_Tenplex, context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+def _internal(e: Exception) -> None:
+    if is_verbose():
+        click.echo("".join(traceback.format_exception(e)).rstrip(), err=True)
+    hint = "" if is_verbose() else "; run with -v for the traceback"
+    fail(f"internal error: {type(e).__name__}: {e} (this is a bug: please report it{hint})", EXIT_INTERNAL)
+
+
+@click.group(name="tenplex", cls=_Tenplex, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", message="tenplex %(version)s")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug messages on stderr, and tracebacks of internal errors.")
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
     """Reconfigure the state of multi-dimensional parallel deep-learning jobs with verified,
     minimal plans. SRC/DST are PTC JSON files or model specs such as gpt-1.3b:tp2,pp2,dp2@4x4."""
+    if quiet and verbose:
+        raise click.UsageError("give -q or -v, not both")
+    ctx.call_on_close(configure_logging(1 if verbose else -1 if quiet else 0))
 
 
 cli.add_command(compile_cmd)
@@ -67,6 +104,7 @@ cli.add_command(verify)
 cli.add_command(inspect_cmd)
 cli.add_command(spec)
 cli.add_command(reshard_cmd)
+cli.add_command(layout_cmd)
 cli.add_command(agent_cmd)
 cli.add_command(dataset)
 cli.add_command(job)

@@ -1,15 +1,32 @@
-"""What every `tenplex` command shares: one-line errors, byte sizes, PTC arguments, output files.
+"""What every `tenplex` command shares: exit codes, one-line errors, logging, byte sizes, PTC
+arguments, output files and JSON documents.
 
-Errors: a `TenplexError`, an unwritable output or a usage error prints one line
-`tenplex: error: <message>` on stderr and exits with code 2 (`fail`). Outputs are computed in
-full before the file is written, and written atomically (`write_output`), so an error leaves no
-file behind.
+Exit codes (docs/cli.md; the mapping from exceptions is `tenplex.cli.app`):
+
+    0  EXIT_OK        success
+    2  EXIT_USAGE     a usage error or bad input: a `TenplexError`, an unreadable or unwritable file
+    3  EXIT_VERIFY    a plan or checkpoint that fails verification (`PlanVerifyError`)
+    4  EXIT_INTERNAL  an unexpected exception: a bug in tenplex (the traceback with -v)
+
+1 is never returned by tenplex itself (Python exits 1 when it fails before tenplex runs, e.g. a
+missing dependency); 130 is Ctrl-C, 128+N a signal N. Errors print one line
+`tenplex: error: <message>` on stderr (`fail`). Outputs are computed in full before the file is
+written, and written atomically (`write_output`), so an error leaves no file behind.
+
+Logging: the logger `tenplex` (and its children, e.g. `tenplex.agent`) writes to stderr with the
+prefix `tenplex: ` at the level `-q` (WARNING), the default (INFO) or `-v` (DEBUG) set
+(`configure_logging`). Progress (the INFO lines of `PROGRESS_LOGGERS`, or of a record logged
+with `extra={"progress": True}`: the phases of a long command) shows only where stderr is a
+terminal, or with -v. Results go to stdout; diagnostics through logging.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +39,84 @@ from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import FORMAT as PTC_FORMAT
 from tenplex.ir.serialize import ptc_from_json
 
-__all__ = ["EXIT_ERROR", "SIZE", "fail", "frontend", "load_state", "write_output"]
+__all__ = [
+    "EXIT_ERROR", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "EXIT_VERIFY", "SIZE", "configure_logging", "echo_json",
+    "fail", "frontend", "is_verbose", "load_state", "log", "write_output",
+]  # fmt: skip
 
-EXIT_ERROR = 2
+EXIT_OK = 0
+EXIT_USAGE = 2  # usage errors and bad input (what every TenplexError is)
+EXIT_VERIFY = 3  # a plan or checkpoint that fails verification
+EXIT_INTERNAL = 4  # an unexpected exception: a bug
+EXIT_ERROR = EXIT_USAGE  # the name before the codes were told apart
+
+log = logging.getLogger("tenplex")
+PROGRESS_LOGGERS = ("tenplex.elastic", "tenplex.progress")  # their INFO lines are progress
 
 
 def _one_line(message: str) -> str:
     return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> None:
+def fail(message: str, code: int = EXIT_USAGE) -> None:
     click.echo(f"tenplex: error: {_one_line(message)}", err=True)
     sys.exit(code)
+
+
+class _Stderr(logging.Handler):
+    """`tenplex: <message>` on the current stderr (looked up at each record, as click's test
+    runner swaps it); progress only on a terminal unless `verbose` (module doc)."""
+
+    verbose = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno < logging.WARNING and not self.verbose and _is_progress(record) and not _tty():
+                return
+            click.echo(f"tenplex: {_one_line(self.format(record))}", err=True)
+        except Exception:  # noqa: BLE001 (logging never raises into the caller)
+            self.handleError(record)
+
+
+def _is_progress(record: logging.LogRecord) -> bool:
+    return bool(getattr(record, "progress", False)) or record.name.startswith(PROGRESS_LOGGERS)
+
+
+def _tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+_verbosity = [0]  # of the command running (or last run): -1 -q, 0, 1 -v
+
+
+def is_verbose() -> bool:
+    """Whether the command runs with -v (tracebacks of internal errors are shown then)."""
+    return _verbosity[0] > 0
+
+
+def configure_logging(verbosity: int) -> Callable[[], None]:
+    """The `tenplex` logger at WARNING (-1: -q), INFO (0) or DEBUG (1: -v), to stderr, for one
+    command; returns the function that puts the logger back as it was (for in-process callers)."""
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    _verbosity[0] = verbosity
+    handler, old = _Stderr(), log.level
+    handler.verbose = verbosity > 0
+    log.addHandler(handler)
+    log.setLevel(level)
+
+    def restore() -> None:
+        log.removeHandler(handler)
+        log.setLevel(old)
+
+    return restore
+
+
+def echo_json(doc: Any) -> None:
+    """One JSON document on stdout (`--json`): sorted keys, two-space indent, a final newline."""
+    click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
 
 
 class _Size(click.ParamType):
@@ -78,8 +161,9 @@ def load_state(arg: str) -> PTC:
     reference Tenplex's per-rank structure JSON (rank_map.json + rankNN/mp_rank_*.json).
 
     A file (an existing path, or any name ending in .json) is decoded as JSON: a document with a
-    "format" key is parsed as a PTC, any other as a spec. Anything else is a compact spec.
-    Raises ParseError or SpecError naming the argument.
+    "format" key is parsed as a PTC, any other as a spec. Anything else with an `@` or a `:` is
+    a compact spec; what has neither is a missing file. Raises ParseError or SpecError naming
+    the argument.
     """
     path = Path(arg)
     if _exists(path.is_dir) and (path / "rank_map.json").is_file():  # the reference's structure JSON
@@ -87,6 +171,10 @@ def load_state(arg: str) -> PTC:
 
         return read_structure(path)[0]
     if not (arg.endswith(".json") or _exists(path.is_file)):
+        if "@" not in arg and ":" not in arg:  # no spec part at all: a file or directory was meant
+            what = "not a file" if _exists(path.exists) else "no such file or directory"
+            raise ParseError(f"{arg}: {what} (expected a PTC JSON file, a checkpoint directory or a model spec "
+                             "such as gpt-1.3b:tp2,pp2,dp2@4x4)")  # fmt: skip
         return frontend().ptc_from_spec(arg)
     root = read_json(path)
     if isinstance(root, dict) and "format" in root:
@@ -116,4 +204,4 @@ def write_output(text: str, output: str | None) -> None:
         write_atomic(output, text)
     except OSError as e:
         raise click.ClickException(f"{output}: cannot write: {e.strerror or e}") from None
-    click.echo(f"tenplex: wrote {output} ({human_bytes(len(text.encode()))})", err=True)
+    log.info("wrote %s (%s)", output, human_bytes(len(text.encode())))

@@ -3,7 +3,7 @@
     tenplex dataset index PATH... -o INDEX [--format numpy|megatron|tfrecord] [--no-verify-crc]
     tenplex dataset order INDEX --global-batch G --seed S --schedule 0:4,37:3 [--epochs E]
                           [--tail drop|partial] [--uneven] [--state STATE]
-    tenplex dataset inspect INDEX
+    tenplex dataset inspect INDEX [--json]
     tenplex dataset mount INDEX DIR --rank R --world W (--state STATE | --seed S --global-batch G)
                           [--steps K] [--tail drop|partial] [--uneven]
 
@@ -15,7 +15,9 @@ are bounded: W (schedule, --world) by `tenplex.data.partition.MAX_WORLD`, --step
 steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.runtime.fuse.dataset`)
 until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
 the view to its next step (a trainer rewrites STATE at each commit). A `DataError` ends in one line
-`tenplex: error: ...` and exit code 2 (through the `tenplex` group's error handling).
+`tenplex: error: ...` and exit code 2 (through the `tenplex` group's error handling). `inspect
+--json` prints one document `tenplex.dataset-inspect/1` (docs/cli.md) with the facts of the text,
+every file included.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from tenplex.cli.common import echo_json, log
 
 if TYPE_CHECKING:
     from tenplex.data.index import DatasetIndex
@@ -58,8 +62,7 @@ def index_cmd(paths: tuple[str, ...], output: str, fmt: str | None, no_verify_cr
     index = build_index(list(paths), fmt, verify=not no_verify_crc)
     index.save(output)
     files = f"{len(index.files)} file" + "s" * (len(index.files) != 1)
-    click.echo(f"tenplex: wrote {output} ({len(index)} samples in {files}, "
-               f"fingerprint {index.fingerprint[:16]})", err=True)  # fmt: skip
+    log.info("wrote %s (%d samples in %s, fingerprint %s)", output, len(index), files, index.fingerprint[:16])
 
 
 @dataset.command("order")
@@ -136,13 +139,32 @@ def describe_index(index: DatasetIndex, source: str, limit: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def index_facts(index: DatasetIndex, source: str) -> dict[str, Any]:
+    """What `describe_index` says, as JSON, with every file."""
+    import numpy as np
+
+    lengths = index.length
+    per_file = np.bincount(index.file_id, minlength=len(index.files))
+    sizes = {"min": int(lengths.min()), "median": int(np.median(lengths)), "max": int(lengths.max())} if len(index) else None
+    return {"format": "tenplex.dataset-inspect/1", "index": source, "sample_format": index.sample_format,
+            "dtype": index.dtype or None, "root": index.root or None, "samples": len(index),
+            "sample_bytes": int(index.total_bytes()), "sample_sizes": sizes, "fingerprint": index.fingerprint,
+            "file_bytes": sum(f.size for f in index.files),
+            "files": [{"name": f.name, "samples": int(per_file[k]), "bytes": f.size} for k, f in enumerate(index.files)]}  # fmt: skip
+
+
 @dataset.command("inspect")
 @click.argument("index_path", metavar="INDEX")
-def inspect_cmd(index_path: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (tenplex.dataset-inspect/1).")
+def inspect_cmd(index_path: str, as_json: bool) -> None:
     """Describe a dataset index: format, files, sample sizes and fingerprint."""
     from tenplex.data.index import DatasetIndex
 
-    click.echo(describe_index(DatasetIndex.load(index_path), index_path), nl=False)
+    index = DatasetIndex.load(index_path)
+    if as_json:
+        echo_json(index_facts(index, index_path))
+        return
+    click.echo(describe_index(index, index_path), nl=False)
 
 
 def _mount_state(index: DatasetIndex, state_path: str | None, seed: int | None, global_batch: int | None,
@@ -212,6 +234,6 @@ def _reload(view: Any, state_path: str, world: int, rank: int) -> None:
     try:
         files = view.switch(DataState.load(state_path), world, rank)
     except DataError as e:
-        click.echo(f"tenplex: error: {e} (still serving generation {view.files.generation})", err=True)
+        log.error("error: %s (still serving generation %d)", e, view.files.generation)
         return
     click.echo(f"tenplex: switched to steps {files.view.start}..{files.stop - 1} (generation {files.generation})")

@@ -1,22 +1,31 @@
 """`tenplex job`: run an elastic job, ask a running one to change its devices, read its status.
 
-    tenplex job run JOB_FILE --job-dir DIR [--http HOST:PORT] [--token T]
+    tenplex job run JOB_FILE [--job-dir DIR] [--http HOST:PORT [--token-file F]]
                                                  run the job (JSON/YAML job file; see job.py),
                                                  with --http also serving its scale endpoint
-    tenplex job scale (--job-dir DIR | --url URL) --devices N [--tp T] [--token T]
+    tenplex job scale (--job-dir DIR | --url URL) --devices N [--tp T] [--token-file F]
                                                  ask the job's controller for N processes
-    tenplex job status (--job-dir DIR | --url URL) [--token T]
+    tenplex job status (--job-dir DIR | --url URL) [--token-file F]
                                                  print the job's status JSON
 
-With --url the request goes to the job's HTTP endpoint (`tenplex.elastic.http`, started by
-`job run --http`); the token defaults to $TENPLEX_TOKEN. Without it, the request is a file in
-DIR/control (`tenplex.elastic.requests`).
+`job run` without --job-dir makes a fresh directory in the current directory named after the job
+file: `elastic_gpt.job` for `examples/elastic_gpt.yaml`, else `elastic_gpt.job-2`, `-3`, ...
+(the first that does not exist yet); it prints the directory first, on stdout. Its progress
+(one line per phase: a generation starting, a stop, a reshard, a reconfiguration's phases) goes
+to the logger `tenplex.elastic` at INFO, which the `tenplex` group shows on stderr on a terminal
+(`common.configure_logging`; -q hides it, -v shows it everywhere).
 
-`job run` checks the job file and every option before it creates anything; SIGTERM, SIGINT or
-SIGHUP end the running generation (torchrun and its workers) and exit 128 + the signal with one
-line. `job scale --job-dir DIR` writes only into a job's directory (DIR/status.json, written by
-`job run`). --devices is at most the job's `max_devices` (checked by the controller's side: the
-status file, the HTTP endpoint) and never above MAX_DEVICES_CEILING.
+Tokens (the job endpoint's bearer token) come from a file or the environment, never from the
+command line, where `ps` shows them: `--token-file F` (one line), else `$TENPLEX_JOB_TOKEN`, else
+`$TENPLEX_TOKEN` (the older name, still read). `--token` is refused with a message saying so.
+With --url the request goes to the job's HTTP endpoint (`tenplex.elastic.http`, started by
+`job run --http`). Without it, the request is a file in DIR/control (`tenplex.elastic.requests`).
+
+`job run` checks the job file (its program too) and every option before it creates anything;
+SIGTERM, SIGINT or SIGHUP end the running generation (torchrun and its workers) and exit 128 +
+the signal with one line. `job scale --job-dir DIR` writes only into a job's directory
+(DIR/status.json, written by `job run`). --devices is at most the job's `max_devices` (checked by
+the controller's side: the status file, the HTTP endpoint) and never above MAX_DEVICES_CEILING.
 
 Registered in `tenplex.cli.app`. Errors (TenplexError) print one line
 and exit with code 2, as every tenplex command does; an HTTP error or an unreachable URL is an
@@ -26,6 +35,7 @@ ElasticError naming the URL, with the server's message. Output is strict JSON: n
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +46,45 @@ from tenplex.elastic.job import MAX_DEVICES_CEILING
 from tenplex.elastic.requests import check_job_dir, read_status, write_scale_request
 from tenplex.ir.files import loads
 
-TOKEN_ENV = "TENPLEX_TOKEN"
+TOKEN_ENV = "TENPLEX_JOB_TOKEN"
+LEGACY_TOKEN_ENV = "TENPLEX_TOKEN"  # the job endpoint's older variable, read when TOKEN_ENV is not set
 TIMEOUT = 10.0
+_TOKEN_HELP = f"File holding the job endpoint's bearer token (default ${TOKEN_ENV}, then ${LEGACY_TOKEN_ENV})."
+
+
+def _token(path: str | None) -> str | None:
+    """The job endpoint's token: the file `path`, else $TENPLEX_JOB_TOKEN, else $TENPLEX_TOKEN."""
+    from tenplex.cli.agent import read_token
+
+    token = read_token(path, TOKEN_ENV, "job token")
+    return token if token is not None or path is not None else os.environ.get(LEGACY_TOKEN_ENV) or None
+
+
+def _refuse_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """`--token T` put the secret in argv (shown by `ps` to every user for the job's lifetime):
+    refused with the way to give it instead, so a script written for it fails with that line."""
+    if value is not None:
+        raise click.UsageError(f"--token is no longer accepted: a token on the command line is visible to every user "
+                               f"(ps); put it in a file and pass --token-file FILE, or set ${TOKEN_ENV}", ctx)  # fmt: skip
+
+
+def _token_options(f: Any) -> Any:
+    f = click.option("--token", hidden=True, expose_value=False, callback=_refuse_token)(f)
+    return click.option("--token-file", type=click.Path(dir_okay=False, exists=True), help=_TOKEN_HELP)(f)
+
+
+def default_job_dir(job_file: str | os.PathLike, cwd: str | os.PathLike = ".") -> Path:
+    """A fresh job directory in `cwd` named after the job file, created here (claimed: two runs
+    never get the same one): `<stem>.job`, else `<stem>.job-2`, `-3`, ..., the first free."""
+    stem = Path(job_file).stem
+    for n in range(1, 10_000):
+        path = Path(cwd) / (f"{stem}.job" if n == 1 else f"{stem}.job-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ElasticError(f"{Path(cwd).absolute()}: {stem}.job-2 .. -9999 all exist; give --job-dir")
 
 
 class _Address(click.ParamType):
@@ -111,35 +158,49 @@ def job() -> None:
 
 @job.command("run")
 @click.argument("job_file", type=click.Path(dir_okay=False, exists=True))
-@click.option("--job-dir", required=True, type=click.Path(file_okay=False), help="Fresh directory for state, logs and the report.")
+@click.option("--job-dir", type=click.Path(file_okay=False),
+              help="Fresh directory for state, logs and the report (default: JOB_FILE's name with .job, "
+                   "in the current directory; .job-2, -3, ... when taken).")  # fmt: skip
 @click.option("--http", "address", type=_Address(), help="Serve scale requests on HOST:PORT (port 0: any free port).")
-@click.option("--token", envvar=TOKEN_ENV, help=f"Bearer token the HTTP endpoint requires (default ${TOKEN_ENV}).")
+@_token_options
 @click.pass_context
-def run_cmd(ctx: click.Context, job_file: str, job_dir: str, address: tuple[str, int] | None, token: str | None) -> None:
-    """Run JOB_FILE's program elastically, reconfiguring at each schedule event or scale request."""
-    if address is None and ctx.get_parameter_source("token") is click.core.ParameterSource.COMMANDLINE:
-        raise click.UsageError("--token applies to the HTTP endpoint: give --http HOST:PORT too")
+def run_cmd(ctx: click.Context, job_file: str, job_dir: str | None, address: tuple[str, int] | None,
+            token_file: str | None) -> None:  # fmt: skip
+    """Run JOB_FILE's program elastically, reconfiguring at each schedule event or scale request.
+
+    A relative `program` in JOB_FILE is resolved against JOB_FILE's directory. Prints the job
+    directory first; progress goes to stderr. Tokens: --token-file, else $TENPLEX_JOB_TOKEN."""
+    if address is None and token_file is not None:
+        raise click.UsageError("--token-file applies to the HTTP endpoint: give --http HOST:PORT too")
     from tenplex.cli.common import fail
     from tenplex.elastic.controller import Controller
     from tenplex.elastic.http import check_address, serve_in_thread
     from tenplex.elastic.job import load_job
     from tenplex.elastic.signals import JobInterrupted
 
-    spec = load_job(job_file)
+    token = _token(token_file) if address is not None else None
     if address is not None:
         check_address(address[0], token)
-    controller = Controller(spec, job_dir, out=click.echo)  # nothing created yet: the checks come first
+    spec = load_job(job_file)  # the program too: a wrong path fails here, before anything starts
+    run_dir = Path(job_dir) if job_dir is not None else default_job_dir(job_file)  # the checks came first
+    try:
+        controller = Controller(spec, run_dir)
+    except BaseException:
+        if job_dir is None:
+            run_dir.rmdir()  # the fresh directory claimed above: empty still
+        raise
+    click.echo(f"job directory: {run_dir}")
     try:
         if address is None:
             reconfigurations = controller.run()
         else:
-            with serve_in_thread(job_dir, *address, token=token, max_devices=spec.max_devices) as url:
-                (Path(job_dir) / "control").mkdir(parents=True, exist_ok=True)  # requests may come before generation 0
+            with serve_in_thread(run_dir, *address, token=token, max_devices=spec.max_devices) as url:
+                (run_dir / "control").mkdir(parents=True, exist_ok=True)  # requests may come before generation 0
                 click.echo(f"scale requests: {url}/scale")
                 reconfigurations = controller.run()
     except JobInterrupted as e:
         fail(str(e), 128 + e.signum)
-    click.echo(f"done: {len(reconfigurations)} reconfiguration(s); report in {Path(job_dir) / 'report.json'}")
+    click.echo(f"done: {len(reconfigurations)} reconfiguration(s); report in {run_dir / 'report.json'}")
 
 
 @job.command("scale")
@@ -148,14 +209,14 @@ def run_cmd(ctx: click.Context, job_file: str, job_dir: str, address: tuple[str,
 @click.option("--devices", required=True, type=click.IntRange(1, MAX_DEVICES_CEILING),
               help="Processes the job should run on (at most the job file's max_devices).")  # fmt: skip
 @click.option("--tp", type=click.IntRange(min=1), help="Force this tensor-parallel degree.")
-@click.option("--token", envvar=TOKEN_ENV, help=f"Bearer token for --url (default ${TOKEN_ENV}).")
-def scale_cmd(job_dir: str | None, url: str | None, devices: int, tp: int | None, token: str | None) -> None:
+@_token_options
+def scale_cmd(job_dir: str | None, url: str | None, devices: int, tp: int | None, token_file: str | None) -> None:
     """Ask the controller running in JOB_DIR (or serving URL) to move the job to DEVICES processes."""
     _one_target(job_dir, url)
     if tp is not None and devices % tp:
         raise ElasticError(f"--tp: {tp} does not divide --devices {devices}")
     if url is not None:
-        reply = _request(url, "/scale", token, {"devices": devices, "tp": tp})
+        reply = _request(url, "/scale", _token(token_file), {"devices": devices, "tp": tp})
         click.echo(f"requested {devices} device(s): {reply.get('request')} at {url}")
         return
     path = write_scale_request(job_dir, devices, tp, check_job_dir(job_dir))
@@ -165,10 +226,10 @@ def scale_cmd(job_dir: str | None, url: str | None, devices: int, tp: int | None
 @job.command("status")
 @click.option("--job-dir", type=click.Path(file_okay=False, exists=True), help="The job's directory.")
 @click.option("--url", help="The running job's HTTP endpoint (job run --http).")
-@click.option("--token", envvar=TOKEN_ENV, help=f"Bearer token for --url (default ${TOKEN_ENV}).")
-def status_cmd(job_dir: str | None, url: str | None, token: str | None) -> None:
+@_token_options
+def status_cmd(job_dir: str | None, url: str | None, token_file: str | None) -> None:
     """Print the job's status (status.json and the pending scale requests) as JSON."""
     _one_target(job_dir, url)
-    status = _request(url, "/status", token) if url is not None else read_status(job_dir)
+    status = _request(url, "/status", _token(token_file)) if url is not None else read_status(job_dir)
     click.echo(json.dumps(status, indent=1, sort_keys=True, allow_nan=False))
 

@@ -1,17 +1,23 @@
 """`tenplex reshard`: a checkpoint directory (tenplex, Megatron-LM or PyTorch DCP) in another layout.
 
     tenplex reshard SRC_DIR --to DST --out OUT_DIR [--from F] [--format F] [--workers N] [--central]
-                    [--trust-pickles]
+                    [--trust-pickles] [--json]
 
 OUT_DIR is complete or absent. Progress goes to stderr, and only when stderr is a terminal (where
-the transient bar erases itself), so an error is always the first line on stderr.
+the transient bar erases itself), so an error is always the first line on stderr. The result is
+one line on stdout, or with `--json` one document `tenplex.reshard/1` (docs/cli.md): src, out,
+their formats, workers, bytes moved between ranks, seconds, the summary line.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from tenplex.cli.common import load_state
+from tenplex.cli.common import echo_json, load_state
+
+JSON_FORMAT = "tenplex.reshard/1"
 
 MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process and a UCX worker
 
@@ -19,8 +25,8 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.command("reshard")
 @click.argument("src_dir", type=click.Path(file_okay=False))
 @click.option("--to", "dst", required=True, metavar="DST",
-              help="Target layout: tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP), "
-                   "a PTC JSON file or a model spec.")  # fmt: skip
+              help="Target layout: tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP; "
+                   "`tenplex layout SRC_DIR` prints the current one), a PTC JSON file or a model spec.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
 @click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
@@ -33,22 +39,35 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.option("--trust-pickles", is_flag=True,
               help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "
                    "only for checkpoints from a source you trust.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document (tenplex.reshard/1).")
 def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
-                central: bool, trust_pickles: bool) -> None:  # fmt: skip
+                central: bool, trust_pickles: bool, as_json: bool) -> None:  # fmt: skip
     """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
     from tenplex.frameworks.formats import FormatError, convert, detect
 
     src_fmt = src_fmt or detect(src_dir)
     if src_fmt == "tenplex" and fmt in (None, "tenplex"):
-        _reshard_tenplex(src_dir, dst, out_dir, workers, central)
-        return
-    if central:
-        raise FormatError("--central applies to tenplex checkpoint directories only")
-    click.echo(convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
-                       trust_pickles=trust_pickles))  # fmt: skip
+        r = _reshard_tenplex(src_dir, dst, out_dir, workers, central)
+        doc = {"src": src_dir, "src_format": "tenplex", "out": out_dir, "out_format": "tenplex", "workers": r.workers,
+               "bytes_moved": r.bytes_moved, "seconds": {"total": r.seconds}, "summary": r.summary(),
+               "verified": r.verified, "central": r.central, "network_bytes": r.network_bytes}  # fmt: skip
+    else:
+        if central:
+            raise FormatError("--central applies to tenplex checkpoint directories only")
+        done = convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
+                       trust_pickles=trust_pickles)  # fmt: skip
+        doc = done.to_json()
+    _print(doc, as_json)
 
 
-def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> None:
+def _print(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo_json({"format": JSON_FORMAT, **doc})
+    else:
+        click.echo(doc["summary"])
+
+
+def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -57,8 +76,7 @@ def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central
     dst_ptc = load_state(dst)
     console = Console(stderr=True)
     if not console.is_terminal:  # a bar off a terminal is only a stray blank line before an error
-        click.echo(reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central).summary())
-        return
+        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central)
     columns = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("rounds", total=None)
@@ -66,5 +84,4 @@ def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central
         def on_round(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        result = reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, on_round=on_round)
-    click.echo(result.summary())
+        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, on_round=on_round)

@@ -1,6 +1,6 @@
 """`tenplex store ls|mount`: a saved state or checkpoint directory as a TensorStore, over FUSE.
 
-    tenplex store ls STORE
+    tenplex store ls STORE [--json]
     tenplex store mount STORE DIR [--write-back]
 
 STORE is loaded by `tenplex.runtime.checkpoint.store_dir.open_dir` (a `tenplex.save` directory or
@@ -13,7 +13,9 @@ are ignored until that is done. A failed write-back loses the edits made through
 2) and leaves STORE as it was.
 
 Errors (missing STORE, DIR not a directory or already a mount point, FUSE unavailable) are one
-`StoreDirError` line naming the path, exit status 2.
+`StoreDirError` line naming the path, exit status 2. `ls --json` prints one document
+`tenplex.store-ls/1` (docs/cli.md): the store, its kind, counts, and every leaf's path, kind,
+dtype, shape and bytes.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import signal
 import threading
 
 import click
+
+from tenplex.cli.common import echo_json
 
 
 # `import tenplex.cli` imports this module: the runtime (numpy I/O, stores, FUSE) loads in the commands
@@ -32,16 +36,23 @@ def store() -> None:
 
 @store.command("ls")
 @click.argument("src", metavar="STORE")
-def ls_cmd(src: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (tenplex.store-ls/1) instead of a table.")
+def ls_cmd(src: str, as_json: bool) -> None:
     """List STORE's leaves: path, dtype, shape and bytes (values show as `value`)."""
     from tenplex.compiler.emit import human_bytes, table
     from tenplex.runtime.checkpoint.store_dir import open_dir
 
     sd = open_dir(src)
-    rows = []
+    rows, leaves = [], []
     for leaf in sd.store.walk():
         m = sd.store.meta(leaf)
         rows.append([leaf, m.dtype or "value", "" if m.shape is None else str(list(m.shape)), m.nbytes])
+        leaves.append({"path": leaf, "kind": m.kind, "dtype": m.dtype, "shape": None if m.shape is None else list(m.shape),
+                       "bytes": m.nbytes})  # fmt: skip
+    if as_json:
+        echo_json({"format": "tenplex.store-ls/1", "store": src, "kind": sd.kind, "tensors": sd.tensors,
+                   "bytes": sd.store.nbytes(), "leaves": leaves})  # fmt: skip
+        return
     click.echo(f"{src}: {sd.kind}, {sd.tensors} tensors, {human_bytes(sd.store.nbytes())}")
     click.echo(table(["path", "dtype", "shape", "bytes"], rows, align="lllr", indent=""))
 

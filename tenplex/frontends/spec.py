@@ -153,7 +153,7 @@ def _json_model(node: Any, source: str) -> ModelSpec:
     fields = dict(node)
     name = fields.pop("preset", None)
     if name is not None:
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise SpecError(
                 f"{source}: model.preset: unknown model preset {name!r} (known: {', '.join(sorted(PRESETS))})"
             )

@@ -1,7 +1,9 @@
 """The one exception hierarchy of tenplex.
 
 Every error a user can cause derives from `TenplexError`; the CLI prints its message on one
-line and exits with code 2. Messages quote the offending values and name the file or field.
+line and exits with code 2, or 3 for a `PlanVerifyError` (a plan or checkpoint that fails
+verification; see `tenplex/cli/common.py`). Messages quote the offending values and name the
+file or field.
 """
 
 

@@ -104,6 +104,25 @@ def test_inspect(index_file, tenplex):
     assert "samples:       10 (" in out and "  09.npy" in out
 
 
+def test_inspect_json_has_the_facts_of_the_text(index_file, tenplex):
+    """Issue 13 item 14: `dataset inspect --json`, one document on stdout."""
+    code, out, err = tenplex("dataset", "inspect", index_file, "--json")
+    assert code == 0 and err == "", err
+    doc, index = json.loads(out), DatasetIndex.load(index_file)
+    assert doc["format"] == "tenplex.dataset-inspect/1" and doc["index"] == index_file
+    assert (doc["sample_format"], doc["samples"], doc["fingerprint"]) == ("numpy", 10, index.fingerprint)
+    assert [f["name"] for f in doc["files"]] == [f"{i:02d}.npy" for i in range(10)]
+    assert [f["samples"] for f in doc["files"]] == [1] * 10 and doc["sample_sizes"]["min"] <= doc["sample_sizes"]["max"]
+    assert doc["file_bytes"] == sum(f["bytes"] for f in doc["files"])
+
+
+def test_quiet_index_writes_nothing_on_stderr(tmp_path, tenplex):
+    (tmp_path / "ds").mkdir()
+    np.save(tmp_path / "ds" / "a.npy", np.ones(3))
+    code, out, err = tenplex("-q", "dataset", "index", str(tmp_path / "ds"), "-o", str(tmp_path / "q.npz"))
+    assert (code, out, err) == (0, "", "") and (tmp_path / "q.npz").is_file()
+
+
 ERRORS = [
     pytest.param(
         ("order", "{index}", "-G", "11", "--seed", "0", "--schedule", "0:1"),
