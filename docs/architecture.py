@@ -27,12 +27,13 @@ GRID = [
     ["runtime.reshard", "runtime.runtime", "runtime.agent"],
     ["runtime.checkpoint", "runtime.fuse", "runtime.rest", "runtime.oracle", "runtime.netns"],
     ["runtime.store", "runtime.executor", "runtime.transport", "runtime.arrays"],
+    ["proofs"],
     ["compiler", "frontends", "data"],
     ["ir"],
 ]
 GROUPS = ("frameworks", "runtime")  # drawn as a frame around their subpackages
 COLORS = {"cli": "#d9d9d9", "elastic": "#f4cccc", "frameworks": "#f9cb9c", "runtime": "#9fc5e8",
-          "compiler": "#d9ead3", "frontends": "#d9ead3", "data": "#ead1dc", "ir": "#fff2cc"}  # fmt: skip
+          "compiler": "#d9ead3", "frontends": "#d9ead3", "data": "#ead1dc", "ir": "#fff2cc", "proofs": "#d0e0e3"}  # fmt: skip
 
 
 def component(module: str) -> str | None:
