@@ -46,15 +46,20 @@ def read_token(path: str | None, env: str, what: str) -> str | None:
               help="Seconds any UCX wait may take.")  # fmt: skip
 @click.option("--memory-budget", type=SIZE, help="Most bytes the store keeps in memory (default 80% of RAM).")
 @click.option("--spill-dir", type=click.Path(file_okay=False), help="Spill arrays here beyond the budget (else refuse them).")
+@click.option("--local", "local", metavar="PATH", help="Serve the store to this machine's processes (training programs) "
+              "on the Unix socket PATH, through shared memory.")  # fmt: skip
+@click.option("--mount", "mount_dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="Also serve the store as files at DIR (FUSE, read-only): DIR/job/<job>/<tag>/...")  # fmt: skip
 def agent_cmd(name: str, control: str, token_file: str | None, ucx_ip: str | None, ucx_port: int, rest: str | None,
-              rest_token_file: str | None, timeout: float, memory_budget: int | None, spill_dir: str | None) -> None:  # fmt: skip
+              rest_token_file: str | None, timeout: float, memory_budget: int | None, spill_dir: str | None,
+              local: str | None, mount_dir: str | None) -> None:  # fmt: skip
     """Run this host's agent (store + UCX worker [+ REST]) until SIGTERM or a runtime's stop."""
     from tenplex.runtime.agent.server import REST_TOKEN_ENV, TOKEN_ENV, run_agent
 
     token = read_token(token_file, TOKEN_ENV, "control token")
     rest_token = read_token(rest_token_file, REST_TOKEN_ENV, "REST token")
     budget = memory_budget if memory_budget is not None else default_budget()
-    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout, rest_token, budget, spill_dir)
+    run_agent(name, control, token, ucx_ip, ucx_port, rest, timeout, rest_token, budget, spill_dir, local, mount_dir)
 
 
 def default_budget() -> int | None:

@@ -5,7 +5,8 @@
 - `store/`: a host's in-memory `TensorStore`; `checkpoint/`: state on disk (`tenplex.save`/`load`,
   checkpoint directories); `reshard`: offline resharding of a checkpoint directory;
 - `transport/`: UCX between processes and hosts, and an in-process transport;
-- `fuse/`: stores and dataset views as directories; `rest/`: the paper's REST API;
+- `fuse/`: stores and dataset views as directories; `rest/`: the paper's REST API; `shm/`: a
+  host's store shared with the training programs of its machine (shared memory);
 - `executor` and `oracle`: plans executed in-process and checked against `arange` sources;
   `arrays`: numpy views of sub-tensors; `netns`: emulated hosts (network namespaces).
 

@@ -70,17 +70,21 @@ class Runtime:
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
-              start_timeout: float = 60.0, liveness: float = LIVENESS_S) -> Runtime:  # fmt: skip
+              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None) -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
-        `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead."""
+        `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
+        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`."""
         hosts = list(dict.fromkeys(hosts))
+        if local_dir:
+            os.makedirs(local_dir, exist_ok=True)
         ctx = mp.get_context("spawn")
         rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
             for host in hosts:
                 mine, theirs = socket.socketpair()
-                proc = ctx.Process(target=serve, args=(theirs, host, timeout), name=f"tenplex-agent-{host}", daemon=True)
+                local = os.path.join(local_dir, f"{host}.store") if local_dir else None
+                proc = ctx.Process(target=serve, args=(theirs, host, timeout, local), name=f"tenplex-agent-{host}", daemon=True)
                 proc.start()
                 theirs.close()
                 rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
@@ -163,15 +167,24 @@ class Runtime:
             values.update(v)
         return arrays, values
 
+    def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
+        """The `.meta` records of a tag ({name: record}), from the first host (by name) that has them."""
+        for host in sorted(self.agents):
+            found = self.call(host, "tag_meta", job=job, tag=tag)
+            if found:
+                return found
+        return {}
+
     def exists(self, job: str, tag: str) -> dict[str, bool]:
         """Whether `/job/<job>/<tag>` exists, per host."""
         return {h: self.call(h, "exists", path=tag_path(job, tag)) for h in self.agents}
 
     # ---- execution ---------------------------------------------------------------------
     def execute(self, plan: Plan, src: PTC, dst: PTC, job: str, src_tag: str, dst_tag: str,
-                on_round: Callable[[int, int], None] | None = None) -> dict[str, int]:  # fmt: skip
+                on_round: Callable[[int, int], None] | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, int]:  # fmt: skip
         """Run `plan` from `src_tag` to `dst_tag` on all agents; returns bytes sent per host.
-        `on_round(done, total)` is called after each round (progress).
+        `on_round(done, total)` is called after each round (progress); `meta` ({name: JSON})
+        is committed with the dst tag on every host, as its `.meta/<name>` records.
 
         Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
         dst tag or its staging tag and the src tag is unchanged.
@@ -187,7 +200,8 @@ class Runtime:
         sent = dict.fromkeys(hosts, 0)
         clock = Clock(self.phases)
         try:
-            self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, **docs}) for h in hosts})
+            self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}), **docs})
+                       for h in hosts})  # fmt: skip
             values = self._gather_values(plan, host_of, job, src_tag)
             clock.lap("prepare")
             rounds = range(max((m.round for m in plan.messages), default=0) + 1)

@@ -5,7 +5,9 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
 host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `values`,
-`run_round`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `stop`.
+`run_round`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
+`stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
+socket (`runtime.shm`: training programs save into it and load from it through shared memory).
 
 Store layout: `store.layout`. Execution (`rounds`):
 `prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
@@ -33,7 +35,9 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.ir.serialize import ptc_from_json
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
-from tenplex.runtime.store.layout import Instance, array_path, parse_leaf, staging_tag, tag_path, value_path
+from tenplex.runtime.shm.server import StoreServer
+from tenplex.runtime.store import shared
+from tenplex.runtime.store.layout import Instance, array_path, meta_path, parse_leaf, staging_tag, tag_path, value_path
 from tenplex.runtime.store.tree import TensorStore
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
@@ -52,7 +56,7 @@ class Agent:
     resident bytes (beyond it, arrays spill to `spill_dir`, or a put fails cleanly)."""
 
     def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0,
-                 memory_budget: int | None = None, spill_dir: str | None = None):  # fmt: skip
+                 memory_budget: int | None = None, spill_dir: str | None = None, local: str | None = None):  # fmt: skip
         self.host, self.timeout = host, timeout
         self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
         self.store = TensorStore(memory_budget, spill_dir)
@@ -61,6 +65,7 @@ class Agent:
         self.execution: Execution | None = None
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
         self.rest: Any = None
+        self.local = StoreServer(self.store, local, host).start() if local else None
 
     def _ucx(self) -> Any:
         if self.peer is None:
@@ -117,8 +122,9 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
-    def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict) -> int:
-        """Parse the plan, check inputs, create zeroed dst arrays under staging; returns dst bytes."""
+    def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict, meta: dict | None = None) -> int:
+        """Parse the plan, check inputs, create zeroed dst arrays (in one shared arena) and the
+        tag's `meta` records under staging; returns dst bytes."""
         self._finish()
         ex = Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
         if self.store.exists(tag_path(job, dst_tag)):
@@ -136,12 +142,14 @@ class Agent:
                     ex.src_arrays[key] = self.store.get(path)
         devices = sorted(d for d in ex.dst.allocation.devices if d in mine)
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
-        for st in ex.dst.subtensors:
-            for d in ex.dst.devices_of_subtensor(st.id):
-                if d in mine:
-                    path = array_path(job, ex.staging, d, st.id)
-                    self.store.create(path, st.shape, ex.dst.tensor_map[st.tensor].dtype)
-                    ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
+        for name, value in (meta or {}).items():
+            self.store.put(meta_path(job, ex.staging, name), value)
+        wanted = [(st, d) for st in ex.dst.subtensors for d in ex.dst.devices_of_subtensor(st.id) if d in mine]
+        paths = [array_path(job, ex.staging, d, st.id) for st, d in wanted]
+        shared.create_in_arena(self.store, [(p, st.shape, ex.dst.tensor_map[st.tensor].dtype) for p, (st, _) in zip(paths, wanted)],
+                               f"tenplex-{dst_tag}")  # fmt: skip
+        for path, (st, d) in zip(paths, wanted):
+            ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
         ex.first_round = rounds.first_rounds(ex)
         # UCX writing into untouched pages is ~2x slower: fault them in ahead of their round
         ordered = sorted(ex.dst_arrays, key=lambda k: ex.first_round.get(k, 0))
@@ -220,6 +228,13 @@ class Agent:
                 values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
         return arrays, values
 
+    def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
+        """{name: record} of the tag's `.meta` records (empty when it has none)."""
+        prefix = meta_path(job, tag, "")[:-1]
+        if not self.store.exists(prefix):
+            return {}
+        return {p.rsplit("/", 1)[1]: self.store.get(p) for p in self.store.walk(prefix)}
+
     def memory(self, reset_peak: bool = False) -> dict[str, int]:
         """This process's resident bytes now and at peak (Linux VmRSS/VmHWM); `reset_peak`
         restarts the peak from now (/proc/self/clear_refs), to measure one execution."""
@@ -263,6 +278,8 @@ class Agent:
         return None if self.rest is None else self.rest.url
 
     def stop(self) -> None:
+        if self.local is not None:
+            self.local.stop()
         self._finish()
         self.scratch.release()
         if self.rest is not None:

@@ -8,7 +8,8 @@ own process (inside emulated host i's network namespace with `hosts`, plus `--uc
 host, so agents reach each other over UCX TCP through the shaped links). Control sockets are Unix
 sockets in a private temporary directory: the runtime reaches them from any namespace. The fleet
 waits for each agent's "listening" line; leaving the block sends SIGTERM, then kills what is left,
-and removes the directory. `kill(name)` ends one agent abruptly (failure tests).
+and removes the directory. `kill(name)` ends one agent abruptly (failure tests). With `local`,
+each agent also serves its store to this machine's processes on `stores[name]`.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ from tenplex.ir.errors import ExecutionError
 
 class AgentFleet:
     def __init__(self, names: Sequence[str], *, hosts: Any = None, timeout: float = 30.0, rest: bool = False,
-                 start_timeout: float = 60.0) -> None:  # fmt: skip
+                 start_timeout: float = 60.0, local: bool = False) -> None:  # fmt: skip
         if hosts is not None and len(hosts.hosts) < len(names):
             raise ValueError(f"{len(names)} agents need as many emulated hosts, got {len(hosts.hosts)}")
-        self.names, self.hosts, self.timeout, self.rest = list(names), hosts, timeout, rest
+        self.names, self.hosts, self.timeout, self.rest, self.local = list(names), hosts, timeout, rest, local
         self.start_timeout = start_timeout
         self.dir = ""
         self.controls: dict[str, str] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.rest_urls: dict[str, str] = {}
+        self.stores: dict[str, str] = {}  # with `local`: each agent's local socket (`runtime.shm`)
 
     def __enter__(self) -> AgentFleet:
         self.dir = tempfile.mkdtemp(prefix="tenplex-agents-")
@@ -62,6 +64,9 @@ class AgentFleet:
             argv += ["--ucx-ip", self.hosts.hosts[i].address]
         if self.rest:
             argv += ["--rest", "127.0.0.1:0"]
+        if self.local:
+            self.stores[name] = os.path.join(self.dir, f"{name}.store")
+            argv += ["--local", self.stores[name]]
         return argv
 
     def _start(self, i: int, name: str) -> None:
@@ -90,7 +95,7 @@ class AgentFleet:
                 line = proc.stdout.readline()
                 if line.startswith(f"tenplex agent {name}:"):
                     if ", REST " in line:
-                        self.rest_urls[name] = line.rsplit(", REST ", 1)[1].strip()
+                        self.rest_urls[name] = line.rsplit(", REST ", 1)[1].split(",")[0].strip()
                     return
             if proc.poll() is not None or left <= 0:
                 why = f"exited with {proc.returncode}" if proc.poll() is not None else "did not start in time"

@@ -40,7 +40,7 @@ from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen,
 from tenplex.runtime.agent.wire import WireError
 
 COMMANDS = ("name", "address", "connect", "load", "rename_tag", "prepare", "values", "run_round", "commit", "abort", "fetch",
-            "delete_tag", "exists", "memory", "rest_url")  # fmt: skip
+            "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
 BEAT_S = 1.0
@@ -48,9 +48,9 @@ REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
 log = logging.getLogger("tenplex.agent")
 
 
-def serve(sock: socket.socket, host: str, timeout: float = 30.0) -> None:
-    """The process target of `Runtime.local`: one agent, one connection."""
-    agent = Agent(host, timeout)
+def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | None = None) -> None:
+    """The process target of `Runtime.local`: one agent, one connection (`local`: see `Agent`)."""
+    agent = Agent(host, timeout, local=local)
     channel = Channel(sock, "runtime")
     try:
         handle(agent, channel)
@@ -174,25 +174,26 @@ def rest_address(rest: str, token: str | None, rest_token: str | None) -> tuple[
 
 def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, ucx_port: int,
               rest: str | None, timeout: float, rest_token: str | None = None, memory_budget: int | None = None,
-              spill_dir: str | None = None) -> None:  # fmt: skip
+              spill_dir: str | None = None, local: str | None = None, mount_dir: str | None = None) -> None:  # fmt: skip
     """`tenplex agent`: serve until SIGTERM/SIGINT or `stop`; prints one line once listening.
     Raises ExecutionError for a bad address or a REST setting that is not safe."""
     rest_at = rest_address(rest, token, rest_token) if rest else None
     parse_address(control)
     listener = listen(control, token)
-    agent = Agent(name, timeout, ucx_ip, ucx_port, memory_budget, spill_dir)
+    agent = Agent(name, timeout, ucx_ip, ucx_port, memory_budget, spill_dir, local)
 
     def _term(signum: int, frame: object) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        line = f"tenplex agent {name}: control {control}"
-        if rest_at is not None:
-            line += f", REST {agent.serve_rest(*rest_at, rest_token)}"
-        print(line, flush=True)  # stdout, for launchers that wait for it
-        log.debug("agent %s: serving until SIGTERM or a runtime's stop", name)
-        serve_forever(listener, agent, token)
+        with contextlib.ExitStack() as views:
+            if mount_dir is not None:  # the store as files (job/<job>/<tag>/...), for the agent's lifetime
+                from tenplex.runtime.fuse.store import mount
+
+                os.makedirs(mount_dir, exist_ok=True)
+                views.enter_context(mount(agent.store, mount_dir, read_only=True))
+            _serve_agent(name, control, listener, agent, token, rest_at, rest_token, local, mount_dir)
     except KeyboardInterrupt:
         pass
     finally:
@@ -201,3 +202,18 @@ def run_agent(name: str, control: str, token: str | None, ucx_ip: str | None, uc
             with contextlib.suppress(OSError):
                 os.unlink(control)
         agent.stop()
+
+
+def _serve_agent(name: str, control: str, listener: socket.socket, agent: Agent, token: str | None, rest_at: Any,
+                 rest_token: str | None, local: str | None, mount_dir: str | None) -> None:  # fmt: skip
+    """Print the one line launchers wait for, then serve runtimes until the end."""
+    line = f"tenplex agent {name}: control {control}"
+    if rest_at is not None:
+        line += f", REST {agent.serve_rest(*rest_at, rest_token)}"
+    if local is not None:
+        line += f", local {local}"
+    if mount_dir is not None:
+        line += f", files {mount_dir}"
+    print(line, flush=True)  # stdout, for launchers that wait for it
+    log.debug("agent %s: serving until SIGTERM or a runtime's stop", name)
+    serve_forever(listener, agent, token)

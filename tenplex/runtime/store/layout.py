@@ -3,6 +3,7 @@
     /job/<job>/<tag>/<device>/<subtensor id>               array of a sub-tensor instance
     /job/<job>/<tag>/<device>/.values/<partition>/<name>   typed value of a partition instance
     /job/<job>/<tag>/.manifest                             {"host", "devices"} (dst tags only)
+    /job/<job>/<tag>/.meta/<name>                          records about the tag (its PTC, ...)
     /job/<job>/.staging-<dst tag>/...                      the dst tag being built
 
 Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories.
@@ -29,6 +30,10 @@ def array_path(job: str, tag: str, device: int, subtensor: str) -> str:
 
 def value_path(job: str, tag: str, device: int, partition: str, name: str) -> str:
     return f"{tag_path(job, tag)}/{device}/.values/{partition}/{name}"
+
+
+def meta_path(job: str, tag: str, name: str) -> str:
+    return f"{tag_path(job, tag)}/.meta/{name}"
 
 
 def parse_leaf(job: str, tag: str, path: str) -> tuple[str, Any] | None:

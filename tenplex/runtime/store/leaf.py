@@ -9,6 +9,8 @@ Invariants:
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -83,6 +85,7 @@ class Leaf:
     array: np.ndarray | None = None
     value: Value = None
     spill_file: str | None = None
+    shared: tuple[Any, int] | None = None  # (store.shared.Arena, offset) when the array lives in one
 
     @property
     def nbytes(self) -> int:
@@ -98,3 +101,33 @@ class Leaf:
         a = self.array
         return LeafMeta("array", tuple(a.shape), str(a.dtype), a.nbytes, self.spill_file is not None)
 
+
+def leaf_parts(path: str) -> tuple[str, ...]:
+    parts = parse_path(path)
+    if not parts:
+        raise StoreError("the root / is a directory and cannot hold a leaf")
+    return parts
+
+
+def shape_of(shape: Sequence[int], path: str) -> tuple[int, ...]:
+    try:
+        out = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise StoreError(f"shape {shape!r} for {path} is not a sequence of integers") from None
+    if any(s < 0 for s in out):
+        raise StoreError(f"shape {out} for {path} has a negative side")
+    return out
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def leaves_of(node: Any, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Leaf]]:
+    """(path parts, leaf) of every leaf under a store node (a directory dict or a leaf), sorted."""
+    if isinstance(node, Leaf):
+        yield parts, node
+        return
+    for name in sorted(node):
+        yield from leaves_of(node[name], (*parts, name))

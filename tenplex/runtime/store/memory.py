@@ -116,6 +116,7 @@ class Memory:
             self.lru.move_to_end(leaf)
 
     def forget(self, leaf: Leaf) -> None:
+        leaf.shared = None  # the arena closes once no leaf or view holds it
         if leaf in self.lru:
             del self.lru[leaf]
             self.resident -= leaf.nbytes
@@ -129,5 +130,6 @@ class Memory:
 
     def _spill_leaf(self, leaf: Leaf) -> None:
         leaf.spill_file, leaf.array = self.spill.save(leaf.array)
+        leaf.shared = None
         del self.lru[leaf]
         self.resident -= leaf.nbytes

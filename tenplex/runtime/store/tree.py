@@ -19,9 +19,8 @@ Invariants:
 
 from __future__ import annotations
 
-import operator
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -36,9 +35,14 @@ from tenplex.runtime.store.leaf import (
     check_value,
     copy_value,
     join,
+    leaf_parts,
+    leaves_of,
     parse_path,
+    read_only,
+    shape_of,
 )
 from tenplex.runtime.store.memory import Memory
+from tenplex.runtime.store.shared import Arena
 
 __all__ = ["LeafMeta", "StoreError", "TensorStore"]
 
@@ -62,7 +66,7 @@ class TensorStore:
         Raises: StoreError if path is invalid or a directory, a leaf exists and not `replace`, a
         parent is a leaf, the value is not JSON-able, or the array exceeds the budget without spill.
         """
-        parts = _leaf_parts(path)
+        parts = leaf_parts(path)
         with self._lock:
             old = self._check_free(parts, path, replace)
             if isinstance(data, np.generic):
@@ -79,12 +83,38 @@ class TensorStore:
 
         Raises: StoreError as for `put`, or for a negative or non-integer shape.
         """
-        parts = _leaf_parts(path)
-        shape_t = _shape(shape, path)
+        parts = leaf_parts(path)
+        shape_t = shape_of(shape, path)
         dt = np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
         with self._lock:
             old = self._check_free(parts, path, replace)
             self._insert(parts, self._memory.zeros(path, shape_t, dt, old), old)
+
+    def put_shared(self, arena: Arena, items: Sequence[tuple[str, int, Sequence[int], np.dtype]], *,
+                   replace: bool = False) -> None:  # fmt: skip
+        """Adopt the arrays of `arena` at (path, offset, shape, dtype) as leaves, without a copy;
+        all or none. Raises: StoreError as for `put`, for an array outside the arena, or over budget."""
+        with self._lock:
+            leaves = []
+            for path, offset, shape, dtype in items:
+                parts = leaf_parts(path)
+                old = self._check_free(parts, path, replace)
+                try:
+                    array = arena.array(offset, shape_of(shape, path), np.dtype(dtype))
+                except ValueError as e:
+                    raise StoreError(f"{path}: {e}") from None
+                leaves.append((parts, old, Leaf(array=array, shared=(arena, offset))))
+            if len({p for p, _, _ in leaves}) != len(leaves):
+                raise StoreError(f"put_shared: a path is given twice in {[join(p) for p, _, _ in leaves][:3]}...")
+            if not self._memory.make_room(items[0][0] if items else "/", sum(leaf.nbytes for *_, leaf in leaves), None):
+                raise StoreError(f"{len(leaves)} shared arrays of {arena.size} bytes exceed the memory budget")
+            for parts, old, leaf in leaves:
+                self._insert(parts, leaf, old)
+
+    def shared(self, path: str) -> tuple[Arena, int] | None:
+        """(arena, offset) of the array at `path` when it lives in a shared arena, else None."""
+        with self._lock:
+            return self._leaf(path).shared
 
     def write(self, path: str, box: Box, data: np.ndarray) -> None:
         """Copy `data` (same dtype, shape == box.shape) into `box` of the array at `path`.
@@ -110,7 +140,7 @@ class TensorStore:
             if leaf.array is None:
                 return copy_value(leaf.value)
             self._memory.touch(leaf)
-            return _read_only(leaf.array[...])
+            return read_only(leaf.array[...])
 
     def read(self, path: str, box: Box, *, writable: bool = False) -> np.ndarray:
         """A view (never a copy) of `box` in the array at `path`; read-only unless `writable`.
@@ -120,7 +150,7 @@ class TensorStore:
         """
         with self._lock:
             out = self._region(path, box)
-            return out if writable else _read_only(out)
+            return out if writable else read_only(out)
 
     def exists(self, path: str) -> bool:
         parts = parse_path(path)
@@ -148,13 +178,13 @@ class TensorStore:
         """Sorted paths of every leaf under `prefix` (just `prefix` if it is a leaf)."""
         parts = parse_path(prefix)
         with self._lock:
-            return [join(p) for p, _ in _leaves(self._node(parts, prefix), parts)]
+            return [join(p) for p, _ in leaves_of(self._node(parts, prefix), parts)]
 
     def nbytes(self, prefix: str = "/") -> int:
         """Bytes of the arrays under `prefix`, resident and spilled (values count 0)."""
         parts = parse_path(prefix)
         with self._lock:
-            return sum(leaf.nbytes for _, leaf in _leaves(self._node(parts, prefix), parts))
+            return sum(leaf.nbytes for _, leaf in leaves_of(self._node(parts, prefix), parts))
 
     @property
     def resident_nbytes(self) -> int:
@@ -171,7 +201,7 @@ class TensorStore:
         parts = parse_path(prefix)
         with self._lock:
             node = self._node(parts, prefix)
-            for _, leaf in _leaves(node, parts):
+            for _, leaf in leaves_of(node, parts):
                 self._memory.forget(leaf)
             if parts:
                 del self._node(parts[:-1], prefix)[parts[-1]]
@@ -265,33 +295,3 @@ class TensorStore:
         if old is not None:
             self._memory.forget(old)
         self._memory.admit(leaf)
-
-
-def _leaves(node: Node, parts: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Leaf]]:
-    if isinstance(node, Leaf):
-        yield parts, node
-        return
-    for name in sorted(node):
-        yield from _leaves(node[name], (*parts, name))
-
-
-def _leaf_parts(path: str) -> tuple[str, ...]:
-    parts = parse_path(path)
-    if not parts:
-        raise StoreError("the root / is a directory and cannot hold a leaf")
-    return parts
-
-
-def _shape(shape: Sequence[int], path: str) -> tuple[int, ...]:
-    try:
-        out = tuple(operator.index(s) for s in shape)
-    except TypeError:
-        raise StoreError(f"shape {shape!r} for {path} is not a sequence of integers") from None
-    if any(s < 0 for s in out):
-        raise StoreError(f"shape {out} for {path} has a negative side")
-    return out
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array

@@ -1,0 +1,108 @@
+"""The store served to local processes (`runtime.shm`): shared memory without copies, all-or-nothing
+puts, confinement to jobs' state, and a server that outlives bad requests and leaks nothing."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from tenplex.runtime.shm import ShmError, StoreClient, StoreServer
+from tenplex.runtime.shm.wire import HEADER, recv, send
+from tenplex.runtime.store.shared import Arena, create_in_arena
+from tenplex.runtime.store.tree import TensorStore
+
+
+@pytest.fixture
+def served(tmp_path):
+    store = TensorStore()
+    server = StoreServer(store, str(tmp_path / "h0.store"), "h0").start()
+    yield store, str(tmp_path / "h0.store")
+    server.stop()
+    store.close()
+
+
+def test_put_adopts_the_pages_and_get_maps_them(served):
+    store, path = served
+    with StoreClient(path) as client:
+        filled = client.arena({"/job/j/t/0/w": ((4, 3), "float32"), "/job/j/t/0/b": ((3,), "bfloat16"), "/job/j/t/0/s": ((), "int64")})
+        filled.views["/job/j/t/0/w"][...] = np.arange(12).reshape(4, 3)
+        filled.views["/job/j/t/0/s"][...] = 5
+        assert client.put(filled, values={"/job/j/t/0/.values/p/n": [1, "x"]}) == 48 + 6 + 8
+        filled.views["/job/j/t/0/w"][0, 0] = 42  # the store holds the very pages: no copy was made
+        assert store.get("/job/j/t/0/w")[0, 0] == 42 and store.shared("/job/j/t/0/w") is not None
+        got = client.get(["/job/j/t/0/w", "/job/j/t/0/b", "/job/j/t/0/s", "/job/j/t/0/.values/p/n"])
+        store.read("/job/j/t/0/w", __import__("tenplex.ir.box", fromlist=["Box"]).Box((1, 0), (2, 3)), writable=True)[...] = -1
+        assert got["/job/j/t/0/w"][1].tolist() == [-1, -1, -1]  # the reader maps the store's pages too
+        assert not got["/job/j/t/0/w"].flags.writeable and str(got["/job/j/t/0/b"].dtype) == "bfloat16"
+        assert got["/job/j/t/0/s"].shape == () and got["/job/j/t/0/s"] == 5 and got["/job/j/t/0/.values/p/n"] == [1, "x"]
+
+
+def test_leaves_outside_arenas_are_copied_once_and_arenas_are_made_for_many(served):
+    store, path = served
+    store.put("/job/j/t/1/x", np.arange(5, dtype=np.int32))
+    create_in_arena(store, [("/job/j/t/1/y", (2, 2), "float64"), ("/job/j/t/1/z", (0,), "float32")], "test")
+    assert store.shared("/job/j/t/1/y")[0] is store.shared("/job/j/t/1/z")[0]  # one arena for both
+    with StoreClient(path) as client:
+        got = client.get(["/job/j/t/1/x", "/job/j/t/1/y", "/job/j/t/1/z"])
+    assert got["/job/j/t/1/x"].tolist() == [0, 1, 2, 3, 4] and got["/job/j/t/1/y"].tolist() == [[0, 0], [0, 0]]
+    assert got["/job/j/t/1/z"].shape == (0,)
+
+
+def test_requests_are_confined_all_or_nothing_and_leave_the_server_serving(served):
+    store, path = served
+    store.put("/job/j/t/0/w", np.zeros(2))
+    with StoreClient(path) as client:
+        for bad in (lambda: client.get(["/etc/passwd"]), lambda: client.walk("/"), lambda: client.delete("/job")):
+            with pytest.raises(ShmError, match="not under /job/"):
+                bad()
+        with pytest.raises(ShmError, match="already exists"):
+            client.put_arrays({"/job/j/t/0/new": np.ones(3), "/job/j/t/0/w": np.ones(2)})
+        assert not store.exists("/job/j/t/0/new")  # nothing of a refused put is kept
+        with pytest.raises(ShmError, match="one arena descriptor"):
+            client._call("put", items=[], values={})
+        loose = os.memfd_create("loose")  # could be shrunk under the store's mapping: refused
+        os.ftruncate(loose, 64)
+        with pytest.raises(ShmError, match="not sealed against resizing"):
+            client._call("put", [loose], items=[["/job/j/t/0/loose", 0, [8], "float64"]], values={})
+        os.close(loose)
+        assert not store.exists("/job/j/t/0/loose")
+        with pytest.raises(ShmError, match="unknown request"):
+            client._call("format_disk")
+        with pytest.raises(ShmError, match="does not exist"):
+            client.get(["/job/j/none"])
+        assert client.exists("/job/j/t/0/w")
+
+
+def test_no_descriptor_leaks_and_a_broken_peer_is_dropped(served):
+    store, path = served
+    with StoreClient(path) as client:
+        client.put_arrays({f"/job/j/t/0/a{i}": np.full(3, i) for i in range(20)})
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(100):
+            got = client.get([f"/job/j/t/0/a{i}" for i in range(20)])
+            del got
+        assert len(os.listdir("/proc/self/fd")) <= before + 2
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(path)
+    raw.sendall(HEADER.pack(100, 0) + b"{")  # half a frame, then gone
+    raw.close()
+    with StoreClient(path) as client:  # the server still serves
+        assert client.walk("/job/j/t/0")[:1] == ["/job/j/t/0/a0"]
+
+
+def test_frames_over_the_limits_are_refused(tmp_path):
+    a, b = socket.socketpair()
+    with pytest.raises(ShmError, match="over the limits"):
+        send(a, "x" * (65 << 20))
+    arena = Arena.create(8)
+    send(a, {"k": 1}, [arena.fd])
+    message, fds = recv(b)
+    assert message == {"k": 1} and len(fds) == 1
+    assert Arena.adopt(fds[0]).size >= 8
+    a.close()
+    assert recv(b) is None
+    with pytest.raises(ShmError, match="cannot reach"):
+        StoreClient(tmp_path / "nobody.store")
