@@ -13,9 +13,7 @@ Every rank's local tensor bytes and values must be identical between DCP and ten
 
 from __future__ import annotations
 
-import os
 import pickle
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ pytest.importorskip("torch.distributed.checkpoint")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
+from fixtures.gloo import run_ranks as _run_ranks  # noqa: E402
 from tenplex.frameworks.dcp.read import ptc_of_index, read_dcp, read_index  # noqa: E402
 from tenplex.frameworks.dcp.reshard import reshard_arrays, reshard_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.layout import LocalShard, subtensor_id  # noqa: E402
@@ -47,42 +46,6 @@ PARAMS = {
     "emb": ((6, 4), "float32", "2x2", ("S0", "S0")),  # nested: dim 0 split twice
     "norm": ((5,), "float32", "4", ("R",)),
 }
-
-
-# ---- process plumbing ---------------------------------------------------------------------
-def _run_ranks(fn, world: int, tmp: Path, tag: str, timeout: float = 60.0) -> None:
-    """Fork `world` ranks running fn(rank, world, tmp) in one gloo group; kill all on timeout."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, tmp, tag), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout)
-            timeout = 1.0 if p.is_alive() else timeout
-    finally:
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-            p.join(5)
-    errors = [(tmp / f"{tag}.err{r}").read_text() for r in range(world) if (tmp / f"{tag}.err{r}").exists()]
-    assert not alive and not errors, f"{len(alive)} rank(s) timed out; errors: {errors[:1]}"
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-
-
-def _entry(fn, rank: int, world: int, tmp: Path, tag: str) -> None:
-    code = 0
-    try:
-        torch.set_num_threads(1)
-        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/{tag}.store", rank=rank, world_size=world)
-        fn(rank, world, tmp)
-        torch.distributed.destroy_process_group()
-    except BaseException:  # noqa: BLE001 (reported to the parent through a file)
-        (tmp / f"{tag}.err{rank}").write_text(traceback.format_exc())
-        code = 1
-    os._exit(code)  # never return into the forked pytest
 
 
 def _dump(path: Path, state: dict) -> None:

@@ -3,12 +3,15 @@
 `read_dcp` (read.py) and `write_dcp` (write.py, through DCP's own writer); `reshard_dcp` /
 `inspect_dcp` (reshard.py) into a DTensor mesh layout (`dtensor.mesh`); `load_dcp` (load.py):
 tenplex as DCP's loader for one rank of a live job; apply.py applies a plan into buffers the
-caller owns. Errors are `DcpError`s naming the file and the key.
+caller owns. Without files: `StoreWriter` / `StoreReader` (storage.py) are DCP's storage layer
+in the host's tenplex store, `reshard_stored` moves such a state between the agents' stores,
+stored.py is where it lives there. Errors are `DcpError`s naming the file (or store) and the key.
 """
 
 from tenplex._lazy import lazy
 
 __getattr__, __all__ = lazy(__name__, {
     "DcpError": "format", "read_dcp": "read", "read_index": "read", "write_dcp": "write", "reshard_dcp": "reshard",
-    "inspect_dcp": "reshard", "load_dcp": "load",
+    "inspect_dcp": "reshard", "load_dcp": "load", "StoreWriter": "storage", "StoreReader": "storage",
+    "reshard_stored": "reshard",
 })  # fmt: skip

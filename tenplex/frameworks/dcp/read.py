@@ -176,9 +176,9 @@ def _entry(path: Path, md: Metadata, fqn: str, box: Box | None) -> Entry:
     return Entry(fqn, box, file, offset, length)
 
 
-def ptc_of_index(index: DcpIndex) -> PTC:
+def ptc_of_index(index: DcpIndex, *, complete: bool = True) -> PTC:
     """The PTC of the saved layout (see the module docstring). Raises DcpError when chunks
-    overlap or leave a tensor region uncovered."""
+    overlap or (with `complete`) leave a tensor region uncovered."""
     by_tensor: dict[str, list[Entry]] = defaultdict(list)
     by_file: dict[str, list[Entry]] = defaultdict(list)
     for e in index.entries:
@@ -201,7 +201,7 @@ def ptc_of_index(index: DcpIndex) -> PTC:
     devices = range(len(partitions))
     ptc = PTC(index.tensors, tuple(subtensors), tuple(partitions), Allocation({p.id: (i,) for i, p in zip(devices, partitions)}),
               Topology(tuple(Device(i, "h0") for i in devices)))  # fmt: skip
-    gaps = ptc.uncovered()
+    gaps = ptc.uncovered() if complete else {}
     if gaps:
         name = sorted(gaps)[0]
         raise DcpError(f"{index.root / '.metadata'}: tensor {name!r} region {gaps[name][0]} is in no saved chunk (the metadata does not cover it)")

@@ -181,3 +181,60 @@ def _file_problems(index: DcpIndex) -> list[str]:
         if path.stat().st_size < end:
             out.append(f"{path}: truncated: has {path.stat().st_size} bytes, entries need {end}")
     return out
+
+
+@attrs.frozen
+class StoredReshard:
+    plan: Plan
+    bytes_moved: int  # bytes the plan copies between devices (host links + network)
+    sent: dict[str, int]  # bytes each host sent over the network
+    seconds: dict[str, float]  # plan (read the src PTC, build dst, compile and verify), move (execute + commit)
+
+
+def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layout: MeshLayout | dict | str | os.PathLike,
+                   *, hosts: Mapping[int, str] | None = None) -> StoredReshard:  # fmt: skip
+    """Move a DCP state that ranks saved into the agents' stores (`storage.StoreWriter`, tag
+    `src_tag`) into `dst_layout` under `dst_tag`, through `runtime` (a `Runtime`): compile and
+    verify the plan, execute it peer to peer, commit on every host at once with the new tag's
+    PTC and record, so `storage.StoreReader` loads it. `hosts` maps each dst rank to its host
+    (default: every rank on the src's first host): rank r keeps device id r where that device is
+    on its host, and gets a new id otherwise (ids name one device on both sides of a plan).
+    The src tag is only read.
+
+    Raises DcpError (no complete state under `src_tag`), PlacementError, CompileError,
+    ExecutionError (naming the host; then `dst_tag` exists nowhere)."""
+    from tenplex.ir.serialize import ptc_from_json, ptc_to_json
+
+    start = time.perf_counter()
+    meta = runtime.tag_meta(job, src_tag)
+    if "ptc" not in meta or "dcp" not in meta:
+        raise DcpError(f"/job/{job}/{src_tag}: no complete tenplex DCP state in the agents' stores (hosts {sorted(runtime.agents)})")
+    src = ptc_from_json(meta["ptc"])
+    layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
+    dst = dst_ptc(src, layout)
+    dst = _on_hosts(src, dst, hosts or {})
+    plan = compile_plan(src, dst, CompileOptions(place_ranks=False))  # rank r stays rank r: it loads its own partition
+    planned = time.perf_counter()
+    sent = runtime.execute(plan, src, dst, job, src_tag, dst_tag, meta={"ptc": ptc_to_json(dst), "dcp": meta["dcp"]})
+    stats = plan.stats
+    return StoredReshard(plan, stats.host_bytes + stats.network_bytes, sent,
+                         {"plan": planned - start, "move": time.perf_counter() - planned})  # fmt: skip
+
+
+def _on_hosts(src: PTC, dst: PTC, hosts: Mapping[int, str]) -> PTC:
+    """`dst` (partitions `rank<r>`) with rank r on host `hosts[r]` (see `reshard_stored`)."""
+    from tenplex.ir.ptc import Allocation
+    from tenplex.ir.topology import Device, Topology
+
+    src_host = {d.id: d.host for d in src.topology.devices}
+    first = src.topology.devices[0].host
+    fresh = max([*src_host, len(dst.partitions) - 1]) + 1  # above every id kept
+    alloc, devices = {}, []
+    for p in dst.partitions:
+        rank = int(p.id.removeprefix("rank"))
+        host = hosts.get(rank, first)
+        device = rank if src_host.get(rank, host) == host else fresh
+        fresh += device != rank
+        alloc[p.id] = (device,)
+        devices.append(Device(device, host))
+    return PTC(dst.tensors, dst.subtensors, dst.partitions, Allocation(alloc), Topology(tuple(devices)))
