@@ -1,8 +1,8 @@
 """A static run vs an elastic run of the example GPT through the controller: the evidence that a
 reconfiguration does not change training (`experiments/convergence.py`, `make demo`).
 
-`compare(work, steps, extra, scenario, out)` runs the example program (`examples/elastic_gpt.py`)
-once statically on the scenario's first layout and once through `Controller` with the
+`compare(work, steps, extra, scenario, out, program, state)` runs a program (default the example,
+`examples/elastic_gpt.py`; its state in the store, or `state="files"`) once statically on the scenario's first layout and once through `Controller` with the
 scenario's changes (resource changes and injected failures at fractions of the steps), each
 controller line going to `out` labelled with its run (`static run: ...`, `elastic run: ...`), and
 returns the per-step losses of both, the max absolute and relative difference, whether every
@@ -54,11 +54,11 @@ DEMO = Scenario(2, {"2": [2, 1, 1]}, ((0.2, {"devices": 1}), (0.4, {"devices": 2
 
 
 def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL,
-            out: Callable[[str], None] = print) -> dict:  # fmt: skip
-    if not EXAMPLE.is_file():
-        raise ElasticError(f"{EXAMPLE}: the example program is missing (run from the repository)")
+            out: Callable[[str], None] = print, program: Path = EXAMPLE, state: str = "store") -> dict:  # fmt: skip
+    if not program.is_file():
+        raise ElasticError(f"{program}: the program is missing (run from the repository)")
     args = ["--steps", str(steps), *extra]
-    base = {"program": str(EXAMPLE), "args": args, "devices": scenario.devices, "parallel": scenario.table}
+    base = {"program": str(program), "args": args, "devices": scenario.devices, "parallel": scenario.table, "state": state}
     static = parse_job(base)
     elastic = parse_job({**base, "schedule": scenario.schedule(steps)})
     Controller(static, work / "static", out=lambda line: out(f"static run: {line}")).run()

@@ -4,9 +4,10 @@
 
 Run it through `tenplex job run examples/elastic_gpt.yaml` (the job file beside it) to change W
 while it trains. The mesh is (pp, dp, tp) from `tenplex.elastic.Job.config`; attention and MLP Linears are split Megatron-style with
-DTensor's ColwiseParallel/RowwiseParallel (`tenplex.elastic.layouts.gpt_plan`, the same plan the
-controller reshards with); pipeline stage s keeps only its modules (`gpt_stages`: contiguous
-blocks, embeddings on the first stage, final norm and head on the last) and passes activations
+DTensor's ColwiseParallel/RowwiseParallel, the plan the program declares once to tenplex
+(`job.declare`, `parallelism` below: tenplex reshards with it, knowing nothing else of the model);
+pipeline stage s keeps only its modules (the declaration's `stages(pp)`: contiguous blocks,
+embeddings on the first stage, final norm and head on the last) and passes activations
 forward and their gradients back with gloo send/recv, one micro-batch at a time; gradients are
 summed over the dp mesh dim by hand. The global batch G is fixed: each dp rank takes G/dp samples
 per step (tenplex.data) in micro-batches, and the loss is sum(per-sample loss) / G, so the step's
@@ -26,6 +27,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -43,7 +45,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from tenplex.data import DatasetIndex, build_index
 from tenplex.data.reader import SampleReader
 from tenplex.elastic import Job
-from tenplex.elastic.layouts import gpt_plan, gpt_stages
 from tenplex.ir.errors import TenplexError
 
 
@@ -131,6 +132,16 @@ def dataset(args: argparse.Namespace, job: Job) -> DatasetIndex:
     return DatasetIndex.load(root / "index.npz").with_root(str(root))
 
 
+def parallelism(job: Job, layers: int):
+    """This model's parallelization, declared to tenplex: Megatron's attention and MLP split, and
+    the pipeline split (embeddings first, the blocks in order, final norm and head last)."""
+    plan: dict[str, str] = {}
+    for i in range(layers):
+        plan.update({f"blocks.{i}.attn.{n}": "colwise" for n in ("q", "k", "v")})
+        plan.update({f"blocks.{i}.attn.o": "rowwise", f"blocks.{i}.mlp.up": "colwise", f"blocks.{i}.mlp.down": "rowwise"})
+    return job.declare(plan, first=["emb", "pos"], layers=[f"blocks.{i}" for i in range(layers)], last=["ln_f", "head"])
+
+
 @attrs.frozen
 class Stage:
     """This rank's place in the pipeline: its neighbours' global ranks (None at the ends)."""
@@ -142,16 +153,22 @@ class Stage:
 
 
 def build(args: argparse.Namespace, job: Job) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup, Stage]:
+    torch.manual_seed(args.seed)  # every stage builds the whole model the same way, then keeps its part
+    model = Gpt(args.vocab, args.seq, args.hidden, args.heads, args.layers)
+    return place(model, parallelism(job, args.layers), job, args.lr)
+
+
+def place(model: nn.Module, declared, job: Job, lr: float) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup, Stage]:
+    """This rank's part of `model` (any model with `keep(owned module prefixes)`): its pipeline
+    stage, its tensor-parallel modules split as declared, an optimizer and its pipeline links."""
     c = job.config
     mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
-    torch.manual_seed(args.seed)
-    model = Gpt(args.vocab, args.seq, args.hidden, args.heads, args.layers)
-    owned = {m for m, s in gpt_stages(args.layers, c.pp).items() if s == job.pp_rank}
+    owned = {m for m, s in declared.stages(c.pp).items() if s == job.pp_rank}
     model.keep(owned)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {fqn: styles[style]() for fqn, style in gpt_plan(args.layers).items() if fqn.rsplit(".", 2)[0] in owned}
-    model = parallelize_module(model, mesh["tp"], plan)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, foreach=False)
+    mine = lambda fqn: any(fqn == m or fqn.startswith(m + ".") for m in owned)  # noqa: E731
+    model = parallelize_module(model, mesh["tp"], {fqn: styles[style]() for fqn, style in declared.plan.items() if mine(fqn)})
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=False)
     step = c.dp * c.tp  # ranks between consecutive stages
     stage = Stage(job.rank - step if job.pp_rank > 0 else None, job.rank + step if job.pp_rank < c.pp - 1 else None,
                   job.rank + (c.pp - 1 - job.pp_rank) * step, mesh.get_group("pp") if c.pp > 1 else None)  # fmt: skip
@@ -202,7 +219,7 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, dp_group: dist.Pr
     return total.item() / global_count
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True, help="where the job keeps its files (created when missing)")
     parser.add_argument("--data-dir", help="the data set's directory (default JOB_DIR/dataset-SEED, written once)")
@@ -217,8 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-3)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> None:
+    run(parser().parse_args(argv), build)
+
+
+def run(args: argparse.Namespace, build_fn: Callable) -> None:
+    """Train with the model `build_fn(args, job)` makes (any model whose stages take and give
+    (batch, seq, hidden) activations; `build` is this GPT's)."""
     torch.set_num_threads(1)
     try:
         job = Job.from_env(args.job_dir)  # checks the environment, creates the job directory
@@ -226,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(e)
     dist.init_process_group("gloo")
     try:
-        train(args, job)
+        train(args, job, build_fn)
     except TenplexError as e:
         dist.destroy_process_group()
         fail(e)
@@ -241,10 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)
 
 
-def train(args: argparse.Namespace, job: Job) -> None:
+def train(args: argparse.Namespace, job: Job, build_fn: Callable = build) -> None:
     """Resume or start, train to --steps or the controller's stop, save."""
     index = dataset(args, job)
-    model, optim, dp_group, stage = build(args, job)
+    model, optim, dp_group, stage = build_fn(args, job)
     if job.resuming:
         model_sd, optim_sd = get_state_dict(model, optim)
         state = {"model": model_sd, "optim": optim_sd}

@@ -1,7 +1,8 @@
 """What a training program calls: a few lines in its loop make it elastic.
 
     job = tenplex.elastic.Job.from_env()           # set by the controller (and torchrun)
-    ... build the model for job.config (tp, dp) ...
+    par = job.declare(plan, first=[...], layers=[...], last=[...])   # how the model is split
+    ... build this rank's part of the model for job.config (tp, dp, pp) and par.stages(pp) ...
     job.load(state_dict)                           # this generation's state, if any
     data = job.data(index, seed=0, global_batch=8, micro_batch=2)
     step = data.view.start
@@ -9,18 +10,17 @@
         ... train on data.view.step_at(step) ...; step += 1
     job.save(state_dict, data.state.at_step(data.order, step))
 
-`Job.from_env` creates the job directory when it is missing (`jobdir`: its layout, `state/gen-N`,
-`saved/gen-N`, `control/stop-N`, `metrics.jsonl`); a program keeps everything it writes there.
-
-Environment (the controller sets it; torchrun sets RANK and WORLD_SIZE): TENPLEX_JOB_DIR,
-TENPLEX_GENERATION (default 0), TENPLEX_TP, TENPLEX_DP, TENPLEX_PP (default: tp 1, pp 1, dp =
-WORLD_SIZE), TENPLEX_STOP_STEP (optional: stop before this global step), TENPLEX_FAIL_RANKS
-(optional, comma-separated: these ranks crash at TENPLEX_STOP_STEP, an injected failure).
+`Job.from_env` creates the job directory when it is missing (`jobdir`); the state goes through
+the host's tenplex store or DCP files (`state`). Environment (the controller sets it; torchrun
+sets RANK and WORLD_SIZE): TENPLEX_JOB_DIR, TENPLEX_GENERATION (default 0), TENPLEX_TP/DP/PP
+(default: tp 1, pp 1, dp = WORLD_SIZE), TENPLEX_STOP_STEP (optional: stop before this step),
+TENPLEX_FAIL_RANKS (optional: these ranks crash at the stop step, an injected failure),
+TENPLEX_STORE, TENPLEX_JOB_NAME, TENPLEX_JOB_ID (the store; absent: DCP files).
 
 A failure (`save` at the stop step with fail ranks): every rank joins a process group of the
 survivors, then the failing ranks kill themselves (SIGKILL: no save, no cleanup, a real crash
 that torchrun answers by tearing the job down). The survivors defer torchrun's SIGTERM while
-they save what they hold (`dcp.save` over the survivors' group) and exit; the lowest surviving
+they save what they hold (DCP over the survivors' group) and exit; the lowest surviving
 rank writes the data state, the timings (with `failed` and `tensors`, the FQNs the whole job
 held, so the controller can tell whether the survivors still cover the state) and `COMPLETE`.
 
@@ -28,9 +28,7 @@ Invariants:
 - tp x dp x pp == world; rank r is at mesh coordinate (r // (dp tp), r // tp % dp, r % tp) of
   the (pp, dp, tp) mesh: its pipeline stage, data-parallel rank and tensor-parallel rank;
 - `should_stop` returns the same answer on every rank (an all_reduce of the local answers);
-- `saved/gen-N/COMPLETE` exists only once every rank's checkpoint files and the data state are
-  written.
-
+- `saved/gen-N/COMPLETE` exists only once every rank's state and the data state are written.
 Raises ElasticError naming the variable, file or field.
 """
 
@@ -39,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,10 @@ import attrs
 
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.jobdir import make_job_dir, metrics_file, saved_dir, state_dir, stop_file
-from tenplex.elastic.layouts import check_degree
+from tenplex.elastic.layouts import PARALLEL, Parallelism, check_degree
+from tenplex.elastic.state import StateHome
 
-__all__ = ["Job", "JobData", "ParallelConfig", "make_job_dir", "metrics_file", "saved_dir", "state_dir", "stop_file",
-           "tensor_names"]  # fmt: skip
+__all__ = ["Job", "JobData", "ParallelConfig", "make_job_dir", "metrics_file", "saved_dir", "state_dir", "stop_file", "tensor_names"]
 
 
 @attrs.frozen
@@ -120,6 +119,8 @@ class Job:
     config: ParallelConfig
     stop_step: int | None = None
     fail: tuple[int, ...] = ()
+    home: StateHome = StateHome()  # where the state goes between generations (`state`)
+    parallelism: Parallelism | None = attrs.field(default=None, init=False)  # `declare`
     _marks: dict[str, float] = attrs.field(factory=dict, init=False, repr=False)  # wall times (stop)
 
     def __attrs_post_init__(self) -> None:
@@ -149,9 +150,20 @@ class Job:
         config = ParallelConfig(tp, _env_int(env, "TENPLEX_DP", max(1, world // (tp * pp))), pp)
         stop = env.get("TENPLEX_STOP_STEP")
         job = cls(job_dir, _env_int(env, "TENPLEX_GENERATION", 0), _env_int(env, "RANK", 0), world, config,
-                  None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"), _ranks(env, "TENPLEX_FAIL_RANKS"))  # fmt: skip
+                  None if stop in (None, "") else _env_int(env, "TENPLEX_STOP_STEP"), _ranks(env, "TENPLEX_FAIL_RANKS"),
+                  StateHome.from_env(env))  # fmt: skip
         make_job_dir(job.job_dir)
         return job
+
+    def declare(self, plan: dict[str, str], *, first: Sequence[str] = (), layers: Sequence[str] = (),
+                last: Sequence[str] = ()) -> Parallelism:  # fmt: skip
+        """Declare how this program parallelizes its model, once (see `layouts.Parallelism`): the
+        tensor-parallel plan it gives `parallelize_module` and its pipeline split. `save` hands it
+        to the controller, which derives every later layout from it. Returns it (its `stages(pp)`
+        tells this program which modules its stage owns)."""
+        par = Parallelism(plan, first, layers, last)
+        object.__setattr__(self, "parallelism", par)
+        return par
 
     @property
     def dp_rank(self) -> int:
@@ -169,18 +181,19 @@ class Job:
     @property
     def resuming(self) -> bool:
         """True when a generation before this one left state to load."""
-        return state_dir(self.job_dir, self.generation).joinpath(".metadata").exists()
+        return self.home.resuming(self.job_dir, self.generation)
 
     def load(self, state_dict: dict[str, Any]) -> bool:
-        """Fill `state_dict` (DTensors in this generation's layout) in place from `state/gen-N`;
+        """Fill `state_dict` (DTensors in this generation's layout) in place from this
+        generation's state (the store's `state-N`, or the files in `state/gen-N`: `state`);
         False, touching nothing, when there is nothing to resume (generation 0)."""
         if not self.resuming:
             if self.generation > 0 and not state_dir(self.job_dir, self.generation).is_dir():
                 raise ElasticError(f"{state_dir(self.job_dir, self.generation)}: generation {self.generation} has no state")
             return False  # generation 0, or a restart from the job's start (an empty state dir)
-        from tenplex.frameworks.dcp.load import load_dcp
-
-        load_dcp(state_dict, state_dir(self.job_dir, self.generation), rank=self.rank)
+        start = time.time()
+        self.home.load(state_dict, self.job_dir, self.generation, self.rank)
+        self._marks["load_seconds"] = time.time() - start
         return True
 
     def data(self, index: Any, *, seed: int, global_batch: int, micro_batch: int, tail_policy: str = "drop") -> JobData:
@@ -231,13 +244,12 @@ class Job:
         group, then rank 0 writes the data state and timings and, last, `COMPLETE`. At an injected
         failure only the survivors save (see the module docstring); the failing ranks never return."""
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
 
         out = saved_dir(self.job_dir, self.generation)
         start = time.time()
         if self.failing and dist.is_initialized():
             return self._save_survivors(state_dict, data_state, out, start)
-        dcp.save(state_dict, checkpoint_id=str(out))
+        self.home.save(state_dict, self.job_dir, self.generation)
         if dist.is_initialized():
             dist.barrier()
         if self.rank == 0:
@@ -247,6 +259,9 @@ class Job:
         return out
 
     def _commit(self, out: Path, data_state: Any, start: float, **extra: Any) -> None:
+        out.mkdir(parents=True, exist_ok=True)  # with the store, DCP wrote no files here
+        if self.parallelism is not None:
+            (out / PARALLEL).write_text(json.dumps(self.parallelism.to_json()))
         data_state.save(out / "data_state.json")
         timing = {**self._marks, "save_start": start, "save_end": time.time(), **extra}
         (out / "timing.json").write_text(json.dumps(timing))
@@ -256,7 +271,6 @@ class Job:
         import signal
 
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
 
         signal.signal(signal.SIGTERM, lambda *_: None)  # torchrun's teardown waits for the save
         survivors = [r for r in range(self.world) if r not in self.fail]
@@ -266,7 +280,7 @@ class Job:
         if self.rank in self.fail:
             print(f"rank {self.rank}: injected failure at step {self.stop_step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        dcp.save(state_dict, checkpoint_id=str(out), process_group=group)
+        self.home.save(state_dict, self.job_dir, self.generation, group)
         dist.barrier(group=group)
         if self.rank == survivors[0]:
             self._commit(out, data_state, start, failed=list(self.fail), tensors=sorted({n for ns in names for n in ns}))
@@ -277,6 +291,8 @@ class Job:
         """Append a JSON record (with generation and wall time) to metrics.jsonl; rank 0 only."""
         if self.rank != 0:
             return
+        if "load_seconds" in self._marks:  # the first record after a load says how long it took
+            record = {**record, "load_seconds": self._marks.pop("load_seconds")}
         line = json.dumps({**record, "generation": self.generation, "time": time.time()})
         with metrics_file(self.job_dir).open("a") as f:
             f.write(line + "\n")

@@ -8,8 +8,10 @@ each resource change (a schedule event or a `control/scale-*.json` request writt
 2. stop: an `at_step` event is passed to the program up front (TENPLEX_STOP_STEP, exact and
    deterministic); `at_seconds` events and scale requests write `control/stop-N`;
 3. wait for the program to save (`saved/gen-N/COMPLETE`) and exit;
-4. reshard: `reshard_dcp(saved/gen-N, layout_json(tp, dp, plan, pp, stages), state/gen-N+1)` —
-   tenplex compiles and executes the verified plan — and copy the data state beside it;
+4. reshard the saved state into the new layout, which the program's own declaration gives
+   (`Job.declare`, saved as `parallel.json`; nothing here knows the model): with `state: store`
+   (default) the agents move it peer to peer between their stores (`Runtime.execute`), with
+   `state: files` tenplex reshards the DCP files (`state.Mover`); the data state goes beside it;
 5. relaunch torchrun with the new W and generation N + 1.
 
 A failure event (`{at_step: S, fail: [ranks]}`) is injected for real: those ranks crash at step S
@@ -26,8 +28,9 @@ chosen for them. An unplanned crash (the program exits non-zero on its own) ends
 `spec.max_restarts` allows restarting it: then the same layout restarts from the last checkpoint.
 
 Each reconfiguration records its phases in seconds: `stop` (request → the ranks agree to
-stop), `save` (their checkpoint), `exit` (process teardown), `reshard` (compile + execute +
-write) and `restart` (launch → first step of the new generation logged), plus `rerun` after a
+stop), `save` (their checkpoint), `exit` (process teardown), `reshard` (with the store: `plan`,
+reading the saved PTC and compiling and verifying the plan, + `move`, executing and committing
+it) and `restart` (launch → first step of the new generation logged, its load included), plus `rerun` after a
 restart from a checkpoint (first step → the lost steps done again). The report is written to
 `JOB_DIR/report.json`; `JOB_DIR/status.json` says what the job is doing now.
 
@@ -54,7 +57,6 @@ Raises ElasticError naming the generation, its exit code, the cause (the failing
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import shutil
@@ -70,31 +72,28 @@ from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError, ProgramFailed
 from tenplex.elastic.job import Event, JobSpec, check_program
-from tenplex.elastic.layouts import example_layers, gpt_plan, gpt_stages, layout_json
 from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json, write_json
 from tenplex.elastic.requests import take_scale_request
 from tenplex.elastic.signals import JobInterrupted, raise_on_signals
+from tenplex.elastic.state import Mover, StateHome, state_home
 
 POLL = 0.05
 log = logging.getLogger("tenplex.elastic")
 
 
 class Controller:
-    """Runs one elastic job (see the module docstring). `plan` is the program's TP plan and
-    `stages(pp)` its modules' pipeline stages (default: the example GPT's, `layouts`); `out`
-    takes the progress lines (default: `log.info`)."""
+    """Runs one elastic job (see the module docstring); `out` takes the progress lines (default:
+    `log.info`). The layouts come from the program's own declaration (`Job.declare`, saved with
+    each generation's state as `parallel.json`): nothing here knows the model."""
 
-    def __init__(self, spec: JobSpec, job_dir: str | Path, *, plan: dict[str, str] | None = None,
-                 stages: Callable[[int], dict[str, int]] | None = None, out: Callable[[str], None] = log.info) -> None:  # fmt: skip
+    def __init__(self, spec: JobSpec, job_dir: str | Path, *, out: Callable[[str], None] = log.info) -> None:
         self.spec, self.job_dir, self.out = spec, Path(job_dir).resolve(), out
-        layers = example_layers(spec.model, spec.args, spec.source)
-        self.plan = plan if plan is not None else gpt_plan(layers)
-        self.stages = stages or functools.partial(gpt_stages, layers)
         self.pending = list(spec.schedule)
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
         self.proc: subprocess.Popen | None = None  # the running generation's torchrun
         self.steps = StepLog(self.job_dir)
+        self.home, self.mover = StateHome(), Mover(StateHome(), self.job_dir)  # set by `run` (`_state_home`)
 
     def run(self) -> list[Reconfiguration]:
         """Run every generation to the end; returns the reconfigurations (also in report.json).
@@ -107,7 +106,8 @@ class Controller:
         self.start = time.time()
         self.current = 0, choose_config(self.spec, self.spec.devices)
         try:
-            with raise_on_signals():
+            with raise_on_signals(), state_home(self.spec.state, self.job_dir, self.out) as self.mover:
+                self.home = self.mover.home
                 try:
                     self._generations()
                 finally:  # end and reap the running generation's process tree, signals or not
@@ -144,6 +144,8 @@ class Controller:
                 self.current = generation + 1, config
                 continue
             if event is None:
+                if (out := self.mover.persist(generation)) is not None:
+                    self.out(f"generation {generation}: the final state, written from the store to {out}")
                 return
             self._status("reconfiguring", generation, config)
             what = f"rank(s) {list(event.fail)} failed" if event.fail else "stopped and saved"
@@ -172,7 +174,7 @@ class Controller:
         step_event = self._next_step_event()
         launched = time.time()
         proc = self.proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
-                               step_event.fail if step_event else ())  # fmt: skip
+                               step_event.fail if step_event else (), self.home.env())  # fmt: skip
         requested: tuple[Event, float] | None = None
         try:
             while proc.poll() is None:
@@ -217,26 +219,28 @@ class Controller:
         return event, time.time()
 
     def _reshard(self, generation: int, src: ParallelConfig, dst: ParallelConfig, timing: dict, signal_time: float,
-                 source: Path | None = None, **failure: Any) -> Reconfiguration:  # fmt: skip
-        """Reshard `source` (default: generation N's save) into N + 1's layout, with its data
-        state; the reconfiguration so far. `source` without a checkpoint: N + 1 starts afresh."""
-        from tenplex.frameworks.dcp.reshard import reshard_dcp
-
+                 source: str = "saved", **failure: Any) -> Reconfiguration:  # fmt: skip
+        """Move generation N's `source` ("saved": its save; "state": what it started from) into
+        N + 1's layout, with its data state; the reconfiguration so far. A source without a
+        checkpoint: N + 1 starts afresh."""
         begin = time.time()
-        source = source or saved_dir(self.job_dir, generation)
         out = state_dir(self.job_dir, generation + 1)
-        moved = 0
-        if (source / ".metadata").exists():
-            self.out(f"resharding {source.relative_to(self.job_dir)} from {describe_config(src)} to {describe_config(dst)}")
-            layout = layout_json(dst.tp, dst.dp, self.plan, dst.pp, self.stages(dst.pp) if dst.pp > 1 else None)
-            moved = reshard_dcp(source, layout, out).bytes_moved
+        moved, phases = 0, {}
+        if self.mover.holds(source, generation):
+            how = "peer to peer between the agents' stores" if self.home.store else "DCP files"
+            self.out(f"resharding generation {generation}'s {source} state from {describe_config(src)} to {describe_config(dst)} ({how})")
+            moved, phases = self.mover.move(source, generation, generation + 1, self.mover.layout(source, generation, dst))
             self.out(f"resharded {human_bytes(moved)} in {time.time() - begin:.2f}s")
         else:
-            out.mkdir(parents=True)  # a restart from the job's start: no state, no data state
-        if (source / "data_state.json").exists():
-            shutil.copy(source / "data_state.json", out / "data_state.json")
+            out.mkdir(parents=True, exist_ok=True)  # a restart from the job's start: no state, no data state
+        where = (saved_dir if source == "saved" else state_dir)(self.job_dir, generation)
+        for name in ("data_state.json", "parallel.json"):
+            if (where / name).exists():
+                shutil.copy(where / name, out / name)
+        self.mover.forget(generation)
         phases = {"stop": max(0.0, timing["stop"] - signal_time), "save": timing["save_end"] - timing["stop"],
-                  "exit": timing["exit"] - timing["save_end"], "reshard": time.time() - begin}  # fmt: skip
+                  "exit": timing["exit"] - timing["save_end"], **phases}  # fmt: skip
+        phases.setdefault("reshard", sum(v for k, v in phases.items() if k in ("plan", "move")))
         return Reconfiguration(int(timing["stop_step"]), src, dst, phases, moved, **failure)
 
     def _recover(self, generation: int, src: ParallelConfig, event: Event, timing: dict,
@@ -244,30 +248,32 @@ class Controller:
         """After an injected failure: the survivors' save if it covers the state (and the job
         asks for replicas), else the last checkpoint (see the module docstring)."""
         from tenplex.frameworks.dcp.format import DcpError
+        from tenplex.ir.errors import CompileError
 
         survivors = src.world - len(event.fail)
         dst = choose_config(self.spec, event.devices or survivors, event.tp, event.pp)
         failure = {"failed": tuple(event.fail)}
         if self.spec.recovery == "replicas":
-            missing = _missing_tensors(saved_dir(self.job_dir, generation), timing.get("tensors", []))
+            held = self.mover.tensors("saved", generation) if self.mover.holds("saved", generation) else set()
+            missing = [name for name in timing.get("tensors", []) if name not in held]
             try:
                 if not missing:
                     return self._reshard(generation, src, dst, timing, signal_time, recovered_from="replicas", **failure)
-            except DcpError as e:  # a region of a tensor no survivor held
+            except (DcpError, CompileError) as e:  # a region of a tensor no survivor held
                 missing = [str(e)]
             self.out(f"generation {generation}: the survivors do not hold the whole state ({missing[0]}...); "
                      "restarting from the last checkpoint")  # fmt: skip
         start = min((step for step, _ in self.steps.records(generation)), default=int(timing["stop_step"]))
-        return self._reshard(generation, src, dst, timing, signal_time, state_dir(self.job_dir, generation),
-                             recovered_from="checkpoint", lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
+        return self._reshard(generation, src, dst, timing, signal_time, "state", recovered_from="checkpoint",
+                             lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
 
     def _restart(self, generation: int, config: ParallelConfig, failure: ProgramFailed) -> Reconfiguration:
         """After an unplanned crash: the same layout from the last checkpoint; the steps since lost."""
         steps = [step for step, _ in self.steps.records(generation)]
         crashed_at = max(steps) + 1 if steps else 0
         timing = {"stop": failure.exited, "save_end": failure.exited, "exit": failure.exited, "stop_step": crashed_at}
-        return self._reshard(generation, config, config, timing, failure.exited, state_dir(self.job_dir, generation),
-                             recovered_from="checkpoint", lost_steps=crashed_at - min(steps, default=crashed_at))  # fmt: skip
+        return self._reshard(generation, config, config, timing, failure.exited, "state", recovered_from="checkpoint",
+                             lost_steps=crashed_at - min(steps, default=crashed_at))  # fmt: skip
 
     def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
         """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step
@@ -284,10 +290,3 @@ class Controller:
         self.out(rec.describe())
         return True
 
-
-def _missing_tensors(saved: Path, expected: list[str]) -> list[str]:
-    """The FQNs of `expected` that the DCP checkpoint `saved` does not hold."""
-    from tenplex.frameworks.dcp.read import read_index
-
-    held = {t.name for t in read_index(saved).tensors}
-    return [name for name in expected if name not in held]

@@ -22,6 +22,9 @@ JSON, or YAML (`.yaml` / `.yml`):
     timeout: 600                          optional: seconds one generation may run (default 600)
     max_restarts: 0                       optional: restarts after an unplanned crash (from the last
                                           checkpoint, same layout; default 0: the job fails)
+    state: store                          optional: where the state goes between generations: the
+                                          host's tenplex store, moved by the agents (default), or
+                                          `files`: DCP files in the job directory (`state`)
     recovery: replicas                    optional: after a failure, rebuild the state from the
                                           surviving ranks' replicas (default), or `checkpoint`:
                                           restart from the generation's start state (baseline)
@@ -62,9 +65,10 @@ from tenplex.elastic.errors import JobFileError
 from tenplex.ir.files import loads, read_text
 
 KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery",
-        "max_restarts", "max_devices"}  # fmt: skip
+        "max_restarts", "max_devices", "state"}  # fmt: skip
 EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "pp", "fail"}
 RECOVERY = ("replicas", "checkpoint")
+STATES = ("store", "files")
 MAX_FILE_BYTES = 64 << 20  # job files, status and requests are a few KiB; refuse what cannot be one
 MAX_DEVICES_CEILING = 4096  # processes torchrun may start on one machine, whatever a job file says
 DEFAULT_MAX_DEVICES = min(MAX_DEVICES_CEILING, max(64, os.cpu_count() or 1))
@@ -99,6 +103,7 @@ class JobSpec:
     max_restarts: int = 0
     source: str = "<job>"
     max_devices: int = DEFAULT_MAX_DEVICES
+    state: str = "store"
 
 
 def _int(where: str, value: Any, low: int = 1) -> int:
@@ -220,9 +225,11 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
         for i, node in enumerate(events):
             schedule.append(_event(f"job.schedule[{i}]", node, last, max_devices))
             last = schedule[-1].at_step or last
-        recovery = root.get("recovery", "replicas")
+        recovery, state = root.get("recovery", "replicas"), root.get("state", "store")
         if recovery not in RECOVERY:
             raise JobFileError(f"job.recovery: expected one of {', '.join(RECOVERY)}, got {recovery!r}")
+        if state not in STATES:
+            raise JobFileError(f"job.state: expected one of {', '.join(STATES)}, got {state!r}")
         model = _model(root.get("model"))
         return JobSpec(
             program=Path(base) / root["program"], devices=devices, args=tuple(args), schedule=tuple(schedule),
@@ -231,7 +238,7 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
             gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
             timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery,
             max_restarts=_int("job.max_restarts", root.get("max_restarts", 0), low=0), source=source,
-            max_devices=max_devices)  # fmt: skip
+            max_devices=max_devices, state=state)  # fmt: skip
     except JobFileError as e:
         raise JobFileError(f"{source}: {e}") from None
 

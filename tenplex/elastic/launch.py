@@ -52,8 +52,9 @@ def command(spec: JobSpec, job_dir: Path, config: ParallelConfig) -> list[str]:
 
 
 def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig, stop_step: int | None,
-           fail: tuple[int, ...] = ()) -> subprocess.Popen:  # fmt: skip
-    """Start generation `generation` (see the module docstring); `fail`: ranks that crash at `stop_step`.
+           fail: tuple[int, ...] = (), extra_env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
+    """Start generation `generation` (see the module docstring); `fail`: ranks that crash at
+    `stop_step`; `extra_env`: more variables (where the state lives, `state.StateHome.env`).
 
     Raises: ElasticError naming the job file when `fail` names a rank the generation does not
     have or leaves no survivor (nothing is started)."""
@@ -65,7 +66,7 @@ def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig
     env = dict(os.environ, TENPLEX_JOB_DIR=str(job_dir), TENPLEX_GENERATION=str(generation),
                TENPLEX_TP=str(config.tp), TENPLEX_DP=str(config.dp), TENPLEX_PP=str(config.pp),
                TENPLEX_STOP_STEP="" if stop_step is None else str(stop_step), TENPLEX_FAIL_RANKS=",".join(map(str, fail)),
-               OMP_NUM_THREADS="1")  # fmt: skip
+               OMP_NUM_THREADS="1", **(extra_env or {}))  # fmt: skip
     log = log_path(job_dir, generation)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:

@@ -15,33 +15,37 @@ Everything else is replicated. Data parallelism replicates over the dp mesh dim.
   (norms, embeddings, step counters);
 - pp > 1: the mesh is `[pp, dp, tp]` (rank r at (r // (dp*tp), (r // tp) % dp, r % tp)) and
   pipeline stage s holds only its own modules' state. `stages` maps module-FQN prefixes to
-  stages (`gpt_stages`); each TP entry gets `Stage(<its module's stage>)` prepended, then for
+  stages (`Parallelism.stages`); each TP entry gets `Stage(<its module's stage>)` prepended, then for
   each prefix P, in `stages`' order, `model.P.*` and `optim.state.P.*` are `[Stage(s), R, R]`
   (the exact TP entries win over these patterns), then `"*"` replicates on all three dims.
 
-`gpt_plan(layers)` is the plan of `examples/elastic_gpt.py` and `gpt_stages(layers, pp)` its
-stage split; the example parallelizes with them and the controller reshards with them, so the
-two cannot drift apart. `example_layers(model, args)` is the layer count a job gives the example.
+`Parallelism` is what a program declares once (`Job.declare`): its plan and its pipeline split
+(first modules, repeated layers, last modules); the program builds its stages with
+`Parallelism.stages(pp)` and the controller reshards with `Parallelism.layout(tp, dp, pp)`, so
+the two cannot drift apart, for any model. Nothing here knows a model.
 
 Invariants:
 - tp, dp and pp are integers >= 1; styles are "colwise" or "rowwise";
 - patterns are module FQNs (fnmatch), without a trailing ".weight"/".bias";
 - pp > 1 needs `stages`, every stage in [0, pp), and a stage for every module of the plan (the
   longest prefix of the module, at a "." boundary, names it);
-- `gpt_stages` splits the blocks into pp contiguous equal groups: layers % pp == 0;
-- 1 <= layers <= MAX_LAYERS (a plan holds six entries per layer).
+- `Parallelism.stages` splits the layers into pp contiguous equal groups: len(layers) % pp == 0;
+- a parallelism names at most MAX_MODULES modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+
+import attrs
 
 from tenplex.elastic.errors import ElasticError
 
 FORMAT = "tenplex.dtensor-layout/1"
+PARALLEL = "parallel.json"  # saved/gen-N/parallel.json: the program's declared Parallelism
 STYLES = {"colwise": {"weight": "S(0)", "bias": "S(0)"}, "rowwise": {"weight": "S(1)", "bias": "R"}}
 MOMENTS = ("exp_avg", "exp_avg_sq")
-MAX_LAYERS = 10_000
+MAX_MODULES = 100_000
 
 
 def check_degree(name: str, value: object) -> int:
@@ -51,55 +55,73 @@ def check_degree(name: str, value: object) -> int:
     return value
 
 
-def check_layers(layers: object) -> int:
-    """`layers` as a layer count. Raises ElasticError unless it is an int in 1..MAX_LAYERS."""
-    if check_degree("layers", layers) > MAX_LAYERS:
-        raise ElasticError(f"layers: {layers} is more than {MAX_LAYERS}")
-    return layers
+@attrs.frozen
+class Parallelism:
+    """How a program parallelizes its model, declared once (`Job.declare`); tenplex derives the
+    layout of every later (tp, dp, pp) from it, whatever the model.
+
+    `plan`: module FQN -> "colwise" | "rowwise", the plan the program gives torch's
+    `parallelize_module` (other modules are replicated). The pipeline split: `first` modules
+    (FQN prefixes) on stage 0, `layers` (the repeated units, in order) split into pp contiguous
+    equal groups, `last` modules on stage pp - 1. A model that is never pipelined may leave them
+    empty (then pp must be 1)."""
+
+    plan: dict[str, str] = attrs.field(converter=dict, factory=dict)
+    first: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    layers: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    last: tuple[str, ...] = attrs.field(converter=tuple, default=())
+
+    def __attrs_post_init__(self) -> None:
+        for module, style in self.plan.items():
+            if not isinstance(module, str) or style not in STYLES:
+                raise ElasticError(f"plan[{module!r}]: style {style!r} is not one of {sorted(STYLES)}")
+        if len(self.plan) > MAX_MODULES or len(self.first) + len(self.layers) + len(self.last) > MAX_MODULES:
+            raise ElasticError(f"a parallelism of more than {MAX_MODULES} modules")
+        names = [*self.first, *self.layers, *self.last]
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ElasticError(f"pipeline modules must be distinct non-empty names, got {names[:8]}")
+
+    def stages(self, pp: int) -> dict[str, int]:
+        """Module-FQN prefix -> pipeline stage for `pp` stages (see the class docstring).
+        Raises ElasticError when the layers do not split into pp equal groups."""
+        check_degree("pp", pp)
+        if pp > 1 and not self.layers:
+            raise ElasticError(f"pp {pp}: the program declared no pipeline layers (Job.declare(..., layers=[...]))")
+        if len(self.layers) % pp:
+            raise ElasticError(f"{len(self.layers)} layers do not split into pp {pp} equal pipeline stages "
+                               f"(layers % pp = {len(self.layers) % pp})")  # fmt: skip
+        per = max(1, len(self.layers) // pp)
+        return {**dict.fromkeys(self.first, 0), **{n: i // per for i, n in enumerate(self.layers)},
+                **dict.fromkeys(self.last, pp - 1)}  # fmt: skip
+
+    def layout(self, tp: int, dp: int, pp: int = 1, names: Collection[str] | None = None) -> dict:
+        """The `tenplex.dtensor-layout/1` of a `{"model", "optim"}` state on a (pp, dp, tp) mesh;
+        with `names` (the state's tensor FQNs), only entries for tensors it has (a Linear
+        without bias has no `.bias` entry)."""
+        doc = layout_json(tp, dp, self.plan, pp, self.stages(pp) if pp > 1 else None)
+        if names is not None:
+            names = set(names)
+            doc["placements"] = {k: v for k, v in doc["placements"].items() if "*" in k or k in names}
+        return doc
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan, "first": list(self.first), "layers": list(self.layers), "last": list(self.last)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> Parallelism:
+        """Raises ElasticError naming `where` for anything but a `to_json` document."""
+        if not isinstance(doc, dict) or set(doc) - {"plan", "first", "layers", "last"} or not isinstance(doc.get("plan", {}), dict):
+            raise ElasticError(f"{where}: not a parallelism declaration ({{plan, first, layers, last}})")
+        try:
+            return cls(doc.get("plan", {}), *(_names(doc.get(k, []), f"{where}: {k}") for k in ("first", "layers", "last")))
+        except ElasticError as e:
+            raise ElasticError(f"{where}: {e}") from None
 
 
-def example_layers(model: Mapping | None, args: tuple[str, ...], source: str = "<job>") -> int:
-    """The example GPT's layer count: the job's model.num_layers, else the program's --layers,
-    else 2. Raises ElasticError naming `source` and the field for a value that is no layer count."""
-    if model and "num_layers" in model:
-        where, value = "job.model.num_layers", model["num_layers"]
-    elif "--layers" in args[:-1]:
-        where, text = "job.args --layers", args[args.index("--layers") + 1]
-        value = int(text) if text.isdecimal() and len(text) < 10 else text
-    else:
-        return 2
-    try:
-        return check_layers(value)
-    except ElasticError as e:
-        raise ElasticError(f"{source}: {where}: {e}") from None
-
-
-def gpt_plan(layers: int) -> dict[str, str]:
-    """The tensor-parallel plan of the example GPT: Megatron's attention and MLP split."""
-    plan: dict[str, str] = {}
-    for i in range(check_layers(layers)):
-        plan.update({f"blocks.{i}.attn.{n}": "colwise" for n in ("q", "k", "v")})
-        plan[f"blocks.{i}.attn.o"] = "rowwise"
-        plan[f"blocks.{i}.mlp.up"] = "colwise"
-        plan[f"blocks.{i}.mlp.down"] = "rowwise"
-    return plan
-
-
-def gpt_stages(layers: int, pp: int) -> dict[str, int]:
-    """Module-FQN prefix → pipeline stage of the example GPT: `blocks.{i}` in pp contiguous equal
-    groups, `emb`/`pos` on stage 0, `ln_f`/`head` on stage pp-1.
-
-    Raises:
-        ElasticError: layers or pp not an integer >= 1, or layers not divisible by pp."""
-    check_layers(layers)
-    check_degree("pp", pp)
-    if layers % pp:
-        raise ElasticError(f"layers {layers} do not split into pp {pp} equal pipeline stages (layers % pp = {layers % pp})")
-    per_stage = layers // pp
-    stages = {"emb": 0, "pos": 0}
-    stages.update({f"blocks.{i}": i // per_stage for i in range(layers)})
-    stages.update({"ln_f": pp - 1, "head": pp - 1})
-    return stages
+def _names(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ElasticError(f"{where}: expected a list of module names, got {value!r}")
+    return tuple(value)
 
 
 def layout_json(tp: int, dp: int, plan: Mapping[str, str], pp: int = 1, stages: Mapping[str, int] | None = None) -> dict:
@@ -116,7 +138,7 @@ def layout_json(tp: int, dp: int, plan: Mapping[str, str], pp: int = 1, stages: 
     if pp == 1:
         return {"format": FORMAT, "mesh": [dp, tp], "placements": {**_tp_entries(plan, None), "*": ["R", "R"]}}
     if stages is None:
-        raise ElasticError(f"pp {pp}: a pipeline layout needs `stages` (module prefix -> stage, e.g. gpt_stages(layers, pp))")
+        raise ElasticError(f"pp {pp}: a pipeline layout needs `stages` (module prefix -> stage, e.g. Parallelism.stages(pp))")
     _check_stages(stages, pp)
     placements = _tp_entries(plan, stages)
     for prefix, stage in stages.items():

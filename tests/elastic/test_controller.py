@@ -62,16 +62,20 @@ def _metrics(job_dir: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_elastic_run_matches_static_run(tmp_path):
+@pytest.mark.parametrize("state", ["store", "files"])
+def test_elastic_run_matches_static_run(tmp_path, state):
     static = parse_job({"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120})
-    elastic = parse_job({"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120,
+    elastic = parse_job({"program": str(EXAMPLE), "args": ARGS, "devices": 2, "timeout": 120, "state": state,
                          "schedule": [{"at_step": 2, "devices": 1}, {"at_step": 4, "devices": 2, "tp": 2}]})  # fmt: skip
     assert Controller(static, tmp_path / "static", out=lambda _: None).run() == []
     lines: list[str] = []
     recs = Controller(elastic, tmp_path / "elastic", out=lines.append).run()
     assert [(r.step, r.src, r.dst) for r in recs] == [(2, ParallelConfig(1, 2), ParallelConfig(1, 1)),
                                                       (4, ParallelConfig(1, 1), ParallelConfig(2, 1))]  # fmt: skip
-    assert all(set(r.phases) == {"stop", "save", "exit", "reshard", "restart"} for r in recs)
+    moves = {"plan", "move", "reshard"} if state == "store" else {"reshard"}  # reshard = plan + move with the store
+    assert all(set(r.phases) == {"stop", "save", "exit", "restart"} | moves for r in recs)
+    checkpoints = sorted(p.name for p in (tmp_path / "elastic").rglob(".metadata"))  # DCP files on disk
+    assert len(checkpoints) == (1 if state == "store" else 5)  # store: only the final state, written at the end
     assert any(line.startswith("step 2: tp1 dp2 (W=2) -> tp1 dp1 (W=1)") for line in lines)
     a, b = _metrics(tmp_path / "static"), _metrics(tmp_path / "elastic")
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(6))

@@ -37,7 +37,7 @@ def test_dp_replica_recovers_without_losing_steps(tmp_path, static_run):
     [rec] = recs
     assert (rec.step, rec.src, rec.dst, rec.failed, rec.recovered_from, rec.lost_steps) == (
         2, ParallelConfig(1, 2), ParallelConfig(1, 1), (1,), "replicas", 0)  # fmt: skip
-    assert set(rec.phases) == {"stop", "save", "exit", "reshard", "restart"}
+    assert set(rec.phases) == {"stop", "save", "exit", "plan", "move", "reshard", "restart"}  # the state in the store
     assert "injected failure at step 2" in (tmp_path / "logs" / "gen-0.log").read_text()
     assert json.loads((tmp_path / "saved" / "gen-0" / "timing.json").read_text())["failed"] == [1]
     run = _metrics(tmp_path)

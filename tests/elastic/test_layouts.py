@@ -1,23 +1,42 @@
-"""(tp, dp[, pp]) -> DTensor layout JSON: the mapping the example parallelizes with and the controller reshards with,
-and the pipeline stage split of the example GPT."""
+"""(tp, dp[, pp]) -> DTensor layout JSON: the mapping a program declares (`Parallelism`) and the controller
+reshards with, and the pipeline stage split, here with the example GPT's declaration."""
 
 import re
 
 import pytest
 
 from tenplex.elastic.errors import ElasticError
-from tenplex.elastic.layouts import gpt_plan, gpt_stages, layout_json
+from tenplex.elastic.layouts import Parallelism, layout_json
 from tenplex.frameworks.dtensor.boxes import Replicate
 from tenplex.frameworks.dtensor.layout import TensorSpec, ptc_from_specs
 from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_specs
 from tenplex.ir.tensor import TensorMeta
 
 
-def test_gpt_plan_names_megatron_split():
-    plan = gpt_plan(2)
-    assert plan["blocks.1.attn.q"] == "colwise" and plan["blocks.1.attn.o"] == "rowwise"
-    assert plan["blocks.0.mlp.up"] == "colwise" and plan["blocks.0.mlp.down"] == "rowwise"
-    assert len(plan) == 12
+def gpt(layers: int) -> Parallelism:
+    """The example GPT's declaration (`examples/elastic_gpt.py: parallelism`)."""
+    plan = {}
+    for i in range(layers):
+        plan.update({f"blocks.{i}.attn.{n}": "colwise" for n in ("q", "k", "v")})
+        plan.update({f"blocks.{i}.attn.o": "rowwise", f"blocks.{i}.mlp.up": "colwise", f"blocks.{i}.mlp.down": "rowwise"})
+    return Parallelism(plan, ["emb", "pos"], [f"blocks.{i}" for i in range(layers)], ["ln_f", "head"])
+
+
+def gpt_plan(layers: int) -> dict[str, str]:
+    return gpt(layers).plan
+
+
+def gpt_stages(layers: int, pp: int) -> dict[str, int]:
+    return gpt(layers).stages(pp)
+
+
+def test_the_example_declares_what_this_test_knows():
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "examples" / "elastic_gpt.py").read_text()
+    assert "def parallelism(job: Job, layers: int)" in source and "job.declare(plan, first=[\"emb\", \"pos\"]" in source
+    ast.parse(source)
 
 
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 1), (1, 4), (2, 2)])
@@ -44,9 +63,17 @@ def test_layout_errors_name_the_field(args, message):
         layout_json(*args)
 
 
-def test_gpt_plan_rejects_bad_layers():
-    with pytest.raises(ElasticError, match="layers: expected an integer >= 1, got 0"):
-        gpt_plan(0)
+def test_a_declaration_round_trips_and_bad_ones_name_the_field():
+    par = gpt(2)
+    assert Parallelism.from_json(par.to_json(), "p.json") == par
+    assert par.layout(2, 1, 2) == layout_json(2, 1, par.plan, 2, par.stages(2))
+    for doc, message in [([], "p.json: not a parallelism declaration"), ({"plan": {"x": "diagonal"}}, "style 'diagonal'"),
+                         ({"plan": {}, "layers": ["a", "a"]}, "distinct"), ({"plan": {}, "first": "emb"}, "p.json: first")]:  # fmt: skip
+        with pytest.raises(ElasticError, match=re.escape(message)):
+            Parallelism.from_json(doc, "p.json")
+    with pytest.raises(ElasticError, match="declared no pipeline layers"):
+        Parallelism({"a": "colwise"}).stages(2)
+    assert Parallelism({"a": "colwise"}).layout(2, 2) == layout_json(2, 2, {"a": "colwise"})
 
 
 def test_gpt_stages_split_blocks_contiguously():
@@ -57,9 +84,8 @@ def test_gpt_stages_split_blocks_contiguously():
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [((3, 2), "layers 3 do not split into pp 2 equal pipeline stages (layers % pp = 1)"),
-     ((4, 0), "pp: expected an integer >= 1, got 0"),
-     ((0, 1), "layers: expected an integer >= 1, got 0")],
+    [((3, 2), "3 layers do not split into pp 2 equal pipeline stages (layers % pp = 1)"),
+     ((4, 0), "pp: expected an integer >= 1, got 0")],
 )  # fmt: skip
 def test_gpt_stages_errors(args, message):
     with pytest.raises(ElasticError, match=re.escape(message)):

@@ -33,6 +33,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has ended (its parent reaps it)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -60,8 +67,10 @@ def test_a_signal_ends_torchrun_and_its_workers(tmp_path, sig):
             time.sleep(0.1)
             files = list((job_dir / "pids").glob("*")) if (job_dir / "pids").exists() else []
             workers = [int(p.read_text()) for p in files if p.read_text()]
-        torchrun = _children(proc.pid)
-        assert len(torchrun) == 1 and all(_alive(p) for p in [*torchrun, *workers])
+        children = {pid: _cmdline(pid) for pid in _children(proc.pid)}
+        torchrun = [pid for pid, cmd in children.items() if "torch.distributed.run" in cmd]
+        agent = [pid for pid, cmd in children.items() if "tenplex.cli agent" in cmd]  # the job's store
+        assert len(torchrun) == 1 and len(agent) == 1 and all(_alive(p) for p in [*torchrun, *workers, *agent])
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -72,6 +81,6 @@ def test_a_signal_ends_torchrun_and_its_workers(tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     name = signal.Signals(sig).name
     assert err == f"tenplex: error: generation 0: interrupted by {name}; torchrun and its workers were ended\n"
-    assert not [p for p in [*torchrun, *workers] if _alive(p)]
+    assert not [p for p in [*torchrun, *workers, *agent] if _alive(p)]
     status = json.loads((job_dir / "status.json").read_text())
     assert status["state"] == "failed" and name in status["error"]
