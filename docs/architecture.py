@@ -25,7 +25,7 @@ GRID = [
     ["elastic"],
     ["frameworks.formats", "frameworks.dcp", "frameworks.structure", "frameworks.dtensor", "frameworks.megatron"],
     ["runtime.reshard", "runtime.runtime", "runtime.agent"],
-    ["runtime.checkpoint", "runtime.fuse", "runtime.rest", "runtime.oracle", "runtime.netns"],
+    ["runtime.checkpoint", "runtime.fuse", "runtime.rest", "runtime.oracle", "runtime.netns", "runtime.shm"],
     ["runtime.store", "runtime.executor", "runtime.transport", "runtime.arrays"],
     ["proofs"],
     ["compiler", "frontends", "data"],
