@@ -167,14 +167,14 @@ class Mover:
         that state (`parallel.json`), for the tensors the state has. Raises ElasticError when the
         program declared nothing (`Job.declare`)."""
         from tenplex.elastic.layouts import PARALLEL, Parallelism
-        from tenplex.elastic.records import read_json
+        from tenplex.ir.files import read_json
 
         path = self._dir(kind, generation) / PARALLEL
         if not path.exists():
             raise ElasticError(f"generation {generation}: the program declared no parallelism ({path} is missing): call "
                                "job.declare(plan, first=..., layers=..., last=...) before job.save, so tenplex can "
                                "derive the next layout")  # fmt: skip
-        declared = Parallelism.from_json(read_json(path), str(path))
+        declared = Parallelism.from_json(read_json(path, ElasticError, "parallelism declaration", 64 << 20), str(path))
         return declared.layout(dst.tp, dst.dp, dst.pp, self.tensors(kind, generation))
 
     def forget(self, generation: int) -> None:

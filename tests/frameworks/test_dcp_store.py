@@ -131,6 +131,41 @@ def test_state_saved_into_a_store_is_resharded_by_the_runtime_and_loaded_by_dcp(
         _check_loaded(tmp_path, "g1", 3)
 
 
+def _save_on_hosts(stores: dict[str, str]):
+    """Rank r saves into host h<r>'s store, then each completes its host's part of the tag."""
+
+    def fn(rank: int, world: int, tmp: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        from tenplex.frameworks.dcp.storage import StoreWriter, complete_save
+
+        store = stores[f"h{rank}"]
+        metadata = dcp.save(_state(SAVED), storage_writer=StoreWriter(store, job="j", tag="g0", job_id="J"))
+        dcp.save(_state(SAVED), checkpoint_id=str(tmp / "files"))
+        (tmp / f"completed{rank}").write_text(str(complete_save(store, "j", "g0", metadata)))
+
+    return fn
+
+
+def test_a_save_spanning_hosts_completes_on_each_and_moves_between_them(tmp_path):
+    with AgentFleet(["h0", "h1"], local=True) as fleet, Runtime.connect(fleet.controls) as rt:
+        run_ranks(_save_on_hosts(fleet.stores), 2, tmp_path, "save")
+        # the coordinator's host was completed by the save, the other by complete_save
+        assert [(tmp_path / f"completed{r}").read_text() for r in (0, 1)] == ["False", "True"]
+        assert rt.exists("j", "g0") == {"h0": True, "h1": True} and rt.exists("j", ".saving-g0") == {"h0": False, "h1": False}
+        from tenplex.frameworks.dcp.storage import StoreReader
+
+        with pytest.raises(BaseException, match="on host h1, not here: move the state"):  # DCP held replicas once
+            import torch.distributed.checkpoint as dcp
+
+            whole = {"model": {"w": torch.zeros(7, 5), "emb": torch.zeros(6, 4, dtype=torch.bfloat16)}}
+            dcp.load(whole, storage_reader=StoreReader(fleet.stores["h0"], "j", "g0"))
+        moved = reshard_stored(rt, "j", "g0", "g1", LAYOUT, hosts={0: "h1", 1: "h0", 2: "h0"})  # the hosts swap ranks
+        assert moved.sent["h0"] > 0 and moved.sent["h1"] > 0
+        run_ranks(_load([fleet.stores["h1"], fleet.stores["h0"], fleet.stores["h0"]], "g1"), 3, tmp_path, "load1")
+        _check_loaded(tmp_path, "g1", 3)
+
+
 def test_a_dead_agent_leaves_the_saved_state_and_names_its_host(tmp_path):
     with AgentFleet(["h0", "h1"], local=True) as fleet, Runtime.connect(fleet.controls, liveness=5) as rt:
         run_ranks(_save(fleet.stores), 2, tmp_path, "save")

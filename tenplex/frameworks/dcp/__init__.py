@@ -12,6 +12,6 @@ from tenplex._lazy import lazy
 
 __getattr__, __all__ = lazy(__name__, {
     "DcpError": "format", "read_dcp": "read", "read_index": "read", "write_dcp": "write", "reshard_dcp": "reshard",
-    "inspect_dcp": "reshard", "load_dcp": "load", "StoreWriter": "storage", "StoreReader": "storage",
+    "inspect_dcp": "reshard", "load_dcp": "load", "StoreWriter": "storage", "StoreReader": "storage", "complete_save": "storage",
     "reshard_stored": "reshard",
 })  # fmt: skip

@@ -7,7 +7,8 @@ by passing these to DCP's own `save` and `load`:
     dcp.save(state, storage_writer=StoreWriter(store, job="gpt", tag="step100"))
     dcp.load(state, storage_reader=StoreReader(store, job="gpt", tag="step100"))
 
-DCP plans, deduplicates and reshards as always; these only move bytes. Each rank writes its
+DCP plans, deduplicates and reshards as always; these only move bytes. Ranks on several hosts
+each pass their own host's socket; after `dcp.save` one rank per host calls `complete_save`. Each rank writes its
 chunks into one shared-memory arena that the store adopts without a copy, and reads by mapping
 the store's arenas, copying each region once into its tensors. The layout in the store, and
 why a tag is complete or absent, is in `stored`. The state is at once visible through the
@@ -54,6 +55,8 @@ from tenplex.ir.tensor import itemsize
 from tenplex.runtime.arrays import region
 from tenplex.runtime.shm.client import StoreClient
 from tenplex.runtime.store.layout import array_path, meta_path, tag_path, value_path
+
+RECORDS = "tenplex"  # Metadata.storage_data[RECORDS]: the save's `.meta` records
 
 
 def _box(chunk: Any) -> Box:
@@ -146,14 +149,32 @@ class StoreWriter(_StoreSide, StorageWriter):
                 written.setdefault(device, []).append((r.index.fqn, box))
         where = f"store of host {self.client.host}: {tag_path(self.job, self.tag)}"
         ptc = ptc_of_save(metadata, written, hosts, where)
-        staging = saving_tag(self.tag)
         mapping = {k: list(v) for k, v in (metadata.planner_data or {}).items()}
-        record = {"job_id": self.job_id, "mapping": mapping}
-        self.client.put(values={meta_path(self.job, staging, "ptc"): ptc_to_json(ptc), meta_path(self.job, staging, "dcp"): record})
-        self.client.rename(tag_path(self.job, staging), tag_path(self.job, self.tag), replace=self.replace)
+        # DCP hands `metadata` back to every rank (dcp.save's result): ranks on other hosts
+        # complete their host's part of the tag with these records (`complete_save`)
+        metadata.storage_data = {RECORDS: {"ptc": ptc_to_json(ptc), "dcp": {"job_id": self.job_id, "mapping": mapping}}}
+        complete_save(self.client, self.job, self.tag, metadata, replace=self.replace)
 
     def storage_meta(self) -> None:
         return None
+
+
+def complete_save(store: str | os.PathLike | StoreClient, job: str, tag: str, metadata: Metadata, *,
+                  replace: bool = False) -> bool:  # fmt: skip
+    """Complete this host's part of a save that spans hosts: its ranks' chunks (under the save's
+    staging tag) become the tag, with the save's records, which `metadata` (what `dcp.save`
+    returned) carries. Call it on one rank per host after `dcp.save`; True if this host had a
+    part to complete (the coordinator's host is completed by the save itself)."""
+    client = store if isinstance(store, StoreClient) else StoreClient(store)
+    records = (metadata.storage_data or {}).get(RECORDS) if isinstance(metadata.storage_data, dict) else None
+    if records is None:
+        raise DcpError(f"the metadata of {tag_path(job, tag)} holds no tenplex records: not saved with StoreWriter")
+    staging = saving_tag(tag)
+    if not client.exists(tag_path(job, staging)):
+        return False
+    client.put(values={meta_path(job, staging, name): record for name, record in records.items()})
+    client.rename(tag_path(job, staging), tag_path(job, tag), replace=replace)
+    return True
 
 
 class StoreReader(_StoreSide, StorageReader):
@@ -207,16 +228,25 @@ class StoreReader(_StoreSide, StorageReader):
         return future
 
     def _instance(self, index: MetadataIndex) -> tuple[int, str, int]:
-        """The stored instance of a chunk: on this rank's device when it has one."""
+        """The stored instance of a chunk: on this rank's device, else on this host, else any."""
         found = self.where.get((index.fqn, tuple(index.offset)))
         if not found:
             raise DcpError(f"store of host {self.client.host}: {tag_path(self.job, self.tag)} holds no chunk of "
                            f"{index.fqn} at offsets {list(index.offset)}")  # fmt: skip
-        return next((f for f in found if f[0] == self.device), found[0])
+        here = [f for f in found if self.ptc.topology.host_of(f[0]) == self.client.host]
+        return next((f for f in here if f[0] == self.device), (here or found)[0])
 
     def _source(self, index: MetadataIndex) -> str:
         device, sid, _ = self._instance(index)
-        return array_path(self.job, self.tag, device, sid)
+        return array_path(self.job, self.tag, self._here(device, f"{index.fqn} at offsets {list(index.offset)}"), sid)
+
+    def _here(self, device: int, what: str) -> int:
+        """`device`, checked to be on this store's host (a rank reads its own host's store)."""
+        host = self.ptc.topology.host_of(device)
+        if host != self.client.host:
+            raise DcpError(f"store of host {self.client.host}: {tag_path(self.job, self.tag)} holds {what} on host {host}, "
+                           "not here: move the state to this rank's host first (reshard_stored)")  # fmt: skip
+        return device
 
     def _piece(self, index: MetadataIndex) -> Any:
         _, sid, i = self._instance(index)
@@ -226,5 +256,6 @@ class StoreReader(_StoreSide, StorageReader):
         holders = [(d, p.id) for p in self.ptc.partitions if name in p.value_map for d in self.ptc.allocation.devices_of(p.id)]
         if not holders:
             raise DcpError(f"store of host {self.client.host}: {tag_path(self.job, self.tag)} holds no value {name!r}")
-        device, pid = next((h for h in holders if h[0] == self.device), holders[0])
-        return value_path(self.job, self.tag, device, pid, name)
+        here = [h for h in holders if self.ptc.topology.host_of(h[0]) == self.client.host]
+        device, pid = next((h for h in here if h[0] == self.device), (here or holders)[0])
+        return value_path(self.job, self.tag, self._here(device, f"value {name!r}"), pid, name)
