@@ -14,7 +14,8 @@ per step (tenplex.data) in micro-batches, and the loss is sum(per-sample loss) /
 loss and update do not depend on W (up to floating-point reduction order). Rank 0 appends {step,
 loss, W, tp, dp, pp, samples} to DIR/metrics.jsonl. Model init is a pure function of --seed (every
 stage builds the whole model, then drops what other stages own); the data set (synthetic token
-sequences, one .npy file per sample) is written once under DIR/dataset-<seed> (or --data-dir).
+sequences, one .npy file per sample) is written once per host under DIR/dataset-<seed> (or
+--data-dir).
 DIR is created when missing; the program writes nothing outside DIR and --data-dir.
 
 A wrong environment or job directory fails every rank at once, before any collective, with one
@@ -126,7 +127,7 @@ def write_dataset(root: Path, samples: int, seq: int, vocab: int, seed: int) -> 
 
 def dataset(args: argparse.Namespace, job: Job) -> DatasetIndex:
     root = Path(args.data_dir or job.job_dir / f"dataset-{args.seed}")
-    if job.rank == 0 and not root.exists():
+    if os.environ.get("LOCAL_RANK", str(job.rank)) == "0" and not root.exists():  # one writer per host
         write_dataset(root, args.samples, args.seq, args.vocab, args.seed)
     dist.barrier()
     return DatasetIndex.load(root / "index.npz").with_root(str(root))

@@ -34,6 +34,7 @@ ElasticError naming the URL, with the server's message. Output is strict JSON: n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -162,21 +163,22 @@ def job() -> None:
               help="Fresh directory for state, logs and the report (default: JOB_FILE's name with .job, "
                    "in the current directory; .job-2, -3, ... when taken).")  # fmt: skip
 @click.option("--http", "address", type=_Address(), help="Serve scale requests on HOST:PORT (port 0: any free port).")
+@click.option("--emulated-hosts", type=click.IntRange(2, 16), help="Run across N emulated hosts (network namespaces "
+              "with shaped links, gpus_per_host processes each; needs root and iproute2).")  # fmt: skip
+@click.option("--link-rate", default="1gbit", show_default=True, help="Each emulated host's link rate (tc tbf).")
 @_token_options
 @click.pass_context
 def run_cmd(ctx: click.Context, job_file: str, job_dir: str | None, address: tuple[str, int] | None,
-            token_file: str | None) -> None:  # fmt: skip
+            emulated_hosts: int | None, link_rate: str, token_file: str | None) -> None:  # fmt: skip
     """Run JOB_FILE's program elastically, reconfiguring at each schedule event or scale request.
 
     A relative `program` in JOB_FILE is resolved against JOB_FILE's directory. Prints the job
     directory first; progress goes to stderr. Tokens: --token-file, else $TENPLEX_JOB_TOKEN."""
     if address is None and token_file is not None:
         raise click.UsageError("--token-file applies to the HTTP endpoint: give --http HOST:PORT too")
-    from tenplex.cli.common import fail
     from tenplex.elastic.controller import Controller
-    from tenplex.elastic.http import check_address, serve_in_thread
+    from tenplex.elastic.http import check_address
     from tenplex.elastic.job import load_job
-    from tenplex.elastic.signals import JobInterrupted
 
     token = _token(token_file) if address is not None else None
     if address is not None:
@@ -190,17 +192,33 @@ def run_cmd(ctx: click.Context, job_file: str, job_dir: str | None, address: tup
             run_dir.rmdir()  # the fresh directory claimed above: empty still
         raise
     click.echo(f"job directory: {run_dir}")
+    with contextlib.ExitStack() as stack:
+        if emulated_hosts is not None:
+            from tenplex.elastic.cluster import Cluster
+            from tenplex.runtime.netns import EmulatedHosts
+
+            hosts = stack.enter_context(EmulatedHosts(emulated_hosts, rate=link_rate))
+            controller.cluster = Cluster.emulated(hosts, controller.job_dir, per_node=spec.gpus_per_host)
+        reconfigurations = _run(controller, run_dir, address, token, spec.max_devices)
+    click.echo(f"done: {len(reconfigurations)} reconfiguration(s); report in {run_dir / 'report.json'}")
+
+
+def _run(controller: Any, run_dir: Path, address: tuple[str, int] | None, token: str | None, max_devices: int) -> list:
+    from tenplex.cli.common import fail
+    from tenplex.elastic.http import serve_in_thread
+    from tenplex.elastic.signals import JobInterrupted
+
     try:
         if address is None:
             reconfigurations = controller.run()
         else:
-            with serve_in_thread(run_dir, *address, token=token, max_devices=spec.max_devices) as url:
+            with serve_in_thread(run_dir, *address, token=token, max_devices=max_devices) as url:
                 (run_dir / "control").mkdir(parents=True, exist_ok=True)  # requests may come before generation 0
                 click.echo(f"scale requests: {url}/scale")
                 reconfigurations = controller.run()
     except JobInterrupted as e:
         fail(str(e), 128 + e.signum)
-    click.echo(f"done: {len(reconfigurations)} reconfiguration(s); report in {run_dir / 'report.json'}")
+    return reconfigurations
 
 
 @job.command("scale")

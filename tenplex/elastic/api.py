@@ -188,7 +188,7 @@ class Job:
         generation's state (the store's `state-N`, or the files in `state/gen-N`: `state`);
         False, touching nothing, when there is nothing to resume (generation 0)."""
         if not self.resuming:
-            if self.generation > 0 and not state_dir(self.job_dir, self.generation).is_dir():
+            if self.generation > 0 and self.home.store is None and not state_dir(self.job_dir, self.generation).is_dir():
                 raise ElasticError(f"{state_dir(self.job_dir, self.generation)}: generation {self.generation} has no state")
             return False  # generation 0, or a restart from the job's start (an empty state dir)
         start = time.time()
@@ -202,8 +202,9 @@ class Job:
         from tenplex.data import DataState, Layout, rank_view
 
         path = state_dir(self.job_dir, self.generation) / "data_state.json"
-        if path.exists():
-            state = DataState.load(path)
+        doc = self.home.record(self.generation, "data_state")  # with the store: what the controller committed
+        if doc is not None or path.exists():
+            state = DataState.load(path) if doc is None else DataState.from_json(doc, f"{path.name} of generation {self.generation}")
             state.check_matches(str(path), fingerprint=index.fingerprint, seed=seed, global_batch=global_batch,
                                 tail_policy=tail_policy)  # fmt: skip
         else:

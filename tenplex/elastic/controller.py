@@ -69,6 +69,7 @@ from typing import Any
 from tenplex.compiler.emit import human_bytes
 from tenplex.elastic import launch as launcher
 from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
+from tenplex.elastic.cluster import Cluster
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError, ProgramFailed
 from tenplex.elastic.job import Event, JobSpec, check_program
@@ -86,8 +87,10 @@ class Controller:
     `log.info`). The layouts come from the program's own declaration (`Job.declare`, saved with
     each generation's state as `parallel.json`): nothing here knows the model."""
 
-    def __init__(self, spec: JobSpec, job_dir: str | Path, *, out: Callable[[str], None] = log.info) -> None:
+    def __init__(self, spec: JobSpec, job_dir: str | Path, *, out: Callable[[str], None] = log.info,
+                 cluster: Cluster | None = None) -> None:  # fmt: skip
         self.spec, self.job_dir, self.out = spec, Path(job_dir).resolve(), out
+        self.cluster = cluster or Cluster.local(self.job_dir)  # `cluster`: the hosts, each its own directory
         self.pending = list(spec.schedule)
         self.reconfigurations: list[Reconfiguration] = []
         self.start = 0.0
@@ -106,7 +109,7 @@ class Controller:
         self.start = time.time()
         self.current = 0, choose_config(self.spec, self.spec.devices)
         try:
-            with raise_on_signals(), state_home(self.spec.state, self.job_dir, self.out) as self.mover:
+            with raise_on_signals(), state_home(self.spec.state, self.job_dir, self.out, self.cluster) as self.mover:
                 self.home = self.mover.home
                 try:
                     self._generations()
@@ -174,7 +177,7 @@ class Controller:
         step_event = self._next_step_event()
         launched = time.time()
         proc = self.proc = launcher.launch(self.spec, self.job_dir, generation, config, step_event and step_event.at_step,
-                               step_event.fail if step_event else (), self.home.env())  # fmt: skip
+                               step_event.fail if step_event else (), self.home.env(), self.cluster, self.mover.node_env)  # fmt: skip
         requested: tuple[Event, float] | None = None
         try:
             while proc.poll() is None:
@@ -225,16 +228,17 @@ class Controller:
         checkpoint: N + 1 starts afresh."""
         begin = time.time()
         out = state_dir(self.job_dir, generation + 1)
+        where = (saved_dir if source == "saved" else state_dir)(self.job_dir, generation)
         moved, phases = 0, {}
         if self.mover.holds(source, generation):
             how = "peer to peer between the agents' stores" if self.home.store else "DCP files"
             self.out(f"resharding generation {generation}'s {source} state from {describe_config(src)} to {describe_config(dst)} ({how})")
-            moved, phases = self.mover.move(source, generation, generation + 1, self.mover.layout(source, generation, dst))
+            data = read_json(where / "data_state.json") if (where / "data_state.json").exists() else None
+            moved, phases = self.mover.move(source, generation, generation + 1, self.mover.layout(source, generation, dst),
+                                            self.cluster.hosts_of_ranks(dst.world), {"data_state": data} if data else None)  # fmt: skip
             self.out(f"resharded {human_bytes(moved)} in {time.time() - begin:.2f}s")
-        else:
-            out.mkdir(parents=True, exist_ok=True)  # a restart from the job's start: no state, no data state
-        where = (saved_dir if source == "saved" else state_dir)(self.job_dir, generation)
-        for name in ("data_state.json", "parallel.json"):
+        out.mkdir(parents=True, exist_ok=True)  # without a checkpoint: a restart from the job's start
+        for name in ("data_state.json", "parallel.json"):  # the controller's own copies (this host's)
             if (where / name).exists():
                 shutil.copy(where / name, out / name)
         self.mover.forget(generation)

@@ -21,18 +21,21 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tenplex.elastic.api import ParallelConfig
+from tenplex.elastic.cluster import Cluster, Node
 from tenplex.elastic.errors import ElasticError
 from tenplex.elastic.job import JobSpec
 from tenplex.elastic.signals import JobInterrupted
 
+MASTER_PORT = 29600  # + generation: torchrun's rendezvous on node 0 when a job spans hosts
 MAX_CAUSE = 500  # characters of the cause quoted in the one-line error
 LOG_TAIL_BYTES = 1 << 20  # of a failed generation's log, read for the cause
 
 
-def terminate_surely(proc: subprocess.Popen | None) -> None:
+def terminate_surely(proc: subprocess.Popen | Nodes | None) -> None:
     """`terminate(proc)` (nothing for None), also when the first SIGTERM, SIGINT or SIGHUP arrives
     meanwhile: `signals.raise_on_signals` raises it once, so the next try completes."""
     for _ in range(3):
@@ -52,9 +55,11 @@ def command(spec: JobSpec, job_dir: Path, config: ParallelConfig) -> list[str]:
 
 
 def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig, stop_step: int | None,
-           fail: tuple[int, ...] = (), extra_env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
+           fail: tuple[int, ...] = (), extra_env: dict[str, str] | None = None, cluster: Cluster | None = None,
+           node_env: Callable[[Node], dict[str, str]] | None = None) -> subprocess.Popen | Nodes:  # fmt: skip
     """Start generation `generation` (see the module docstring); `fail`: ranks that crash at
-    `stop_step`; `extra_env`: more variables (where the state lives, `state.StateHome.env`).
+    `stop_step`; `extra_env`: more variables; `cluster` with several nodes: one torchrun node
+    per host (`cluster.place`), each with its host's directory and `node_env(node)`.
 
     Raises: ElasticError naming the job file when `fail` names a rank the generation does not
     have or leaves no survivor (nothing is started)."""
@@ -69,13 +74,53 @@ def launch(spec: JobSpec, job_dir: Path, generation: int, config: ParallelConfig
                OMP_NUM_THREADS="1", **(extra_env or {}))  # fmt: skip
     log = log_path(job_dir, generation)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        return subprocess.Popen(command(spec, job_dir, config), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+    if cluster is None or not cluster.multi:
+        with log.open("wb") as out:
+            return subprocess.Popen(command(spec, job_dir, config), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)  # fmt: skip
+    placed = cluster.place(config.world)
+    procs = []
+    for i, (node, n) in enumerate(placed):
+        node.dir.mkdir(parents=True, exist_ok=True)
+        node_vars = {"TENPLEX_JOB_DIR": str(node.dir), **(node_env(node) if node_env else {})}
+        if node.iface:
+            node_vars["GLOO_SOCKET_IFNAME"] = node.iface
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(placed)), "--node-rank", str(i),
+                "--nproc-per-node", str(n), "--master-addr", placed[0][0].address, "--master-port", str(MASTER_PORT + generation % 1000),
+                str(spec.program), *spec.args, "--job-dir", str(node.dir)]  # fmt: skip
+        with (log if i == 0 else log.with_name(f"gen-{generation}-{node.name}.log")).open("wb") as out:
+            procs.append(node.run(argv, stdout=out, stderr=subprocess.STDOUT, env={**env, **node_vars}, start_new_session=True))
+    return Nodes(procs)
 
 
-def terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
+class Nodes:
+    """The torchrun nodes of one generation, as one process: `poll` is None while all run and none
+    failed, else the first failure seen (the others' exits follow from it, or from `terminate`),
+    or 0 once all succeeded; `returncode` is None until every node exited (so `terminate` ends
+    the others when one failed)."""
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs = procs
+        self.pid = procs[0].pid
+        self.failure: int | None = None
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.procs]
+        if self.failure is None:
+            self.failure = next((c for c in codes if c not in (None, 0)), None)
+        return self.failure if self.failure is not None else (None if None in codes else 0)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if any(p.poll() is None for p in self.procs) else self.poll()
+
+
+def terminate(proc: subprocess.Popen | Nodes, grace: float = 10.0) -> None:
     """End the process tree of `proc` (TERM, then KILL after `grace` s) and reap it."""
+    if isinstance(proc, Nodes):
+        for p in proc.procs:
+            terminate(p, grace)
+        return
     if proc.poll() is not None:
         return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

@@ -16,6 +16,9 @@ timings and `COMPLETE` in `saved/gen-N`, the data state in `state/gen-N`.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,8 +58,21 @@ class StateHome:
 
     def resuming(self, job_dir: Path, generation: int) -> bool:
         """True when generation `generation` has a state to load (see the module docstring)."""
-        there = state_dir(job_dir, generation)
-        return (there / STORED).exists() if self.store is not None else (there / ".metadata").exists()
+        if self.store is None:
+            return (state_dir(job_dir, generation) / ".metadata").exists()
+        return self.record(generation, "dcp") is not None
+
+    def record(self, generation: int, name: str) -> Any:
+        """With the store: the record `name` of generation `generation`'s state tag in this host's
+        store (`dcp`, `data_state`, ...), or None; without: None."""
+        if self.store is None or generation == 0:
+            return None
+        from tenplex.runtime.shm.client import StoreClient
+        from tenplex.runtime.store.layout import meta_path
+
+        path = meta_path(self.name, state_tag(generation), name)
+        with StoreClient(self.store) as client:
+            return client.get([path])[path] if client.exists(path) else None
 
     def load(self, state_dict: dict[str, Any], job_dir: Path, generation: int, rank: int) -> None:
         """Fill `state_dict` in place from generation `generation`'s state."""
@@ -83,10 +99,12 @@ class StateHome:
         if self.store is None:
             dcp.save(state_dict, checkpoint_id=str(saved_dir(job_dir, generation)), process_group=group)
             return
-        from tenplex.frameworks.dcp.storage import StoreWriter
+        from tenplex.frameworks.dcp.storage import StoreWriter, complete_save
 
         writer = StoreWriter(self.store, self.name, saved_tag(generation), job_id=self.job_id, replace=True)
-        dcp.save(state_dict, storage_writer=writer, process_group=group)
+        metadata = dcp.save(state_dict, storage_writer=writer, process_group=group)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # one rank per host completes its host's part
+            complete_save(writer.client, self.name, saved_tag(generation), metadata, replace=True)
 
 
 def _first_line(e: BaseException) -> str:
@@ -107,6 +125,13 @@ class Mover:
 
     def __init__(self, home: StateHome, job_dir: Path, runtime: Any = None):
         self.home, self.job_dir, self.runtime = home, job_dir, runtime
+        self.stores: dict[str, str] = {}  # host -> its agent's local socket (with the store)
+
+    def node_env(self, node: Any) -> dict[str, str]:
+        """The variables that send a host's ranks to its own store (`StateHome.from_env`)."""
+        if self.home.store is None:
+            return {}
+        return attrs.evolve(self.home, store=self.stores.get(node.name, self.home.store)).env()
 
     def holds(self, kind: str, generation: int) -> bool:
         """Whether `kind` ("saved" or "state") of `generation` holds a checkpoint."""
@@ -125,9 +150,12 @@ class Mover:
         meta = self.runtime.tag_meta(self.home.name, self._tag(kind, generation))
         return {t.name for t in ptc_from_json(meta["ptc"]).tensors}
 
-    def move(self, kind: str, generation: int, to: int, layout: dict) -> tuple[int, dict[str, float]]:
+    def move(self, kind: str, generation: int, to: int, layout: dict, hosts: dict[int, str] | None = None,
+             records: dict[str, Any] | None = None) -> tuple[int, dict[str, float]]:  # fmt: skip
         """Reshard `kind` of `generation` into generation `to`'s state in `layout`: (bytes moved
         between ranks, seconds per phase: `plan` and `move` with the store, `reshard` with files).
+        With the store, `hosts` puts rank r on host hosts[r] and `records` (the data state) are
+        committed with the new tag on every host, so no host needs a file from the controller.
         Raises DcpError / CompileError when the checkpoint lacks part of the state, ExecutionError."""
         if self.home.store is None:
             import time
@@ -140,7 +168,8 @@ class Mover:
         from tenplex.frameworks.dcp.reshard import reshard_stored
 
         self.runtime.drop(self.home.name, state_tag(to))  # a partial one of an earlier attempt
-        done = reshard_stored(self.runtime, self.home.name, self._tag(kind, generation), state_tag(to), layout)
+        done = reshard_stored(self.runtime, self.home.name, self._tag(kind, generation), state_tag(to), layout, hosts=hosts,
+                              records=records)  # fmt: skip
         mark_stored(self.job_dir, to)
         return done.bytes_moved, done.seconds
 
@@ -195,16 +224,26 @@ HOST = "h0"  # the agent of this machine: a job spans one host
 
 
 @contextlib.contextmanager
-def state_home(state: str, job_dir: Path, out: Callable[[str], None]) -> Iterator[Mover]:
-    """The controller's `Mover` for the job's lifetime: with "store", this host's agent (its
-    store served on a local socket) and a runtime connected to it; with "files", nothing more."""
+def state_home(state: str, job_dir: Path, out: Callable[[str], None], cluster: Any = None) -> Iterator[Mover]:
+    """The controller's `Mover` for the job's lifetime: with "store", an agent on every host of
+    `cluster` (this machine's alone by default; its store served on a local socket) and a
+    runtime connected to them all, `Mover.node_env(node)` naming each host's store; with
+    "files", nothing more (one host only: files are not shared between hosts)."""
+    # the first reshard would import torch and the compiler (seconds): do it while generation 0 trains
+    threading.Thread(target=importlib.import_module, args=("tenplex.frameworks.dcp.reshard",), daemon=True).start()
     if state != "store":
+        if cluster is not None and cluster.multi:
+            raise ElasticError("state: files needs a job on one host (the hosts share no filesystem); use state: store")
         yield Mover(StateHome(), job_dir)
         return
     from tenplex.runtime.agent.fleet import AgentFleet
     from tenplex.runtime.runtime import Runtime
 
-    with AgentFleet([HOST], local=True) as fleet, Runtime.connect(fleet.controls) as runtime:
-        home = StateHome(fleet.stores[HOST], "job", uuid.uuid4().hex)
-        out(f"state in the store of agent {HOST} (job id {home.job_id}; local socket {fleet.stores[HOST]})")
-        yield Mover(home, job_dir, runtime)
+    names = [n.name for n in cluster.nodes] if cluster is not None else [HOST]
+    hosts = cluster.hosts if cluster is not None else None
+    with AgentFleet(names, hosts=hosts, local=True) as fleet, Runtime.connect(fleet.controls) as runtime:
+        home = StateHome(fleet.stores[names[0]], "job", uuid.uuid4().hex)
+        out(f"state in the stores of agent(s) {', '.join(names)} (job id {home.job_id})")
+        mover = Mover(home, job_dir, runtime)
+        mover.stores = dict(fleet.stores)
+        yield mover

@@ -192,13 +192,14 @@ class StoredReshard:
 
 
 def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layout: MeshLayout | dict | str | os.PathLike,
-                   *, hosts: Mapping[int, str] | None = None) -> StoredReshard:  # fmt: skip
+                   *, hosts: Mapping[int, str] | None = None, records: Mapping[str, Any] | None = None) -> StoredReshard:  # fmt: skip
     """Move a DCP state that ranks saved into the agents' stores (`storage.StoreWriter`, tag
     `src_tag`) into `dst_layout` under `dst_tag`, through `runtime` (a `Runtime`): compile and
     verify the plan, execute it peer to peer, commit on every host at once with the new tag's
     PTC and record, so `storage.StoreReader` loads it. `hosts` maps each dst rank to its host
     (default: every rank on the src's first host): rank r keeps device id r where that device is
     on its host, and gets a new id otherwise (ids name one device on both sides of a plan).
+    `records` ({name: JSON}) are committed with the tag's own, as `.meta/<name>` on every host.
     The src tag is only read.
 
     Raises DcpError (no complete state under `src_tag`), PlacementError, CompileError,
@@ -215,7 +216,8 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     dst = _on_hosts(src, dst, hosts or {})
     plan = compile_plan(src, dst, CompileOptions(place_ranks=False))  # rank r stays rank r: it loads its own partition
     planned = time.perf_counter()
-    sent = runtime.execute(plan, src, dst, job, src_tag, dst_tag, meta={"ptc": ptc_to_json(dst), "dcp": meta["dcp"]})
+    sent = runtime.execute(plan, src, dst, job, src_tag, dst_tag,
+                           meta={**(records or {}), "ptc": ptc_to_json(dst), "dcp": meta["dcp"]})  # fmt: skip
     stats = plan.stats
     return StoredReshard(plan, stats.host_bytes + stats.network_bytes, sent,
                          {"plan": planned - start, "move": time.perf_counter() - planned})  # fmt: skip
