@@ -58,6 +58,13 @@ class Cluster:
             nodes.append(Node(f"h{i}", h.address, job_dir if i == 0 else job_dir / "hosts" / f"h{i}", run, h.iface, i))
         return cls(tuple(nodes), per_node, hosts)
 
+    def without(self, names: set[str] | list[str]) -> Cluster:
+        """The cluster without the nodes `names` (lost hosts). Raises ElasticError when that
+        would lose the first node (the controller's, where rank 0 runs)."""
+        if self.nodes[0].name in names:
+            raise ElasticError(f"host {self.nodes[0].name} (the controller's, with rank 0) was lost; the job cannot continue")
+        return attrs.evolve(self, nodes=tuple(n for n in self.nodes if n.name not in names))
+
     @property
     def multi(self) -> bool:
         return len(self.nodes) > 1

@@ -72,6 +72,7 @@ from tenplex.elastic.api import ParallelConfig, saved_dir, state_dir, stop_file
 from tenplex.elastic.cluster import Cluster
 from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError, ProgramFailed
+from tenplex.elastic.failures import FailureHandling
 from tenplex.elastic.job import Event, JobSpec, check_program
 from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json, write_json
 from tenplex.elastic.requests import take_scale_request
@@ -82,7 +83,7 @@ POLL = 0.05
 log = logging.getLogger("tenplex.elastic")
 
 
-class Controller:
+class Controller(FailureHandling):
     """Runs one elastic job (see the module docstring); `out` takes the progress lines (default:
     `log.info`). The layouts come from the program's own declaration (`Job.declare`, saved with
     each generation's state as `parallel.json`): nothing here knows the model."""
@@ -139,6 +140,10 @@ class Controller:
             try:
                 event, signal_time, timing = self._run_generation(generation, config, pending)
             except ProgramFailed as e:
+                if lost := self.mover.lost_hosts():  # a whole host is gone: go on without it
+                    pending = self._without(generation, config, e, lost)
+                    self.current = generation + 1, pending.dst
+                    continue
                 if restarts == self.spec.max_restarts:
                     raise
                 restarts += 1
@@ -225,10 +230,10 @@ class Controller:
                  source: str = "saved", **failure: Any) -> Reconfiguration:  # fmt: skip
         """Move generation N's `source` ("saved": its save; "state": what it started from) into
         N + 1's layout, with its data state; the reconfiguration so far. A source without a
-        checkpoint: N + 1 starts afresh."""
+        checkpoint, or "start": N + 1 starts afresh."""
         begin = time.time()
         out = state_dir(self.job_dir, generation + 1)
-        where = (saved_dir if source == "saved" else state_dir)(self.job_dir, generation)
+        where = {"saved": saved_dir(self.job_dir, generation), "state": state_dir(self.job_dir, generation)}.get(source)
         moved, phases = 0, {}
         if self.mover.holds(source, generation):
             how = "peer to peer between the agents' stores" if self.home.store else "DCP files"
@@ -238,7 +243,7 @@ class Controller:
                                             self.cluster.hosts_of_ranks(dst.world), {"data_state": data} if data else None)  # fmt: skip
             self.out(f"resharded {human_bytes(moved)} in {time.time() - begin:.2f}s")
         out.mkdir(parents=True, exist_ok=True)  # without a checkpoint: a restart from the job's start
-        for name in ("data_state.json", "parallel.json"):  # the controller's own copies (this host's)
+        for name in ("data_state.json", "parallel.json") if where else ():  # the controller's own copies (this host's)
             if (where / name).exists():
                 shutil.copy(where / name, out / name)
         self.mover.forget(generation)
@@ -246,38 +251,6 @@ class Controller:
                   "exit": timing["exit"] - timing["save_end"], **phases}  # fmt: skip
         phases.setdefault("reshard", sum(v for k, v in phases.items() if k in ("plan", "move")))
         return Reconfiguration(int(timing["stop_step"]), src, dst, phases, moved, **failure)
-
-    def _recover(self, generation: int, src: ParallelConfig, event: Event, timing: dict,
-                 signal_time: float) -> Reconfiguration:  # fmt: skip
-        """After an injected failure: the survivors' save if it covers the state (and the job
-        asks for replicas), else the last checkpoint (see the module docstring)."""
-        from tenplex.frameworks.dcp.format import DcpError
-        from tenplex.ir.errors import CompileError
-
-        survivors = src.world - len(event.fail)
-        dst = choose_config(self.spec, event.devices or survivors, event.tp, event.pp)
-        failure = {"failed": tuple(event.fail)}
-        if self.spec.recovery == "replicas":
-            held = self.mover.tensors("saved", generation) if self.mover.holds("saved", generation) else set()
-            missing = [name for name in timing.get("tensors", []) if name not in held]
-            try:
-                if not missing:
-                    return self._reshard(generation, src, dst, timing, signal_time, recovered_from="replicas", **failure)
-            except (DcpError, CompileError) as e:  # a region of a tensor no survivor held
-                missing = [str(e)]
-            self.out(f"generation {generation}: the survivors do not hold the whole state ({missing[0]}...); "
-                     "restarting from the last checkpoint")  # fmt: skip
-        start = min((step for step, _ in self.steps.records(generation)), default=int(timing["stop_step"]))
-        return self._reshard(generation, src, dst, timing, signal_time, "state", recovered_from="checkpoint",
-                             lost_steps=int(timing["stop_step"]) - start, **failure)  # fmt: skip
-
-    def _restart(self, generation: int, config: ParallelConfig, failure: ProgramFailed) -> Reconfiguration:
-        """After an unplanned crash: the same layout from the last checkpoint; the steps since lost."""
-        steps = [step for step, _ in self.steps.records(generation)]
-        crashed_at = max(steps) + 1 if steps else 0
-        timing = {"stop": failure.exited, "save_end": failure.exited, "exit": failure.exited, "stop_step": crashed_at}
-        return self._reshard(generation, config, config, timing, failure.exited, "state", recovered_from="checkpoint",
-                             lost_steps=crashed_at - min(steps, default=crashed_at))  # fmt: skip
 
     def _finish(self, rec: Reconfiguration, generation: int, launched: float, final: bool = False) -> bool:
         """Record `rec`'s restart (and rerun) phase once generation N + 1 logged its first step

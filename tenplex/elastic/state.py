@@ -134,7 +134,9 @@ class Mover:
         return attrs.evolve(self.home, store=self.stores.get(node.name, self.home.store)).env()
 
     def holds(self, kind: str, generation: int) -> bool:
-        """Whether `kind` ("saved" or "state") of `generation` holds a checkpoint."""
+        """Whether `kind` ("saved" or "state"; "start": never) of `generation` holds a checkpoint."""
+        if kind == "start":
+            return False
         if self.home.store is None:
             return (self._dir(kind, generation) / ".metadata").exists()
         return bool(self.runtime.tag_meta(self.home.name, self._tag(kind, generation)))
@@ -205,6 +207,18 @@ class Mover:
                                "derive the next layout")  # fmt: skip
         declared = Parallelism.from_json(read_json(path, ElasticError, "parallelism declaration", 64 << 20), str(path))
         return declared.layout(dst.tp, dst.dp, dst.pp, self.tensors(kind, generation))
+
+    def lost_hosts(self) -> list[str]:
+        """Hosts whose agent no longer answers (with the store on several hosts; else none)."""
+        if self.runtime is None or len(self.runtime.agents) < 2:
+            return []
+        return sorted(h for h, ok in self.runtime.alive().items() if not ok)
+
+    def forget_hosts(self, hosts: list[str]) -> None:
+        """Leave lost hosts out of every later move."""
+        self.runtime.forget(hosts)
+        for h in hosts:
+            self.stores.pop(h, None)
 
     def forget(self, generation: int) -> None:
         """Drop what generation `generation` started from and saved (the next one has its state)."""

@@ -175,6 +175,16 @@ class Runtime:
                 return found
         return {}
 
+    def alive(self, timeout: float = 10.0) -> dict[str, bool]:
+        """Per host, whether its agent answers within `timeout` s (one that does not is lost)."""
+        with contextlib.suppress(AgentFailures):
+            self._all({h: ("name", {}) for h in self.agents}, timeout)
+        return {h: a.dead is None for h, a in sorted(self.agents.items())}
+
+    def forget(self, hosts: Iterable[str]) -> None:
+        """Stop using the agents of `hosts` (lost ones): later calls and plans leave them out."""
+        close_all({h: self.agents.pop(h) for h in list(hosts) if h in self.agents}, 1.0)
+
     def exists(self, job: str, tag: str) -> dict[str, bool]:
         """Whether `/job/<job>/<tag>` exists, per host."""
         return {h: self.call(h, "exists", path=tag_path(job, tag)) for h in self.agents}
@@ -256,12 +266,8 @@ class Runtime:
         for i, op in enumerate(plan.ops):
             if isinstance(op, ValueOp) and op.src_partition is not None:
                 wanted.setdefault(host_of(op.src_device), []).append((i, op.src_partition, op.src_device, op.name))
-        got: dict[int, Any] = {}
-        if wanted:
-            for part in self._all(
-                {h: ("values", {"job": job, "tag": src_tag, "wanted": w}) for h, w in wanted.items()}
-            ).values():
-                got.update(part)
+        calls = {h: ("values", {"job": job, "tag": src_tag, "wanted": w}) for h, w in wanted.items()}
+        got = {i: v for part in (self._all(calls).values() if calls else ()) for i, v in part.items()}
         out: dict[str, dict[int, Any]] = {}
         for i, v in got.items():
             out.setdefault(host_of(plan.ops[i].dst_device), {})[i] = v

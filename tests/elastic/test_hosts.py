@@ -5,7 +5,12 @@ machine: the same samples at every step and the same losses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ from tenplex.elastic.cluster import Cluster
 from tenplex.elastic.controller import Controller
 from tenplex.elastic.job import parse_job
 from tenplex.runtime.netns import EmulatedHosts, netns_unavailable_reason
+from tests.elastic.helpers import same_training
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_gpt.py"
 ARGS = ["--steps", "6", "--samples", "48", "--global-batch", "12", "--micro-batch", "2", "--layers", "2"]
@@ -47,3 +53,60 @@ def test_a_job_spans_hosts_and_moves_its_state_between_their_stores(tmp_path):
     h2 = tmp_path / "elastic" / "hosts" / "h2"
     assert (h2 / "dataset-0").is_dir() and not (h2 / "state").exists()  # its state came from its store
     assert not (h2 / "metrics.jsonl").exists() and not list(h2.rglob(".metadata"))
+
+
+def _kill_host(netns: str) -> int:
+    """Kill every process of an emulated host (its agent, torchrun node and ranks): a lost host."""
+    pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+@pytest.mark.timeout(400)
+def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(tmp_path):
+    base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
+    Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
+    job = parse_job({**base, "devices": 2, "gpus_per_host": 1, "schedule": [{"at_step": 2, "devices": 3}]})
+    lines: list[str] = []
+    with EmulatedHosts(3, rate="1gbit") as hosts:
+        controller = Controller(job, tmp_path / "elastic", out=lines.append, cluster=Cluster.emulated(hosts, tmp_path / "elastic"))
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
+        thread.start()
+        metrics = tmp_path / "elastic" / "metrics.jsonl"
+        while not (metrics.exists() and any(r["W"] == 3 and r["step"] == 3 for r in _metrics(tmp_path / "elastic"))):
+            assert thread.is_alive(), "the job ended before host h2 worked"
+            thread.join(0.1)
+        assert _kill_host(hosts.hosts[2].netns) >= 2  # its agent and its rank, at an arbitrary moment
+        thread.join(300)
+    [first, lost] = done[0]
+    assert (lost.src.world, lost.dst.world, lost.failed, lost.recovered_from) == (3, 2, (2,), "checkpoint")
+    assert any("host(s) h2 lost with rank(s) [2]" in line for line in lines)
+    run = _metrics(tmp_path / "elastic")
+    assert run[-1]["step"] == 5 and run[-1]["W"] == 2
+    same_training(_metrics(tmp_path / "static"), run)
+
+
+@pytest.mark.timeout(400)
+def test_a_lost_host_whose_shards_nobody_else_holds_restarts_the_job_from_its_start_and_says_so(tmp_path):
+    base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
+    job = parse_job({**base, "devices": 3, "gpus_per_host": 1, "schedule": [{"at_step": 2, "devices": 2}]})
+    lines: list[str] = []
+    with EmulatedHosts(3, rate="1gbit") as hosts:
+        controller = Controller(job, tmp_path / "elastic", out=lines.append, cluster=Cluster.emulated(hosts, tmp_path / "elastic"))
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
+        thread.start()
+        metrics = tmp_path / "elastic" / "metrics.jsonl"
+        while not (metrics.exists() and any(r["tp"] == 2 and r["step"] == 3 for r in _metrics(tmp_path / "elastic"))):
+            assert thread.is_alive(), "the job ended before the tp 2 generation ran"
+            thread.join(0.1)
+        _kill_host(hosts.hosts[1].netns)  # half of every tp-split tensor was only there
+        thread.join(300)
+    lost = done[0][-1]
+    assert (lost.failed, lost.lost_steps, lost.dst.world) == ((1,), 4, 1)
+    assert any("the survivors do not hold the whole state" in line and "from its start" in line for line in lines)
+    run = _metrics(tmp_path / "elastic")
+    assert [r["step"] for r in run][-6:] == list(range(6))  # every step again, from the start

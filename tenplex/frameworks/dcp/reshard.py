@@ -200,6 +200,8 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     (default: every rank on the src's first host): rank r keeps device id r where that device is
     on its host, and gets a new id otherwise (ids name one device on both sides of a plan).
     `records` ({name: JSON}) are committed with the tag's own, as `.meta/<name>` on every host.
+    Instances on hosts the runtime has no agent for (lost hosts) are left out of the src: the
+    plan then reads only survivors, or fails to compile (CompileError) when they do not cover it.
     The src tag is only read.
 
     Raises DcpError (no complete state under `src_tag`), PlacementError, CompileError,
@@ -210,7 +212,7 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     meta = runtime.tag_meta(job, src_tag)
     if "ptc" not in meta or "dcp" not in meta:
         raise DcpError(f"/job/{job}/{src_tag}: no complete tenplex DCP state in the agents' stores (hosts {sorted(runtime.agents)})")
-    src = ptc_from_json(meta["ptc"])
+    src = _on_live_hosts(ptc_from_json(meta["ptc"]), set(runtime.agents))
     layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
     dst = dst_ptc(src, layout)
     dst = _on_hosts(src, dst, hosts or {})
@@ -240,3 +242,19 @@ def _on_hosts(src: PTC, dst: PTC, hosts: Mapping[int, str]) -> PTC:
         alloc[p.id] = (device,)
         devices.append(Device(device, host))
     return PTC(dst.tensors, dst.subtensors, dst.partitions, Allocation(alloc), Topology(tuple(devices)))
+
+
+def _on_live_hosts(ptc: PTC, live: set[str]) -> PTC:
+    """`ptc` without the devices of hosts not in `live` (and partitions left on none of them)."""
+    from tenplex.ir.ptc import Allocation
+    from tenplex.ir.topology import Topology
+
+    host = {d.id: d.host for d in ptc.topology.devices}
+    if all(h in live for h in host.values()):
+        return ptc
+    alloc = {pid: tuple(d for d in devs if host[d] in live) for pid, devs in ptc.allocation.items}
+    kept = {pid for pid, devs in alloc.items() if devs}
+    partitions = tuple(p for p in ptc.partitions if p.id in kept)
+    sids = {sid for p in partitions for sid in p.subtensors}
+    return PTC(ptc.tensors, tuple(st for st in ptc.subtensors if st.id in sids), partitions,
+               Allocation({pid: alloc[pid] for pid in kept}), Topology(tuple(d for d in ptc.topology.devices if d.host in live)))  # fmt: skip
