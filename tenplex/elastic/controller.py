@@ -240,7 +240,8 @@ class Controller(FailureHandling):
             self.out(f"resharding generation {generation}'s {source} state from {describe_config(src)} to {describe_config(dst)} ({how})")
             data = read_json(where / "data_state.json") if (where / "data_state.json").exists() else None
             moved, phases = self.mover.move(source, generation, generation + 1, self.mover.layout(source, generation, dst),
-                                            self.cluster.hosts_of_ranks(dst.world), {"data_state": data} if data else None)  # fmt: skip
+                                            self.cluster.hosts_of_ranks(dst.world), {"data_state": data} if data else None,
+                                            self.spec.store_replicas if self.cluster.multi else 0)  # fmt: skip
             self.out(f"resharded {human_bytes(moved)} in {time.time() - begin:.2f}s")
         out.mkdir(parents=True, exist_ok=True)  # without a checkpoint: a restart from the job's start
         for name in ("data_state.json", "parallel.json") if where else ():  # the controller's own copies (this host's)

@@ -67,9 +67,10 @@ class FailureHandling:
         ranks = [r for r, h in self.cluster.hosts_of_ranks(config.world).items() if h in lost]
         self.cluster = self.cluster.without(lost)
         self.mover.forget_hosts(lost)
-        dst = choose_config(self.spec, config.world - len(ranks))
+        devices = min(config.world, len(self.cluster.nodes) * self.cluster.per_node)  # idle survivors join in
+        dst = choose_config(self.spec, devices)
         self.out(f"generation {generation}: host(s) {', '.join(lost)} lost with rank(s) {ranks}; "
-                 f"continuing on {config.world - len(ranks)} process(es) from the survivors' stores")  # fmt: skip
+                 f"continuing on {devices} process(es) from the survivors' stores")  # fmt: skip
         try:
             return self._restart(generation, config, failure, dst, failed=tuple(ranks))
         except CompileError as e:

@@ -18,20 +18,20 @@ JSON, or YAML (`.yaml` / `.yml`):
     parallel: {"4": [2, 1, 2]}            optional: devices -> [tp, pp, dp], the parallelizer's table
     model: {kind: gpt, num_layers: 2, hidden: 64, heads: 4, ffn_hidden: 256, vocab: 256,
             max_position: 32}             optional: the ModelSpec fields the parallelizer weighs
-    gpus_per_host: 8                      optional (default 8)
+    gpus_per_host: 8                      optional (default 8): processes per host across hosts
     timeout: 600                          optional: seconds one generation may run (default 600)
     max_restarts: 0                       optional: restarts after an unplanned crash (from the last
                                           checkpoint, same layout; default 0: the job fails)
-    state: store                          optional: where the state goes between generations: the
-                                          host's tenplex store, moved by the agents (default), or
-                                          `files`: DCP files in the job directory (`state`)
+    store_replicas: 1                     optional (across hosts; default 0): copies of each generation's
+                                          start state on the next hosts, so a lost host's part survives
+    state: store                          optional: the state between generations in the hosts' stores
+                                          (default) or `files` (DCP files in the job directory)
     recovery: replicas                    optional: after a failure, rebuild the state from the
                                           surviving ranks' replicas (default), or `checkpoint`:
                                           restart from the generation's start state (baseline)
     max_devices: 64                       optional: the most processes the job may run on, in
                                           1..MAX_DEVICES_CEILING (4096); default DEFAULT_MAX_DEVICES:
                                           64, or the machine's CPU count where that is larger
-                                          (torchrun starts every process on this machine)
 
 A job file is read only if it is a regular UTF-8 file of at most 64 MiB (`MAX_FILE_BYTES`, read by
 `tenplex.ir.files.read_text`). `load_job` also checks that the program is a file (`check_program`,
@@ -40,13 +40,12 @@ one line naming the job file, the field and the resolved path, never after torch
 
 Invariants:
 - 1 <= devices <= max_devices everywhere (the initial devices, every event; scale requests are
-  checked against it by the controller); an event has exactly one of at_step (>= 1) and
-  at_seconds (> 0, finite); timeout is finite; program and args hold no NUL byte;
-  at_step events come in increasing order; an event's tp x pp divides its devices;
+  checked against it by the controller); an event has exactly one of at_step (>= 1) and at_seconds
+  (> 0, finite), at_step ones in increasing order; an event's tp x pp divides its devices;
+  timeout is finite; program and args hold no NUL byte;
 - a `fail` event has at_step, a non-empty list of distinct ranks >= 0, and `devices` is
   optional there only (None: the surviving processes); a tp or pp hint needs devices;
 - a table entry's tp x pp x dp equals its device count; a `model` is a valid ModelSpec.
-
 Raises JobFileError naming the file and the field (`schedule[1].devices`), with the value.
 """
 
@@ -65,7 +64,7 @@ from tenplex.elastic.errors import JobFileError
 from tenplex.ir.files import loads, read_text
 
 KEYS = {"program", "args", "devices", "schedule", "parallel", "model", "gpus_per_host", "timeout", "recovery",
-        "max_restarts", "max_devices", "state"}  # fmt: skip
+        "max_restarts", "max_devices", "state", "store_replicas"}  # fmt: skip
 EVENT_KEYS = {"at_step", "at_seconds", "devices", "tp", "pp", "fail"}
 RECOVERY = ("replicas", "checkpoint")
 STATES = ("store", "files")
@@ -104,6 +103,7 @@ class JobSpec:
     source: str = "<job>"
     max_devices: int = DEFAULT_MAX_DEVICES
     state: str = "store"
+    store_replicas: int = 0
 
 
 def _int(where: str, value: Any, low: int = 1) -> int:
@@ -238,7 +238,8 @@ def parse_job(doc: Any, source: str = "<job>", base: str | os.PathLike = ".") ->
             gpus_per_host=_int("job.gpus_per_host", root.get("gpus_per_host", 8)),
             timeout=_number("job.timeout", root.get("timeout", 600)), recovery=recovery,
             max_restarts=_int("job.max_restarts", root.get("max_restarts", 0), low=0), source=source,
-            max_devices=max_devices, state=state)  # fmt: skip
+            max_devices=max_devices, state=state,
+            store_replicas=_int("job.store_replicas", root.get("store_replicas", 0), low=0))  # fmt: skip
     except JobFileError as e:
         raise JobFileError(f"{source}: {e}") from None
 

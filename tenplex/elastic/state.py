@@ -16,6 +16,7 @@ timings and `COMPLETE` in `saved/gen-N`, the data state in `state/gen-N`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import threading
@@ -153,11 +154,12 @@ class Mover:
         return {t.name for t in ptc_from_json(meta["ptc"]).tensors}
 
     def move(self, kind: str, generation: int, to: int, layout: dict, hosts: dict[int, str] | None = None,
-             records: dict[str, Any] | None = None) -> tuple[int, dict[str, float]]:  # fmt: skip
+             records: dict[str, Any] | None = None, replicas: int = 0) -> tuple[int, dict[str, float]]:  # fmt: skip
         """Reshard `kind` of `generation` into generation `to`'s state in `layout`: (bytes moved
         between ranks, seconds per phase: `plan` and `move` with the store, `reshard` with files).
         With the store, `hosts` puts rank r on host hosts[r] and `records` (the data state) are
-        committed with the new tag on every host, so no host needs a file from the controller.
+        committed with the new tag on every host, so no host needs a file from the controller;
+        `replicas` store replicas of every partition go to the next hosts (idle ones included).
         Raises DcpError / CompileError when the checkpoint lacks part of the state, ExecutionError."""
         if self.home.store is None:
             import time
@@ -170,8 +172,9 @@ class Mover:
         from tenplex.frameworks.dcp.reshard import reshard_stored
 
         self.runtime.drop(self.home.name, state_tag(to))  # a partial one of an earlier attempt
+        hook = functools.partial(_with_store_replicas, n=replicas, hosts=sorted(self.runtime.agents)) if replicas else None
         done = reshard_stored(self.runtime, self.home.name, self._tag(kind, generation), state_tag(to), layout, hosts=hosts,
-                              records=records)  # fmt: skip
+                              records=records, dst_hook=hook)  # fmt: skip
         mark_stored(self.job_dir, to)
         return done.bytes_moved, done.seconds
 
@@ -232,6 +235,20 @@ class Mover:
     @staticmethod
     def _tag(kind: str, generation: int) -> str:
         return saved_tag(generation) if kind == "saved" else state_tag(generation)
+
+
+def _with_store_replicas(dst: Any, n: int, hosts: list[str]) -> Any:
+    """`dst` with n store replicas of each partition on the next hosts among `hosts` (those
+    without a rank of dst get a spare device first; at most one replica per other host)."""
+    from tenplex.elastic.recovery import with_replicas
+    from tenplex.ir.ptc import PTC
+    from tenplex.ir.topology import Device, Topology
+
+    spare = [h for h in hosts if h not in dst.topology.hosts]
+    first = max(d.id for d in dst.topology.devices) + 1
+    devices = (*dst.topology.devices, *(Device(first + i, h) for i, h in enumerate(spare)))
+    dst = PTC(dst.tensors, dst.subtensors, dst.partitions, dst.allocation, Topology(devices, dst.topology.links))
+    return with_replicas(dst, min(n, len(hosts) - 1))
 
 
 HOST = "h0"  # the agent of this machine: a job spans one host

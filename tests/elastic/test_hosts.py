@@ -90,9 +90,14 @@ def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(t
 
 
 @pytest.mark.timeout(400)
-def test_a_lost_host_whose_shards_nobody_else_holds_restarts_the_job_from_its_start_and_says_so(tmp_path):
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_restarts(tmp_path, replicas):
+    """dp 3 on 3 hosts, then tp 2 on h0, h1; h1 is lost. Without store replicas its shards are gone:
+    the job restarts from its start and says so; with one, h2 holds a copy of h1's start state and
+    the job goes on (on h0 and h2) from the generation's start, losing only its steps."""
     base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
-    job = parse_job({**base, "devices": 3, "gpus_per_host": 1, "schedule": [{"at_step": 2, "devices": 2}]})
+    job = parse_job({**base, "devices": 3, "gpus_per_host": 1, "store_replicas": replicas,
+                     "schedule": [{"at_step": 2, "devices": 2}]})  # fmt: skip
     lines: list[str] = []
     with EmulatedHosts(3, rate="1gbit") as hosts:
         controller = Controller(job, tmp_path / "elastic", out=lines.append, cluster=Cluster.emulated(hosts, tmp_path / "elastic"))
@@ -103,10 +108,20 @@ def test_a_lost_host_whose_shards_nobody_else_holds_restarts_the_job_from_its_st
         while not (metrics.exists() and any(r["tp"] == 2 and r["step"] == 3 for r in _metrics(tmp_path / "elastic"))):
             assert thread.is_alive(), "the job ended before the tp 2 generation ran"
             thread.join(0.1)
-        _kill_host(hosts.hosts[1].netns)  # half of every tp-split tensor was only there
+        _kill_host(hosts.hosts[1].netns)  # half of every tp-split tensor was there
         thread.join(300)
     lost = done[0][-1]
-    assert (lost.failed, lost.lost_steps, lost.dst.world) == ((1,), 4, 1)
-    assert any("the survivors do not hold the whole state" in line and "from its start" in line for line in lines)
+    restarted = any("the survivors do not hold the whole state" in line and "from its start" in line for line in lines)
     run = _metrics(tmp_path / "elastic")
-    assert [r["step"] for r in run][-6:] == list(range(6))  # every step again, from the start
+    if replicas:
+        assert (lost.failed, lost.lost_steps, lost.dst.world, restarted) == ((1,), 2, 2, False)
+        assert [r["step"] for r in run][-4:] == [2, 3, 4, 5] and run[-1]["tp"] == 2  # on h0 and h2
+        same_training(_metrics_static(tmp_path, base), run)
+    else:
+        assert (lost.failed, lost.lost_steps, lost.dst.world, restarted) == ((1,), 4, 2, True)
+        assert [r["step"] for r in run][-6:] == list(range(6))  # every step again, from the start
+
+
+def _metrics_static(tmp_path: Path, base: dict) -> list[dict]:
+    Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
+    return _metrics(tmp_path / "static")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,8 @@ class StoredReshard:
 
 
 def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layout: MeshLayout | dict | str | os.PathLike,
-                   *, hosts: Mapping[int, str] | None = None, records: Mapping[str, Any] | None = None) -> StoredReshard:  # fmt: skip
+                   *, hosts: Mapping[int, str] | None = None, records: Mapping[str, Any] | None = None,
+                   dst_hook: Callable[[PTC], PTC] | None = None) -> StoredReshard:  # fmt: skip
     """Move a DCP state that ranks saved into the agents' stores (`storage.StoreWriter`, tag
     `src_tag`) into `dst_layout` under `dst_tag`, through `runtime` (a `Runtime`): compile and
     verify the plan, execute it peer to peer, commit on every host at once with the new tag's
@@ -200,6 +201,7 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     (default: every rank on the src's first host): rank r keeps device id r where that device is
     on its host, and gets a new id otherwise (ids name one device on both sides of a plan).
     `records` ({name: JSON}) are committed with the tag's own, as `.meta/<name>` on every host.
+    `dst_hook(dst)` may add holders to the dst (store replicas on other hosts) before planning.
     Instances on hosts the runtime has no agent for (lost hosts) are left out of the src: the
     plan then reads only survivors, or fails to compile (CompileError) when they do not cover it.
     The src tag is only read.
@@ -216,6 +218,8 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
     dst = dst_ptc(src, layout)
     dst = _on_hosts(src, dst, hosts or {})
+    if dst_hook is not None:
+        dst = dst_hook(dst)
     plan = compile_plan(src, dst, CompileOptions(place_ranks=False))  # rank r stays rank r: it loads its own partition
     planned = time.perf_counter()
     sent = runtime.execute(plan, src, dst, job, src_tag, dst_tag,
