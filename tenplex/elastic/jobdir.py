@@ -1,11 +1,15 @@
 """The job directory: where an elastic job keeps everything it writes (N is the generation).
 
-    state/gen-N/            DCP checkpoint in generation N's layout, written by the controller
-                            (`reshard_dcp`); plus `data_state.json`, the DataState to resume from
-                            (empty after a failure with no checkpoint: start afresh)
-    saved/gen-N/            what generation N saved at its stop, in its own layout (`dcp.save`),
-                            `data_state.json`, `timing.json` (wall times; `stop_step` when it
-                            stopped on request) and `COMPLETE` (written last, rank 0)
+    state/gen-N/            what generation N starts from: `STORED` (the store tag state-N holds
+                            it) or, with `state: files`, a DCP checkpoint in N's layout; plus
+                            `data_state.json` and `parallel.json` (empty after a failure with no
+                            checkpoint: start afresh)
+    saved/gen-N/            what generation N saved at its stop: `data_state.json`, `parallel.json`
+                            (the program's declaration), `timing.json` (wall times; `stop_step`
+                            when it stopped on request) and `COMPLETE` (written last, rank 0);
+                            with `state: files` its DCP files; after the last generation, its
+                            state as DCP files in `checkpoint/`
+    hosts/h<i>/             across hosts: host i's own job directory (the first host's is this one)
     control/stop-N          present: generation N stops at its next step boundary
     control/scale-*.json    scale requests (`requests`)
     metrics.jsonl           one JSON record per `Job.log` call (rank 0)

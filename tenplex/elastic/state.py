@@ -1,16 +1,20 @@
-"""Where a generation's training state goes between generations: the host's tenplex store (the
-default) or DCP files in the job directory (`state: files` in the job file).
+"""Where a generation's training state goes between generations: the hosts' tenplex stores (the
+default) or DCP files in the job directory (`state: files` in the job file, one host only).
 
-With the store, the controller starts an agent with a local socket and passes it to the program
-(TENPLEX_STORE, with TENPLEX_JOB_NAME and TENPLEX_JOB_ID); generation N saves with DCP into tag
-`saved-N` (`frameworks.dcp.storage.StoreWriter`), the controller moves that tag peer to peer into
-generation N + 1's layout as `state-<N+1>` (`Runtime.execute`) and marks `state/gen-<N+1>/STORED`,
-and generation N + 1 loads it with DCP (`StoreReader`). No checkpoint file is written. With files,
-generation N `dcp.save`s into `saved/gen-N` and the controller reshards the files into
+With the store, the controller starts an agent with a local socket on every host (`state_home`)
+and passes each host's ranks their agent's socket (TENPLEX_STORE, with TENPLEX_JOB_NAME and
+TENPLEX_JOB_ID); generation N saves with DCP into tag `saved-N` (`frameworks.dcp.storage.
+StoreWriter`; one rank per host completes its host's part), the controller moves that tag peer
+to peer into generation N + 1's layout and hosts as `state-<N+1>` (`reshard_stored`, optionally
+with store replicas on the next hosts), committing the data state with it on every host, and
+generation N + 1 loads both from its host's store (`StoreReader`). No checkpoint file is
+written; the job's final state is written to `saved/gen-N/checkpoint` at the end (`persist`).
+With files, generation N `dcp.save`s into `saved/gen-N` and the controller reshards the files into
 `state/gen-<N+1>` (`reshard_dcp`), which the next generation loads (`load_dcp`).
 
-Either way the small control files stay in the job directory (`jobdir`): the data state, the
-timings and `COMPLETE` in `saved/gen-N`, the data state in `state/gen-N`.
+Either way the controller's control files stay in the first host's job directory (`jobdir`): what
+rank 0 writes (timings, `COMPLETE`, metrics, the declaration) and its own copies of the data
+state; `state/gen-N/STORED` marks a generation whose state is the store tag `state-N`.
 """
 
 from __future__ import annotations
