@@ -53,23 +53,25 @@ DEMO = Scenario(2, {"2": [2, 1, 1]}, ((0.2, {"devices": 1}), (0.4, {"devices": 2
                                       (0.8, {"fail": [1]})))  # fmt: skip
 
 
-def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL,
-            out: Callable[[str], None] = print, program: Path = EXAMPLE, state: str = "store") -> dict:  # fmt: skip
+def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL, out: Callable[[str], None] = print,
+            program: Path = EXAMPLE, state: str = "store", hosts: int = 0, lose: tuple[int, int] | None = None) -> dict:  # fmt: skip
     if not program.is_file():
         raise ElasticError(f"{program}: the program is missing (run from the repository)")
     args = ["--steps", str(steps), *extra]
     base = {"program": str(program), "args": args, "devices": scenario.devices, "parallel": scenario.table, "state": state}
     static = parse_job(base)
-    elastic = parse_job({**base, "schedule": scenario.schedule(steps)})
+    elastic = parse_job({**base, "schedule": scenario.schedule(steps), **({"gpus_per_host": 1} if hosts else {})})
     Controller(static, work / "static", out=lambda line: out(f"static run: {line}")).run()
-    recs = Controller(elastic, work / "elastic", out=lambda line: out(f"elastic run: {line}")).run()
-    a, b = metrics(work / "static"), metrics(work / "elastic")
+    label = lambda line: out(f"elastic run: {line}")  # noqa: E731
+    recs = _across(elastic, work / "elastic", label, hosts, lose) if hosts else Controller(elastic, work / "elastic", out=label).run()
+    a = metrics(work / "static")
+    b = sorted({r["step"]: r for r in metrics(work / "elastic")}.values(), key=lambda r: r["step"])  # steps re-run: the last
     if [r["step"] for r in a] != [r["step"] for r in b]:
         raise ElasticError(f"the runs logged different steps: {len(a)} vs {len(b)}")
     diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(a, b)]
     rel = [d / abs(x["loss"]) for d, x in zip(diffs, a)]
     report = json.loads((work / "elastic" / "report.json").read_text())
-    phase_total = {k: sum(r.phases[k] for r in recs) for k in recs[0].phases} if recs else {}
+    phase_total = {k: sum(r.phases.get(k, 0.0) for r in recs) for k in dict.fromkeys(k for r in recs for k in r.phases)}
     return {
         "steps": steps, "static": [_record(r) for r in a], "elastic": [_record(r) for r in b],
         "max_abs_loss_diff": max(diffs), "max_rel_loss_diff": max(rel),
@@ -78,6 +80,38 @@ def compare(work: Path, steps: int, extra: list[str], scenario: Scenario = FULL,
         "phase_seconds": phase_total,
         "phase_share_of_total": {k: v / report["total_seconds"] for k, v in phase_total.items()},
     }  # fmt: skip
+
+
+def _across(job: Any, job_dir: Path, out: Callable[[str], None], hosts: int, lose: tuple[int, int] | None) -> list:
+    """The elastic run on `hosts` emulated hosts (one process each); `lose` = (host, step): every
+    process of that host is killed once the job logged that step (a host lost mid-generation)."""
+    import threading
+
+    from tenplex.elastic.cluster import Cluster
+    from tenplex.runtime.netns import EmulatedHosts
+
+    with EmulatedHosts(hosts, rate="1gbit") as emulated:
+        controller = Controller(job, job_dir, out=out, cluster=Cluster.emulated(emulated, job_dir))
+        done: list = []
+
+        def run() -> None:
+            try:
+                done.append(controller.run())
+            except BaseException as e:  # noqa: BLE001 (raised again below, in the caller's thread)
+                done.append(e)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        while lose is not None and thread.is_alive():
+            logged = (job_dir / "metrics.jsonl").exists() and any(r["step"] >= lose[1] for r in metrics(job_dir))
+            if logged:
+                out(f"host h{lose[0]} lost: {emulated.kill(lose[0])} processes killed")
+                break
+            thread.join(0.1)
+        thread.join()
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 def _record(r: dict) -> dict:

@@ -39,7 +39,7 @@ def test_each_part_prints_its_title_before_its_table_and_nothing_else_first(tmp_
     out = io.StringIO()
     demo.main(["--quick", "--jobs", "1", "--out", str(tmp_path)], stream=out)
     titles = [line for line in out.getvalue().splitlines() if re.match(r"\d\. ", line)]
-    assert [t[:2] for t in titles] == ["1.", "2.", "3.", "4.", "5.", "6."]
+    assert [t[:2] for t in titles] == ["1.", "2.", "3.", "4.", "5.", "6.", "7."]
     assert titles[4].startswith("5. Emulated hosts") and titles[5].startswith("6. Elastic job")
     text = out.getvalue()
     assert text.index("5. Emulated hosts") < text.index("  skipped: not in --quick") < text.index("6. Elastic job")

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Any
@@ -197,6 +198,15 @@ class EmulatedHosts:
         self.hosts = []
         if errors:
             raise NetnsError("could not delete network namespaces: " + "; ".join(errors))
+
+    def kill(self, i: int) -> int:
+        """Kill every process in host i's namespace (SIGKILL): the host is lost. Returns how many."""
+        p = subprocess.run(["ip", "netns", "pids", self.hosts[i].netns], capture_output=True, text=True, timeout=30)
+        pids = [int(x) for x in p.stdout.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
 
     def run(self, i: int, argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
         """Start `argv` inside host i's namespace (`ip netns exec`); returns the Popen."""
