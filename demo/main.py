@@ -1,4 +1,4 @@
-"""`python -m demo` (`make demo`): tenplex end to end, in about two and a half minutes on two cores.
+"""`python -m demo` (`make demo`): tenplex end to end, in about a minute and a half on two cores.
 
 1. `paper`: the paper's scale-up cases, tenplex's plans against the lower bound and the reference.
 2. `steps`: a small GPT reconfigured step by step, executed in-process against the oracle.
