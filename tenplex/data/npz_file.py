@@ -23,6 +23,7 @@ from typing import IO
 import numpy as np
 
 from tenplex.data.errors import DataError
+from tenplex.ir.files import read_npy_header
 
 _FORMAT = np.lib.format
 MAX_INFLATION = 1032  # deflate's largest ratio of output to input
@@ -70,11 +71,7 @@ def _member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
 def _header(f: IO[bytes], name: str) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     """(dtype, shape, fortran order, header length) of the `.npy` member `name`."""
     try:
-        version = _FORMAT.read_magic(f)
-        if version not in ((1, 0), (2, 0)):
-            raise ValueError(f"format version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
-        read = _FORMAT.read_array_header_1_0 if version == (1, 0) else _FORMAT.read_array_header_2_0
-        shape, fortran, dtype = read(f)
+        shape, fortran, dtype = read_npy_header(f)
     except ValueError as e:
         raise NpzError(f"{name}: not an .npy member ({e})") from None
     if dtype.hasobject:

@@ -245,3 +245,22 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     """`e`'s message with all whitespace runs as single spaces, cut at `limit` characters."""
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, Any]:
+    """(shape, fortran order, dtype) of the `.npy` header at `f`'s position (format 1.0 or 2.0),
+    leaving `f` at the data. Raises ValueError for anything else, whatever numpy's parser raised
+    (it raises ValueError, SyntaxError, TokenError, ... on a malformed header)."""
+    import numpy as np
+
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"format version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        return read(f)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 (see the docstring)
+        raise ValueError(f"{type(e).__name__}: {e}") from None

@@ -33,7 +33,7 @@ import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so header
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import one_line, open_regular
+from tenplex.ir.files import one_line, open_regular, read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
 __all__ = ["NAMED", "as_dtype", "load_npy", "npy_descr", "write_npy"]
@@ -57,12 +57,8 @@ def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
     with open_regular(path, what, error) as f:
         size = os.fstat(f.fileno()).st_size
         try:
-            version = _fmt.read_magic(f)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f".npy format version {version} is not 1.0 or 2.0")
-            read = _fmt.read_array_header_1_0 if version == (1, 0) else _fmt.read_array_header_2_0
-            shape, _, dtype = read(f)
-        except Exception as e:  # noqa: BLE001 (numpy's header parser raises ValueError, SyntaxError, TokenError, ...)
+            shape, _, dtype = read_npy_header(f)
+        except ValueError as e:
             raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
         if dtype.hasobject:
             raise error(f"{path}: holds Python objects (dtype {dtype}), not numbers ({what})")
