@@ -25,7 +25,6 @@ import numpy as np
 from tenplex.data.errors import DataError
 from tenplex.ir.files import read_npy_header
 
-_FORMAT = np.lib.format
 MAX_INFLATION = 1032  # deflate's largest ratio of output to input
 
 
