@@ -8,6 +8,7 @@ training program calls (`api`).
   generations), `jobdir` (the job directory);
 - the controller's side: `controller` (generations and reconfigurations), `configs` (which
   layout), `launch` (torchrun), `job` (job files), `requests` and `http` (scale requests, status),
+  `moves` (the state into the next layout), `failures` (after a failure), `cluster` (the hosts),
   `records` (what it measured), `recovery` (failure recovery plans), `parallelizer/`.
 """
 

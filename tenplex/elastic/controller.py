@@ -74,10 +74,11 @@ from tenplex.elastic.configs import choose_config
 from tenplex.elastic.errors import ElasticError, ProgramFailed
 from tenplex.elastic.failures import FailureHandling
 from tenplex.elastic.job import Event, JobSpec, check_program
+from tenplex.elastic.moves import Mover, state_home
 from tenplex.elastic.records import Reconfiguration, StepLog, describe_config, read_json, write_json
 from tenplex.elastic.requests import take_scale_request
 from tenplex.elastic.signals import JobInterrupted, raise_on_signals
-from tenplex.elastic.state import Mover, StateHome, state_home
+from tenplex.elastic.state import StateHome
 
 POLL = 0.05
 log = logging.getLogger("tenplex.elastic")

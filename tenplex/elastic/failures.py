@@ -62,6 +62,7 @@ class FailureHandling:
         """Hosts `lost` (agent and ranks) are gone: continue on the survivors, in a layout chosen for
         them, from what generation N started from as the survivors' stores hold it; from the job's
         start when they do not hold all of it (the stores keep no older checkpoint), saying so."""
+        from tenplex.elastic.recovery import RecoveryError
         from tenplex.ir.errors import CompileError
 
         ranks = [r for r, h in self.cluster.hosts_of_ranks(config.world).items() if h in lost]
@@ -73,7 +74,7 @@ class FailureHandling:
                  f"continuing on {devices} process(es) from the survivors' stores")  # fmt: skip
         try:
             return self._restart(generation, config, failure, dst, failed=tuple(ranks))
-        except CompileError as e:
+        except (RecoveryError, CompileError) as e:
             self.out(f"generation {generation}: the survivors do not hold the whole state ({str(e)[:200]}); "
                      "restarting the job from its start")  # fmt: skip
             return self._restart(generation, config, failure, dst, source="start", failed=tuple(ranks))

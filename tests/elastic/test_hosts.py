@@ -57,18 +57,9 @@ def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(t
     Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
     job = parse_job({**base, "devices": 2, "gpus_per_host": 1, "schedule": [{"at_step": 2, "devices": 3}]})
     lines: list[str] = []
-    with EmulatedHosts(3, rate="1gbit") as hosts:
-        controller = Controller(job, tmp_path / "elastic", out=lines.append, cluster=Cluster.emulated(hosts, tmp_path / "elastic"))
-        done: list = []
-        thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
-        thread.start()
-        metrics = tmp_path / "elastic" / "metrics.jsonl"
-        while not (metrics.exists() and any(r["W"] == 3 and r["step"] == 3 for r in _metrics(tmp_path / "elastic"))):
-            assert thread.is_alive(), "the job ended before host h2 worked"
-            thread.join(0.1)
-        assert hosts.kill(2) >= 2  # its agent and its rank, at an arbitrary moment
-        thread.join(300)
-    [first, lost] = done[0]
+    killed, recs = _run_losing_a_host(job, tmp_path / "elastic", lines, 2, lambda r: r["W"] == 3 and r["step"] == 3)
+    assert killed >= 2  # its agent and its rank, at an arbitrary moment
+    [first, lost] = recs
     assert (lost.src.world, lost.dst.world, lost.failed, lost.recovered_from) == (3, 2, (2,), "checkpoint")
     assert any("host(s) h2 lost with rank(s) [2]" in line for line in lines)
     run = _metrics(tmp_path / "elastic")
@@ -85,19 +76,9 @@ def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_r
     base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
     job = parse_job({**base, "devices": 3, "gpus_per_host": 1, "store_replicas": replicas,
                      "schedule": [{"at_step": 2, "devices": 2}]})  # fmt: skip
-    lines: list[str] = []
-    with EmulatedHosts(3, rate="1gbit") as hosts:
-        controller = Controller(job, tmp_path / "elastic", out=lines.append, cluster=Cluster.emulated(hosts, tmp_path / "elastic"))
-        done: list = []
-        thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
-        thread.start()
-        metrics = tmp_path / "elastic" / "metrics.jsonl"
-        while not (metrics.exists() and any(r["tp"] == 2 and r["step"] == 3 for r in _metrics(tmp_path / "elastic"))):
-            assert thread.is_alive(), "the job ended before the tp 2 generation ran"
-            thread.join(0.1)
-        hosts.kill(1)  # half of every tp-split tensor was there
-        thread.join(300)
-    lost = done[0][-1]
+    lines: list[str] = []  # host h1 holds half of every tp-split tensor
+    _, recs = _run_losing_a_host(job, tmp_path / "elastic", lines, 1, lambda r: r["tp"] == 2 and r["step"] == 3)
+    lost = recs[-1]
     restarted = any("the survivors do not hold the whole state" in line and "from its start" in line for line in lines)
     run = _metrics(tmp_path / "elastic")
     if replicas:
@@ -112,3 +93,20 @@ def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_r
 def _metrics_static(tmp_path: Path, base: dict) -> list[dict]:
     Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
     return _metrics(tmp_path / "static")
+
+
+def _run_losing_a_host(job, job_dir: Path, lines: list[str], host: int, when) -> tuple[int, list]:
+    """Run `job` on 3 emulated hosts and kill every process of `host` once rank 0 logged a step
+    record for which `when(record)` holds: (processes killed, the reconfigurations)."""
+    with EmulatedHosts(3, rate="1gbit") as hosts:
+        controller = Controller(job, job_dir, out=lines.append, cluster=Cluster.emulated(hosts, job_dir))
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(controller.run()), daemon=True)
+        thread.start()
+        while not ((job_dir / "metrics.jsonl").exists() and any(map(when, _metrics(job_dir)))):
+            assert thread.is_alive(), "the job ended before the moment to lose the host"
+            thread.join(0.1)
+        killed = hosts.kill(host)
+        thread.join(300)
+    assert done, "the job did not finish after the host was lost"
+    return killed, done[0]

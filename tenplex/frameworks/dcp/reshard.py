@@ -193,7 +193,7 @@ class StoredReshard:
 
 def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layout: MeshLayout | dict | str | os.PathLike,
                    *, hosts: Mapping[int, str] | None = None, records: Mapping[str, Any] | None = None,
-                   dst_hook: Callable[[PTC], PTC] | None = None) -> StoredReshard:  # fmt: skip
+                   src_hook: Callable[[PTC], PTC] | None = None, dst_hook: Callable[[PTC], PTC] | None = None) -> StoredReshard:  # fmt: skip
     """Move a DCP state that ranks saved into the agents' stores (`storage.StoreWriter`, tag
     `src_tag`) into `dst_layout` under `dst_tag`, through `runtime` (a `Runtime`): compile and
     verify the plan, execute it peer to peer, commit on every host at once with the new tag's
@@ -201,9 +201,8 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     (default: every rank on the src's first host): rank r keeps device id r where that device is
     on its host, and gets a new id otherwise (ids name one device on both sides of a plan).
     `records` ({name: JSON}) are committed with the tag's own, as `.meta/<name>` on every host.
-    `dst_hook(dst)` may add holders to the dst (store replicas on other hosts) before planning.
-    Instances on hosts the runtime has no agent for (lost hosts) are left out of the src: the
-    plan then reads only survivors, or fails to compile (CompileError) when they do not cover it.
+    `src_hook(src)` may leave holders out of the src (the instances on lost hosts) and
+    `dst_hook(dst)` add holders to the dst (store replicas on other hosts) before planning.
     The src tag is only read.
 
     Raises DcpError (no complete state under `src_tag`), PlacementError, CompileError,
@@ -214,7 +213,9 @@ def reshard_stored(runtime: Any, job: str, src_tag: str, dst_tag: str, dst_layou
     meta = runtime.tag_meta(job, src_tag)
     if "ptc" not in meta or "dcp" not in meta:
         raise DcpError(f"/job/{job}/{src_tag}: no complete tenplex DCP state in the agents' stores (hosts {sorted(runtime.agents)})")
-    src = _on_live_hosts(ptc_from_json(meta["ptc"]), set(runtime.agents))
+    src = ptc_from_json(meta["ptc"])
+    if src_hook is not None:
+        src = src_hook(src)
     layout = dst_layout if isinstance(dst_layout, MeshLayout) else MeshLayout.from_json(dst_layout)
     dst = dst_ptc(src, layout)
     dst = _on_hosts(src, dst, hosts or {})
@@ -247,18 +248,3 @@ def _on_hosts(src: PTC, dst: PTC, hosts: Mapping[int, str]) -> PTC:
         devices.append(Device(device, host))
     return PTC(dst.tensors, dst.subtensors, dst.partitions, Allocation(alloc), Topology(tuple(devices)))
 
-
-def _on_live_hosts(ptc: PTC, live: set[str]) -> PTC:
-    """`ptc` without the devices of hosts not in `live` (and partitions left on none of them)."""
-    from tenplex.ir.ptc import Allocation
-    from tenplex.ir.topology import Topology
-
-    host = {d.id: d.host for d in ptc.topology.devices}
-    if all(h in live for h in host.values()):
-        return ptc
-    alloc = {pid: tuple(d for d in devs if host[d] in live) for pid, devs in ptc.allocation.items}
-    kept = {pid for pid, devs in alloc.items() if devs}
-    partitions = tuple(p for p in ptc.partitions if p.id in kept)
-    sids = {sid for p in partitions for sid in p.subtensors}
-    return PTC(ptc.tensors, tuple(st for st in ptc.subtensors if st.id in sids), partitions,
-               Allocation({pid: alloc[pid] for pid in kept}), Topology(tuple(d for d in ptc.topology.devices if d.host in live)))  # fmt: skip
