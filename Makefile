@@ -9,14 +9,14 @@ SRC := $(wildcard tenplex tests bench demo fixtures experiments examples docs/ar
 # package's compatible ranges, resolved to the exact tested versions of constraints.txt.
 $(VENV)/.stamp: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint,torch,ucx,plots,proofs]'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -c constraints.txt -e '.[test,lint,torch,ucx,plots,proofs,peers]'
 	touch $@
 
 # After changing dependencies in pyproject.toml: resolve them again and pin what installed
 # (torch stays at TORCH: an unpinned torch resolves to several GB of CUDA wheels).
 TORCH := 2.13.0
 constraints: $(VENV)/.stamp
-	$(PY) -m pip install -q -U -e '.[test,lint,torch,ucx,plots,proofs]' 'torch==$(TORCH)'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -U -e '.[test,lint,torch,ucx,plots,proofs,peers]' 'torch==$(TORCH)'
 	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.tmp
 	mv constraints.tmp constraints.txt
 

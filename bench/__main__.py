@@ -1,84 +1,71 @@
-"""`python -m bench [--quick] [--only compile|bytes|runtime|fuse|hosts|dataset] [--timeout S] [--jobs N] [--out DIR]`.
+"""`python -m bench [--quick] [--only TABLE[,TABLE...]] [--skip TABLE,...] [--timeout S] [--out DIR]`.
 
-`--only runtime` runs the agent runtime's reshard throughput (`bench/runtime.py`, ≥ 2 GB of
-state; not part of the default run) and writes bench/results/runtime.{md,json}. `--only fuse`
-runs the FUSE view's read throughput (`bench/fuse.py`, needs fuse3 and root; not part of the
-default run) and writes bench/results/fuse.{md,json}. `--only hosts` runs peer-to-peer vs
-centralized resharding on 4 emulated hosts with 1 Gbit/s links (`bench/hosts.py`, needs root
-and iproute2) and writes bench/results/hosts.{md,json}. `--only dataset` reads one rank's samples
-directly, through the DataLoader and through the dataset FUSE view, and times the first batch
-after a rescale with and without the prefetcher (`bench/dataset.py`, needs fuse3, root and torch
-for all rows) and writes bench/results/dataset.{md,json}.
+`make bench` runs every table of `TABLES`, one after another, and writes each one's
+bench/results/<table>.{md,json} (`<table>-quick.*` with --quick). Every figure is printed as a
+ratio against its anchor measured in the same run (memcpy, `cp -r`, tmpfs reads, raw UCX, the
+bandwidth bound, PyTorch DCP, ...), with the machine described. A table that needs what this
+machine lacks (fuse3, root, iproute2, a peer's package) reports its rows as skipped.
 
-Exit status 1 when a plan's network bytes differ from the lower bound or a case fails with an
-error; a timeout is reported (loudly) but does not fail the run.
+Exit status 1 when a table's check fails (a plan's network bytes differ from the lower bound, a
+moved byte differs, a case fails with an error); a timeout is reported loudly but does not fail.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import importlib
 import sys
+import time
 from pathlib import Path
 
 from bench import report
-from bench.cases import bytes_cases, compile_cases
-from bench.runner import ROOT, run_cases
+from bench.runner import ROOT
+
+# table name -> "module:function"; the function is run(quick, timeout_s, out_dir, info) -> (rows, paths)
+TABLES: dict[str, str] = {
+    "compile": "bench.compiler:run_compile",  # compile + verify CPU seconds
+    "bytes": "bench.compiler:run_bytes",  # plan network bytes vs the lower bound and the reference
+    "runtime": "bench.runtime:run",  # agents on one host vs numpy memcpy
+    "fuse": "bench.fuse:run",  # FUSE view reads vs tmpfs reads
+    "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
+    "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads
+}
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--quick", action="store_true", help="small cases (gpt-1.3b, 8 layers for the bytes table), under 30 s"
-    )
-    p.add_argument(
-        "--only",
-        choices=["compile", "bytes", "runtime", "fuse", "hosts", "dataset"],
-        help="run one table (runtime: agent reshard throughput; fuse: FUSE read throughput; only when asked for)",
-    )
+    p.add_argument("--quick", action="store_true", help="small cases: a smoke test of every table")
+    p.add_argument("--only", default="", help=f"comma-separated tables among: {', '.join(TABLES)}")
+    p.add_argument("--skip", default="", help="comma-separated tables not to run")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case (default 300)")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="bytes cases run at once (compile cases run one at a time)",
-    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results directory")
-    return p.parse_args(argv)
-
-
-def _progress(row: dict) -> None:
-    print(f"  {row['status']:7} {row.get('wall_s', 0):7.1f} s  {row['name']}", file=sys.stderr, flush=True)
+    p.add_argument("--list", action="store_true", help="print the tables and exit")
+    args = p.parse_args(argv)
+    for option in ("only", "skip"):
+        names = [n for n in getattr(args, option).split(",") if n]
+        unknown = [n for n in names if n not in TABLES]
+        if unknown:
+            p.error(f"--{option}: unknown table {', '.join(unknown)} (tables: {', '.join(TABLES)})")
+        setattr(args, option, names)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    if args.list:
+        print("\n".join(TABLES))
+        return 0
     info = report.machine_info()
-    if args.only in ("runtime", "fuse", "hosts", "dataset"):
-        from bench import dataset, fuse, hosts, runtime
-
-        if args.only == "runtime":
-            print("runtime reshard (one process per case):", file=sys.stderr)
-        module = {"runtime": runtime, "fuse": fuse, "hosts": hosts, "dataset": dataset}[args.only]
-        rows, paths = module.run(args.quick, args.timeout, args.out, info)
-        print("wrote " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths))
-        return _verdict(rows)
-    compile_rows, bytes_rows = [], []
-    if args.only in (None, "compile"):
-        print("compile + verify (one core, one process per case):", file=sys.stderr)
-        compile_rows = run_cases("compile", compile_cases(args.quick), args.timeout, jobs=1, on_done=_progress)
-        print("\nCompile + verify, one core (goal: compile <= 10 s, check <= 10 s, RSS <= 4 GiB)")
-        print(
-            report.text_table(report.COMPILE_HEADERS, [report.compile_row(r) for r in compile_rows]) + "\n", flush=True
-        )
-    if args.only in (None, "bytes"):
-        print("network bytes (plan, lower bound, reference baseline):", file=sys.stderr)
-        bytes_rows = run_cases("bytes", bytes_cases(args.quick), args.timeout, jobs=args.jobs, on_done=_progress)
-        print("\nNetwork bytes: plan vs lower bound vs reference baseline (4 GPUs per host)")
-        print(report.text_table(report.BYTES_HEADERS, [report.bytes_row(r) for r in bytes_rows]) + "\n", flush=True)
-    paths = report.write(args.out, "compiler-quick" if args.quick else "compiler", info, compile_rows, bytes_rows)
-    print("wrote " + ", ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths))
-    return _verdict(compile_rows + bytes_rows)
+    failed = 0
+    for name in args.only or [n for n in TABLES if n not in args.skip]:
+        module, function = TABLES[name].split(":")
+        print(f"== {name} ({module})", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        rows, paths = getattr(importlib.import_module(module), function)(args.quick, args.timeout, args.out, info)
+        shown = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths]
+        print(f"wrote {', '.join(shown)} ({time.perf_counter() - start:.0f} s)", flush=True)
+        failed |= _verdict(rows)
+    return failed
 
 
 def _verdict(rows: list[dict]) -> int:
