@@ -26,6 +26,7 @@ import io
 import os
 from typing import Any
 
+import numpy as np
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
@@ -39,6 +40,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from tenplex.frameworks.dcp.format import DcpError
+from tenplex.frameworks.dcp.pinned import REGISTER_READ_ONLY, page_spans, pinned
 from tenplex.frameworks.dcp.stored import (
     check_job,
     chunk_id,
@@ -125,9 +127,12 @@ class StoreWriter(_StoreSide, StorageWriter):
             chunks.append((item, array_path(self.job, staging, device, chunk_id(item.index.fqn, box)), box.shape, dtype))
             results.append(WriteResult(item.index, box.volume * itemsize(dtype), ("chunk", device, self.client.host)))
         filled = self.client.arena({path: (shape, dtype) for _, path, shape, dtype in chunks}, f"tenplex-save-{self.tag}")
-        for item, path, shape, _ in chunks:
-            if filled.views[path].size:
-                filled.views[path][...] = to_numpy(planner.resolve_data(item)).reshape(shape)
+        tensors = [planner.resolve_data(item).detach() for item, *_ in chunks]
+        on_device = filled.arena.size and any(t.device.type == "cuda" for t in tensors)
+        with pinned(page_spans([np.frombuffer(filled.arena.map, np.uint8, filled.arena.size)]) if on_device else []):
+            for tensor, (_, path, shape, _) in zip(tensors, chunks):
+                if filled.views[path].size:  # one copy, straight from the tensor (CPU or device) into the arena
+                    from_numpy(filled.views[path]).copy_(tensor.reshape(shape))
         self.client.put(filled, values)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
@@ -211,18 +216,19 @@ class StoreReader(_StoreSide, StorageReader):
         for req in plan.items:
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(bytes_of_value(got[self._value(req.storage_index.fqn)])))
-                continue
-            path = self._source(req.storage_index)
-            array = got[path]
-            piece = self._piece(req.storage_index)
-            start = tuple(o + s for o, s in zip(req.storage_index.offset, req.storage_offsets))
-            sub = region(array, piece, Box(start, tuple(s + n for s, n in zip(start, req.lengths))))
-            target = planner.resolve_tensor(req).detach()
-            if target.device.type == "cpu" and target.numel():
-                to_numpy(target)[...] = sub.reshape(tuple(target.shape))
-            elif target.numel():
-                target.copy_(from_numpy(sub.copy()).reshape(target.shape))
-            planner.commit_tensor(req, target)
+        reads = [r for r in plan.items if r.type != LoadItemType.BYTE_IO]
+        targets = [planner.resolve_tensor(r).detach() for r in reads]
+        to_device = [got[self._source(r.storage_index)] for r, t in zip(reads, targets) if t.device.type == "cuda"]
+        with pinned(page_spans(to_device), REGISTER_READ_ONLY):
+            for req, target in zip(reads, targets):
+                piece = self._piece(req.storage_index)
+                start = tuple(o + s for o, s in zip(req.storage_index.offset, req.storage_offsets))
+                sub = region(got[self._source(req.storage_index)], piece, Box(start, tuple(s + n for s, n in zip(start, req.lengths))))
+                if target.device.type == "cpu" and target.numel():
+                    to_numpy(target)[...] = sub.reshape(tuple(target.shape))
+                elif target.numel():  # a device tensor: one copy from the mapped store (contiguous regions as they are)
+                    target.copy_(from_numpy(sub, read_only=True).reshape(target.shape))
+                planner.commit_tensor(req, target)
         future: Future[None] = Future()
         future.set_result(None)
         return future

@@ -12,6 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch.distributed.tensor import Replicate as TorchReplicate
@@ -47,13 +49,16 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor sharing the array's memory (copied first when read-only)."""
-    a = array if array.flags.c_contiguous and array.flags.writeable else array.copy(order="C")
-    if a.dtype.kind == "V":
-        name = a.dtype.name
-        return torch.from_numpy(a.view(_INT_VIEW[a.dtype.itemsize][1])).view(torch_dtype(name))
-    return torch.from_numpy(a)
+def from_numpy(array: np.ndarray, read_only: bool = False) -> torch.Tensor:
+    """A CPU tensor sharing the array's memory (copied first when not C-contiguous, or when
+    read-only unless the caller only reads the tensor: `read_only=True`)."""
+    a = array if array.flags.c_contiguous and (array.flags.writeable or read_only) else array.copy(order="C")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")  # read_only: never written
+        if a.dtype.kind == "V":
+            name = a.dtype.name
+            return torch.from_numpy(a.view(_INT_VIEW[a.dtype.itemsize][1])).view(torch_dtype(name))
+        return torch.from_numpy(a)
 
 
 def placement_from_torch(p: object, fqn: str) -> Placement:
