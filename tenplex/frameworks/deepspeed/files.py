@@ -122,7 +122,7 @@ def locate(path: str | os.PathLike) -> Located:
         raise DeepSpeedError(f"{p}: not a DeepSpeed checkpoint (no latest, {MODEL_FILE.format(0)} or zero_pp_rank_*_optim_states.pt)")
     if not model.exists():
         raise DeepSpeedError(f"{p}: {MODEL_FILE.format(0)} missing (the optimizer files are there: a half-written save?)")
-    others = sorted(f.name for f in _list(p) if (m := _OTHER_MP.fullmatch(f.name)) and f.name != model.name)
+    others = sorted(f.name for f in _list(p) if _OTHER_MP.fullmatch(f.name) and f.name != model.name)
     if others:
         raise DeepSpeedError(f"{p / others[0]}: model-parallel, pipeline or ZeRO-3 files are not read (tenplex reads "
                              "ZeRO-1/2 checkpoints with one model-parallel rank)")  # fmt: skip

@@ -96,7 +96,7 @@ def deepspeed_findings(path: str | os.PathLike, meta: DeepSpeedMeta, ptc: PTC) -
     dtypes = sorted({d for _, d, _ in meta.module})
     lines.append(f"  model file: {len(meta.module)} module tensors ({', '.join(dtypes)}), global_steps "
                  f"{meta.model_states.get('global_steps')}; {human_bytes(sum(t.nbytes for t in ptc.tensors))} in all")  # fmt: skip
-    lines.append(f"  reshard it with: tenplex reshard {path} --from deepspeed --to dp=N OUT")
+    lines.append(f"  reshard it with: tenplex reshard {path} --from deepspeed --to dp=N --out OUT")
     return lines
 
 
