@@ -43,6 +43,7 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
         return _universal(loc, model, groups, module, trust_pickles)
     files = [_dict(load(f, f"ZeRO optimizer state of DP rank {d}", trust_pickles=trust_pickles), f) for d, f in enumerate(loc.zero_files)]
     sds = [_dict(f.get("optimizer_state_dict"), loc.zero_files[d], "optimizer_state_dict") for d, f in enumerate(files)]
+    _check_count(sds[0], loc)
     meta = _meta(loc, model, groups, module, sds[0], files[0], loc.zero_files[0])
     arrays = _module_arrays(model, module, loc.model_file)
     flat = meta.flat_groups(len(sds))
@@ -120,6 +121,16 @@ def _meta(loc: Located, model: dict, groups: tuple, module: tuple, sd: dict, top
     prefix = "bf16_" if loc.zero_files[0].name.startswith("bf16_") else ""
     return DeepSpeedMeta("zero", loc.tag_dir.name, len(loc.zero_files), groups, module, states, rest, optimizer,
                          tuple(param_groups), scalars, {k: top[k] for k in ("ds_config", "ds_version") if k in top}, prefix)  # fmt: skip
+
+
+def _check_count(sd: dict, loc: Located) -> None:
+    """Rank 0's `partition_count` is the DP world size: each of its rank files must be there."""
+    count = sd.get("partition_count")
+    dp = count[0] if isinstance(count, list) and count and isinstance(count[0], int) else None
+    if dp is not None and dp > len(loc.zero_files):
+        name = loc.zero_files[0].name.replace("zero_pp_rank_0_", f"zero_pp_rank_{len(loc.zero_files)}_")
+        raise DeepSpeedError(f"{loc.tag_dir}: optimizer file of DP rank {len(loc.zero_files)} missing ({name}; "
+                             f"partition_count says DP {dp}: a half-written save?)")  # fmt: skip
 
 
 def _check_rank(sd: dict, meta: DeepSpeedMeta, flat: tuple, d: int, file: Path) -> None:

@@ -123,6 +123,6 @@ def _load(path: Path, error: type[TenplexError], zipped: bool, *, weights_only: 
 
 
 def _refusal(path: Path, name: str) -> str:
-    return (f"{path}: refusing to unpickle {name!r}: not a class Megatron checkpoints hold, and unpickling it "
+    return (f"{path}: refusing to unpickle {name!r}: not a class tenplex allows in checkpoint files, and unpickling it "
             f"could run code; {OPT_IN}")  # fmt: skip
 
