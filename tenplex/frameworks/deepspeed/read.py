@@ -26,7 +26,8 @@ from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, build_ptc
 from tenplex.frameworks.megatron.tensors import dtype_name, to_numpy
 from tenplex.ir.ptc import PTC
 
-_OPT_SCALARS = ("loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad", "zero_stage", "ds_version")
+_OPT_SCALARS = ("loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad", "zero_stage", "ds_version",
+                "base_optimizer_state_step")  # fmt: skip
 
 
 def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> tuple[PTC, dict, dict, DeepSpeedMeta]:
@@ -112,8 +113,6 @@ def _meta(loc: Located, model: dict, groups: tuple, module: tuple, sd: dict, top
         per_group, param_groups = list(base), []
     states = tuple(k for k, v in per_group[0].items() if isinstance(v, torch.Tensor) and v.dim() > 0)
     scalars = tuple({k: v for k, v in s.items() if not (isinstance(v, torch.Tensor) and v.dim() > 0)} for s in per_group)
-    if isinstance(base, list) and "base_optimizer_state_step" in sd:
-        scalars = tuple({**s, "step": sd["base_optimizer_state_step"]} for s in scalars)
     if len(param_groups) not in (0, len(groups)) or len(sd["partition_count"]) != len(groups):
         raise DeepSpeedError(f"{file}: {len(sd['partition_count'])} param groups, the model file's param_shapes has {len(groups)}")
     optimizer = {k: sd[k] for k in _OPT_SCALARS if k in sd}

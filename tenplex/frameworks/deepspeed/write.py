@@ -9,7 +9,9 @@ file, `module` from the arrays, `dp_world_size` = dp) and per DP rank r
 builds it: `single_partition_of_fp32_groups` (padding stripped), `base_optimizer_state` (the
 inner optimizer's `state_dict`: per group one flat state of the partition size, padding
 zeroed, and the group's `step`; for an elastic source, which holds no param groups, the
-elastic form: per group the moments without padding, and `base_optimizer_state_step`), `group_paddings`, `param_alignment_paddings` (0s),
+elastic form: per group the moments without padding, and `base_optimizer_state_step`: the
+source's, else the groups' common `step`, without which DeepSpeed 0.19.8 cannot load an
+elastic checkpoint, its own of a torch optimizer included), `group_paddings`, `param_alignment_paddings` (0s),
 `partition_count`, `param_slice_mappings`, and the source's loss scaler and scalars.
 
 `out_dir` is written beside itself and renamed: complete or absent (DeepSpeedError names the file
@@ -70,9 +72,9 @@ def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], arrays: Mappin
         base: Any = {"state": state, "param_groups": [{**pg, "params": [g]} for g, pg in enumerate(meta.param_groups)]}
         steps = {}
     else:  # an elastic source holds no param groups: written elastic too (moments without padding)
-        base = [{k: v[: group.valid(r)].clone() if k in meta.states else v for k, v in state[g].items() if k != "step"}
+        base = [{k: v[: group.valid(r)].clone() if k in meta.states else v for k, v in state[g].items()}
                 for g, group in enumerate(flat)]  # fmt: skip
-        steps = {"base_optimizer_state_step": meta.scalars[0].get("step")}
+        steps = {"base_optimizer_state_step": _elastic_step(meta)}
     opt = meta.optimizer
     return {
         "loss_scaler": opt.get("loss_scaler"), "dynamic_loss_scale": opt.get("dynamic_loss_scale", False),
@@ -83,6 +85,19 @@ def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], arrays: Mappin
         "param_alignment_paddings": [[0] * len(g.params) for g in flat], "partition_count": [g.dp for g in flat],
         "ds_version": opt.get("ds_version", meta.top.get("ds_version")), "param_slice_mappings": mappings,
     }  # fmt: skip
+
+
+def _elastic_step(meta: DeepSpeedMeta) -> Any:
+    if "base_optimizer_state_step" in meta.optimizer:
+        return meta.optimizer["base_optimizer_state_step"]
+    steps = [s.get("step") for s in meta.scalars]
+    if any(x is None or not _equal(x, steps[0]) for x in steps):
+        raise DeepSpeedError(f"param groups disagree on 'step' ({steps}): an elastic checkpoint holds one step for all")
+    return _copy(steps[0])
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return bool(torch.equal(a, b)) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
 
 
 def _concat(pieces: list[np.ndarray], size: int) -> torch.Tensor:

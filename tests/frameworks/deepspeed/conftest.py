@@ -1,5 +1,6 @@
 """Checkpoints DeepSpeed itself saved (fixtures.deepspeed.engine), once per session: ZeRO-2 with
-two DP ranks and ZeRO-1 with one, each with the full state the saving engine held."""
+two DP ranks and ZeRO-1 with one (bf16, `elastic_checkpoint`), each with the full state the
+saving engine held."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def zero2(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def zero1(tmp_path_factory):
-    """(checkpoint root, full state) of ZeRO-1 trained and saved with 1 rank."""
+    """(checkpoint root, full state) of ZeRO-1 with bf16 weights and elastic optimizer files,
+    trained and saved with 1 rank."""
     from fixtures.deepspeed.engine import train_and_save
 
     tmp = tmp_path_factory.mktemp("ds-zero1")
-    return tmp / "ck", train_and_save(tmp / "ck", 1, 1, tmp)
+    return tmp / "ck", train_and_save(tmp / "ck", 1, 1, tmp, bf16=True, elastic=True)
 
 
 def assert_same_state(got: dict, want: dict) -> None:

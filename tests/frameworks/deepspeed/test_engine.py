@@ -21,10 +21,14 @@ def test_zero2_two_ranks_to_one(zero2, tmp_path):
     assert_same_state(load(tmp_path / "dp1", 1, 2, tmp_path), saved)
 
 
-def test_zero1_one_rank_to_two(zero1, tmp_path):
+def test_zero1_bf16_elastic_one_rank_to_two(zero1, tmp_path):
     ckpt, saved = zero1
     reshard_deepspeed(ckpt, "dp=2", tmp_path / "dp2")
-    assert_same_state(load(tmp_path / "dp2", 2, 1, tmp_path), saved)
+    assert sorted(f.name for f in (tmp_path / "dp2" / "global_step2").iterdir()) == [
+        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "mp_rank_00_model_states.pt"]  # fmt: skip
+    assert saved["0.weight"]["module"].dtype == torch.bfloat16
+    assert_same_state(load(tmp_path / "dp2", 2, 1, tmp_path, bf16=True, elastic=True), saved)
 
 
 def test_universal_from_ds_to_universal_writes_the_same_files(zero2, tmp_path):
