@@ -93,8 +93,8 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
         state = sum(f.stat().st_size for f in (tmp / "src").rglob("*.pt"))
         runs: dict[str, list[dict[str, float]]] = {"tenplex": [], "deepspeed": []}
         for i in range(REPEATS):
-            sides = [("tenplex", lambda: reshard_deepspeed(tmp / "src", f"dp={DST_DP}", tmp / f"t{i}")),
-                     ("deepspeed", lambda: to_universal(tmp / "src" / "global_step1", tmp / f"u{i}"))]  # fmt: skip
+            sides = [("tenplex", lambda i=i: reshard_deepspeed(tmp / "src", f"dp={DST_DP}", tmp / f"t{i}")),
+                     ("deepspeed", lambda i=i: to_universal(tmp / "src" / "global_step1", tmp / f"u{i}"))]  # fmt: skip
             for side, fn in sides if i % 2 == 0 else sides[::-1]:
                 runs[side].append(_measure(fn))
         loads = _loads(tmp, tmp / "t0", tmp / "u0", size)
