@@ -3,7 +3,9 @@ another DP world size, and `deepspeed_findings`: what a DeepSpeed checkpoint hol
 
 `to` is `dp=N` (optionally `,tp=1,pp=1`: tenplex reads and writes one model-parallel rank, so
 any other tp or pp is refused). The plan is tenplex's verified one (`dcp.reshard.reshard_arrays`
-on the PTCs of `deepspeed.meta`), run in-process for one worker or on local agents.
+on the PTCs of `deepspeed.meta`): with one worker its ops are applied in-process straight into
+the writer's flat partitions (`dcp.apply`: one copy per byte, no second copy of the state held);
+with more, on local agents, whose arrays the writer then copies into place.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import time
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 from tenplex.compiler.emit import human_bytes
+from tenplex.frameworks.dcp.apply import StreamedArrays, apply_ops
 from tenplex.frameworks.dcp.reshard import reshard_arrays
 from tenplex.frameworks.deepspeed.files import DeepSpeedError
 from tenplex.frameworks.deepspeed.meta import DeepSpeedMeta, build_ptc
 from tenplex.frameworks.deepspeed.read import read_deepspeed
-from tenplex.frameworks.deepspeed.write import write_deepspeed
+from tenplex.frameworks.deepspeed.write import Fill, write_deepspeed
 from tenplex.ir.ptc import PTC
 
 
@@ -30,7 +34,7 @@ class DeepSpeedReshardResult:
     dp: int
     workers: int
     bytes_moved: int  # bytes the plan copies between ranks
-    seconds: dict[str, float]  # read, reshard, write
+    seconds: dict[str, float]  # read, reshard (compile; with agents also execute), write (with one worker also execute)
 
     def summary(self) -> str:
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items())
@@ -69,9 +73,9 @@ def reshard_deepspeed(src_dir: str | os.PathLike, to: str, out_dir: str | os.Pat
     src, arrays, values, meta = read_deepspeed(src_dir, trust_pickles=trust_pickles)
     clock.append(time.perf_counter())
     dst = build_ptc(meta, dp)
-    out_arrays, _, plan = reshard_arrays(src, arrays, values, dst, workers)
+    out_arrays, _, plan = reshard_arrays(src, arrays, values, dst, workers, stream=workers == 1)
     clock.append(time.perf_counter())
-    write_deepspeed(dst, out_arrays, meta, dp, out_dir)
+    write_deepspeed(dst, _fill(out_arrays) if isinstance(out_arrays, StreamedArrays) else out_arrays, meta, dp, out_dir)
     clock.append(time.perf_counter())
     seconds = dict(zip(("read", "reshard", "write"), (b - a for a, b in zip(clock, clock[1:]))))
     moved = plan.stats.host_bytes + plan.stats.network_bytes
@@ -98,6 +102,15 @@ def deepspeed_findings(path: str | os.PathLike, meta: DeepSpeedMeta, ptc: PTC) -
                  f"{meta.model_states.get('global_steps')}; {human_bytes(sum(t.nbytes for t in ptc.tensors))} in all")  # fmt: skip
     lines.append(f"  reshard it with: tenplex reshard {path} --from deepspeed --to dp=N --out OUT")
     return lines
+
+
+def _fill(streamed: StreamedArrays) -> Fill:
+    """The plan's ops of each dst sub-tensor applied straight into the writer's buffer."""
+
+    def fill(sid: str, target: np.ndarray) -> None:
+        apply_ops(streamed.ops.get(sid, []), streamed.src, streamed.dst, streamed.src_arrays, target)
+
+    return fill
 
 
 def _number(v: object) -> object:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,23 @@ import torch
 from tenplex.frameworks.deepspeed.files import MODEL_FILE, DeepSpeedError, ZeroStageEnum, fragment_address, save
 from tenplex.frameworks.deepspeed.layout import FlatGroup
 from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta
-from tenplex.frameworks.megatron.tensors import to_torch
+from tenplex.frameworks.megatron.tensors import to_numpy, torch_dtype
 from tenplex.ir.files import atomic_dir
 from tenplex.ir.ptc import PTC
 
+Fill = Callable[[str, np.ndarray], None]  # (sub-tensor id, its local array to write into)
 
-def write_deepspeed(ptc: PTC, arrays: Mapping[str, np.ndarray], meta: DeepSpeedMeta, dp: int,
+
+def write_deepspeed(ptc: PTC, arrays: Mapping[str, np.ndarray] | Fill, meta: DeepSpeedMeta, dp: int,
                     out_dir: str | os.PathLike) -> Path:  # fmt: skip
-    """Write `ptc` (`meta.build_ptc(meta, dp)`) with `arrays` into `out_dir`; returns it."""
-    missing = [st.id for st in ptc.subtensors if st.id not in arrays]
-    if missing:
-        raise DeepSpeedError(f"{out_dir}: no array for sub-tensor {missing[0]!r}")
+    """Write `ptc` (`meta.build_ptc(meta, dp)`) into `out_dir`; returns it. `arrays` holds each
+    sub-tensor's array, or is a `Fill` that writes it into the place the file needs it (a slice
+    of a rank's flat partition), so a plan can be applied with no intermediate copy."""
+    if isinstance(arrays, Mapping):
+        missing = [st.id for st in ptc.subtensors if st.id not in arrays]
+        if missing:
+            raise DeepSpeedError(f"{out_dir}: no array for sub-tensor {missing[0]!r}")
+        arrays = _copier(arrays)
     out = Path(out_dir)
     flat = meta.flat_groups(dp)
     with atomic_dir(out, DeepSpeedError) as tmp:
@@ -56,24 +62,41 @@ def write_deepspeed(ptc: PTC, arrays: Mapping[str, np.ndarray], meta: DeepSpeedM
     return out
 
 
-def _module(meta: DeepSpeedMeta, arrays: Mapping[str, np.ndarray]) -> collections.OrderedDict:
-    return collections.OrderedDict((k, to_torch(arrays[f"dp0/module/{k}"])) for k, _, _ in meta.module)
+def _copier(arrays: Mapping[str, np.ndarray]) -> Fill:
+    def fill(sid: str, target: np.ndarray) -> None:
+        target[...] = arrays[sid].reshape(target.shape)
+
+    return fill
 
 
-def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], arrays: Mapping[str, np.ndarray], r: int) -> dict[str, Any]:
+def _module(meta: DeepSpeedMeta, fill: Fill) -> collections.OrderedDict:
+    out = collections.OrderedDict()
+    for k, dtype, shape in meta.module:
+        out[k] = torch.empty(shape, dtype=torch_dtype(dtype))
+        fill(f"dp0/module/{k}", to_numpy(out[k], Path("<module>"), k))
+    return out
+
+
+def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], fill: Fill, r: int) -> dict[str, Any]:
     fp32, state, mappings = [], {}, []
     for g, group in enumerate(flat):
         frags = list(group.fragments(r))
-        parts = {kind: _concat([arrays[f"dp{r}/{kind}/{f.name}"] for f in frags], group.partition_size) for kind in meta.kinds}
-        fp32.append(parts[MASTER][: group.valid(r)].clone())
+        parts = {}
+        for kind in meta.kinds:  # fp32 (and elastic moments) without padding, rigid moments with
+            size = group.partition_size if kind != MASTER and meta.param_groups else group.valid(r)
+            parts[kind] = torch.empty(size, dtype=torch.float32)
+            flat_part = parts[kind].numpy()
+            flat_part[group.valid(r):] = 0
+            for f in frags:
+                fill(f"dp{r}/{kind}/{f.name}", flat_part[f.offset:f.offset + f.stop - f.start])
+        fp32.append(parts[MASTER])
         state[g] = {**{k: _copy(v) for k, v in meta.scalars[g].items()}, **{k: parts[k] for k in meta.states}}
         mappings.append(collections.OrderedDict((f.name, fragment_address(f.stop - f.start, f.offset)) for f in frags))
     if meta.param_groups:
         base: Any = {"state": state, "param_groups": [{**pg, "params": [g]} for g, pg in enumerate(meta.param_groups)]}
         steps = {}
     else:  # an elastic source holds no param groups: written elastic too (moments without padding)
-        base = [{k: v[: group.valid(r)].clone() if k in meta.states else v for k, v in state[g].items()}
-                for g, group in enumerate(flat)]  # fmt: skip
+        base = [state[g] for g in range(len(flat))]
         steps = {"base_optimizer_state_step": _elastic_step(meta)}
     opt = meta.optimizer
     return {
@@ -98,16 +121,6 @@ def _elastic_step(meta: DeepSpeedMeta) -> Any:
 
 def _equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b)) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
-
-
-def _concat(pieces: list[np.ndarray], size: int) -> torch.Tensor:
-    """The partition: the fragments in flat order, then zeros up to `size`."""
-    out = torch.zeros(size, dtype=torch.float32)
-    at = 0
-    for a in pieces:
-        out[at:at + a.size] = to_torch(a.reshape(-1))
-        at += a.size
-    return out
 
 
 def _copy(v: Any) -> Any:
