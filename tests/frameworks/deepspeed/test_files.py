@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from tenplex.frameworks.deepspeed import DeepSpeedError, build_ptc, parse_dp, read_deepspeed, reshard_deepspeed, write_deepspeed
+from tenplex.frameworks.deepspeed import (
+    DeepSpeedError,
+    build_ptc,
+    parse_dp,
+    read_deepspeed,
+    reshard_deepspeed,
+    write_deepspeed,
+)
 from tenplex.frameworks.formats import FormatError, detect, inspect
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # the session fixture runs DeepSpeed ranks
