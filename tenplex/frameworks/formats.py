@@ -1,12 +1,14 @@
 """Checkpoint formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
 Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
-`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory); `structure` (the reference's per-rank
+`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory),
+`deepspeed` (a DeepSpeed ZeRO-1/2 or universal checkpoint, `frameworks.deepspeed`); `structure` (the reference's per-rank
 structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
 `detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
 SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
 
-- same format: the format's own reshard (`reshard`, `reshard_megatron`, `reshard_dcp`);
+- same format: the format's own reshard (`reshard`, `reshard_megatron`, `reshard_dcp`,
+  `reshard_deepspeed`);
 - another format: read SRC into a PTC triple, move it into the dst PTC (`reshard_arrays`), and
   write that with the target format's writer. Megatron output needs a Megatron source (the
   args, names and optimizer structure come from it).
@@ -15,7 +17,7 @@ SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
 `--json`); `inspect_report(dir)` returns the format, the findings and the PTC that `inspect`
 describes, for `tenplex inspect --json`.
 
-`to` means what the source format means by a layout: `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
+`to` means what the source format means by a layout: `dp=N` for DeepSpeed, `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
 (the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
 file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source.
 
@@ -38,7 +40,7 @@ import attrs
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 
-FORMATS = ("tenplex", "megatron", "dcp")
+FORMATS = ("tenplex", "megatron", "dcp", "deepspeed")
 
 
 class FormatError(TenplexError):
@@ -75,10 +77,20 @@ def detect(path: str | os.PathLike) -> str:
         return "dcp"
     if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
         return "megatron"
+    if _is_deepspeed(p):
+        return "deepspeed"
     if (p / "rank_map.json").is_file():
         return "structure"  # the reference's per-rank structure JSON: a layout without data
     raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
-                      "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
+                      "latest_checkpointed_iteration.txt, iter_*/, DeepSpeed's latest or mp_rank_00_model_states.pt, "
+                      "or rank_map.json)")  # fmt: skip
+
+
+def _is_deepspeed(p: Path) -> bool:
+    """A DeepSpeed root or tag directory (ZeRO or universal), possibly half-written: the reader
+    then names what is missing."""
+    marks = ("latest", "latest_universal", "mp_rank_00_model_states.pt", "zero/optimizer_state.pt")
+    return any((p / m).is_file() for m in marks) or any(p.glob("*zero_pp_rank_*_optim_states.pt"))
 
 
 def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> tuple[PTC, dict, dict, Any]:
@@ -92,6 +104,10 @@ def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> t
         from tenplex.frameworks.dcp.read import read_dcp
 
         return (*read_dcp(path, trust_pickles=trust_pickles), None)
+    if fmt == "deepspeed":
+        from tenplex.frameworks.deepspeed.read import read_deepspeed
+
+        return read_deepspeed(path, trust_pickles=trust_pickles)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return (*read_checkpoint(path), None)
@@ -106,6 +122,10 @@ def dst_ptc(fmt: str, src: PTC, meta: Any, to: str, load_state: Callable[[str], 
 
         parallel = target_layout(meta, to)
         return build_ptc(meta.model, parallel, cluster_for(parallel))
+    if fmt == "deepspeed" and to.startswith("dp="):
+        from tenplex.frameworks.deepspeed.reshard import dst_ptc as deepspeed_ptc
+
+        return deepspeed_ptc(meta, to)
     if fmt == "dcp" and _is_mesh_layout(to):
         from tenplex.frameworks.dtensor.mesh import MeshLayout
         from tenplex.frameworks.dtensor.mesh import dst_ptc as mesh_ptc
@@ -147,6 +167,15 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         m = reshard_megatron(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
         seconds = {"total": m.seconds, **dict(m.phases)}
         return Converted(src_dir, src_fmt, out_dir, fmt, workers, m.bytes_moved, seconds, m.summary())
+    if fmt == "deepspeed":
+        if src_fmt != "deepspeed" or not to.startswith("dp="):
+            raise FormatError(f"DeepSpeed output needs a DeepSpeed source and a layout like dp=4 (got {src_fmt} {src_dir} "
+                              f"and {to!r}): parameter groups and optimizer settings come from the source")  # fmt: skip
+        from tenplex.frameworks.deepspeed.reshard import reshard_deepspeed
+
+        r = reshard_deepspeed(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
+        seconds = {"total": sum(r.seconds.values()), **r.seconds}
+        return Converted(src_dir, src_fmt, out_dir, fmt, workers, r.bytes_moved, seconds, r.summary())
     if fmt == src_fmt == "dcp" and _is_mesh_layout(to):
         from tenplex.frameworks.dcp.reshard import reshard_dcp
 
@@ -209,6 +238,12 @@ def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list
 
         ckpt = read_megatron(path, trust_pickles=trust_pickles)
         return fmt, megatron_findings(ckpt), ckpt.ptc
+    if fmt == "deepspeed":
+        from tenplex.frameworks.deepspeed.read import read_deepspeed
+        from tenplex.frameworks.deepspeed.reshard import deepspeed_findings
+
+        ptc, _, _, meta = read_deepspeed(path, trust_pickles=trust_pickles)
+        return fmt, deepspeed_findings(path, meta, ptc), ptc
     if fmt == "dcp":
         from tenplex.frameworks.dcp.read import ptc_of_index, read_index
         from tenplex.frameworks.dcp.reshard import inspect_dcp

@@ -33,6 +33,7 @@ import pickle
 import re
 import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,20 @@ def allowed_global(name: str) -> Any | None:
     return obj if isinstance(obj, type) and issubclass(obj, enum.Enum) else None
 
 
-def load_rank_file(path: Path, what: str, error: type[TenplexError], *, trust_pickles: bool = False) -> Any:
-    """The object in torch file `path` (see the module docstring). Raises `error` naming the file
-    when it is missing, not a regular file, not a torch file, or needs a class that is refused."""
+def load_rank_file(path: Path, what: str, error: type[TenplexError], *, trust_pickles: bool = False,
+                   extra: Mapping[str, Any] | None = None) -> Any:  # fmt: skip
+    """The object in torch file `path` (see the module docstring). `extra` allows more globals,
+    by pickle name, as the given objects (another format's stand-ins for its classes). Raises
+    `error` naming the file when it is missing, not a regular file, not a torch file, or needs a
+    class that is refused."""
     check_regular(path, what, error)
     zipped = zipfile.is_zipfile(path)
     if trust_pickles:
         return _load(path, error, zipped, weights_only=False)
-    allowed = [(obj, name) for name, obj in _STATIC.items()]
+    known = {**_STATIC, **(extra or {})}
+    allowed = [(obj, name) for name, obj in known.items()]
     for name in sorted(_globals(path, error) if zipped else ()):
-        obj = allowed_global(name)
+        obj = known.get(name) or allowed_global(name)
         if obj is None:
             raise error(_refusal(path, name))
         allowed.append((obj, name))
@@ -118,6 +123,6 @@ def _load(path: Path, error: type[TenplexError], zipped: bool, *, weights_only: 
 
 
 def _refusal(path: Path, name: str) -> str:
-    return (f"{path}: refusing to unpickle {name!r}: not a class Megatron checkpoints hold, and unpickling it "
+    return (f"{path}: refusing to unpickle {name!r}: not a class tenplex allows in checkpoint files, and unpickling it "
             f"could run code; {OPT_IN}")  # fmt: skip
 

@@ -1,0 +1,41 @@
+"""Checkpoints DeepSpeed itself saved (fixtures.deepspeed.engine), once per session: ZeRO-2 with
+two DP ranks and ZeRO-1 with one (bf16, `elastic_checkpoint`), each with the full state the
+saving engine held."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def zero2(tmp_path_factory):
+    """(checkpoint root, full state) of ZeRO-2 trained and saved with 2 ranks."""
+    from fixtures.deepspeed.engine import train_and_save
+
+    tmp = tmp_path_factory.mktemp("ds-zero2")
+    return tmp / "ck", train_and_save(tmp / "ck", 2, 2, tmp)
+
+
+@pytest.fixture(scope="session")
+def zero1(tmp_path_factory):
+    """(checkpoint root, full state) of ZeRO-1 with bf16 weights and elastic optimizer files,
+    trained and saved with 1 rank."""
+    from fixtures.deepspeed.engine import train_and_save
+
+    tmp = tmp_path_factory.mktemp("ds-zero1")
+    return tmp / "ck", train_and_save(tmp / "ck", 1, 1, tmp, bf16=True, elastic=True)
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    """Every parameter's module weight, fp32 master and moments, and every group's step, bit for bit."""
+    assert got.keys() == want.keys()
+    for name, parts in want.items():
+        if name == "step":
+            assert [s.item() for s in got[name]] == [s.item() for s in parts]
+            continue
+        for kind, t in parts.items():
+            g = got[name][kind]
+            assert g.dtype == t.dtype and g.shape == t.shape, (name, kind)
+            assert g.view(-1).view(torch.int32 if g.dtype == torch.float32 else torch.int16).equal(
+                t.view(-1).view(torch.int32 if t.dtype == torch.float32 else torch.int16)), (name, kind)
