@@ -1,7 +1,8 @@
 """Checkpoint formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
 Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
-`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory); `structure` (the reference's per-rank
+`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory), `hf` (Hugging Face
+safetensors: `model.safetensors`, or shards named by `model.safetensors.index.json`); `structure` (the reference's per-rank
 structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
 `detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
 SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
@@ -17,7 +18,8 @@ describes, for `tenplex inspect --json`.
 
 `to` means what the source format means by a layout: `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
 (the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
-file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source.
+file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source. Output
+in `hf` is one whole model: `to` is `whole` or `max_shard_size=SIZE` (`hf.write.parse_target`).
 
 Trust: Megatron rank files and DCP `.metadata` are pickles. They are unpickled with allow-lists
 of the classes those formats hold (`megatron.pickles`, `dcp.metadata`); `trust_pickles=True`
@@ -38,7 +40,7 @@ import attrs
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 
-FORMATS = ("tenplex", "megatron", "dcp")
+FORMATS = ("tenplex", "megatron", "dcp", "hf")
 
 
 class FormatError(TenplexError):
@@ -73,11 +75,15 @@ def detect(path: str | os.PathLike) -> str:
         return "tenplex"
     if (p / ".metadata").is_file():
         return "dcp"
+    if any(p.glob("*.distcp")):
+        raise FormatError(f"{p}: has .distcp data files but no .metadata: a DCP save that did not finish (.metadata is written last)")
+    if (p / "model.safetensors.index.json").is_file() or any(p.glob("*.safetensors")):
+        return "hf"
     if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
         return "megatron"
     if (p / "rank_map.json").is_file():
         return "structure"  # the reference's per-rank structure JSON: a layout without data
-    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
+    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, *.safetensors, "
                       "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
 
 
@@ -92,6 +98,10 @@ def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> t
         from tenplex.frameworks.dcp.read import read_dcp
 
         return (*read_dcp(path, trust_pickles=trust_pickles), None)
+    if fmt == "hf":
+        from tenplex.frameworks.hf.read import read_hf
+
+        return (*read_hf(path), None)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return (*read_checkpoint(path), None)
@@ -106,7 +116,7 @@ def dst_ptc(fmt: str, src: PTC, meta: Any, to: str, load_state: Callable[[str], 
 
         parallel = target_layout(meta, to)
         return build_ptc(meta.model, parallel, cluster_for(parallel))
-    if fmt == "dcp" and _is_mesh_layout(to):
+    if fmt in ("dcp", "hf") and _is_mesh_layout(to):
         from tenplex.frameworks.dtensor.mesh import MeshLayout
         from tenplex.frameworks.dtensor.mesh import dst_ptc as mesh_ptc
 
@@ -162,17 +172,26 @@ def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PT
 
     start = time.perf_counter()
     src, arrays, values, meta = read(src_dir, src_fmt, trust_pickles=trust_pickles)
-    dst = dst_ptc(src_fmt, src, meta, to, load_state)
+    if fmt == "hf":
+        from tenplex.frameworks.hf.write import parse_target, whole_ptc
+
+        max_shard_bytes, dst = parse_target(to), whole_ptc(src)
+    else:
+        max_shard_bytes, dst = None, dst_ptc(src_fmt, src, meta, to, load_state)
     out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers)
-    _write(fmt, dst, dict(out_arrays), out_values, out_dir)
+    _write(fmt, dst, dict(out_arrays), out_values, out_dir, max_shard_bytes)
     moved = plan.stats.host_bytes + plan.stats.network_bytes
     summary = (f"tenplex: resharded {src_fmt} {src_dir} into {fmt} {out_dir} with {workers} worker(s); "
                f"{moved} B moved between ranks, plan verified")  # fmt: skip
     return Converted(src_dir, src_fmt, out_dir, fmt, workers, moved, {"total": time.perf_counter() - start}, summary)
 
 
-def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None:
-    if fmt == "dcp":
+def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str, max_shard_bytes: int | None) -> None:
+    if fmt == "hf":
+        from tenplex.frameworks.hf.write import write_hf
+
+        write_hf(dst, arrays, values, out_dir, max_shard_bytes)
+    elif fmt == "dcp":
         from tenplex.frameworks.dcp.write import write_dcp
 
         write_dcp(dst, arrays, values, out_dir)
@@ -215,6 +234,13 @@ def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list
 
         index = read_index(path, trust_pickles=trust_pickles)  # once: a trusted pickle may do anything
         return fmt, inspect_dcp(path, index=index), ptc_of_index(index)
+    if fmt == "hf":
+        from tenplex.frameworks.hf.inspect import inspect_hf
+        from tenplex.frameworks.hf.read import ptc_of_index as hf_ptc
+        from tenplex.frameworks.hf.read import read_index as hf_index
+
+        hf = hf_index(path)
+        return fmt, inspect_hf(path, hf), hf_ptc(hf)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return fmt, [f"tenplex checkpoint directory {path}"], read_checkpoint(path)[0]
