@@ -108,7 +108,7 @@ def write_hf(ptc: PTC, arrays: dict[str, Any], values: dict[str, dict[str, Any]]
 
 
 def _array(out: Path, t: TensorMeta, array: Any) -> np.ndarray:
-    a = np.ascontiguousarray(array) if array is not None else None
+    a = np.asarray(array, order="C") if array is not None else None
     if a is None or a.shape != t.shape or a.dtype != np_dtype(t.dtype):
         got = "nothing" if a is None else f"{a.dtype}{list(a.shape)}"
         raise HfError(f"{out}: tensor {t.name!r} has {got}, expected {t.dtype}{list(t.shape)}")
