@@ -3,6 +3,7 @@
 - `megatron/`: Megatron-LM legacy trees (`iter_*/mp_rank_*/model_optim_rng.pt`, distributed optimizer);
 - `dtensor/`: PyTorch DTensor layouts and live state dicts (placements -> boxes, mesh layouts, values);
 - `dcp/`: PyTorch Distributed Checkpoint directories (`.metadata` + `*.distcp`), and `load_dcp`;
+- `hf/`: Hugging Face safetensors directories (`save_pretrained`, DCP's `HuggingFaceStorageWriter`);
 - `structure/`: the reference Tenplex's per-rank structure JSON;
 - `formats`: the formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
