@@ -100,8 +100,8 @@ def test_dcp_hf_storage_writer_output_reads_bit_for_bit(models, tmp_path):
 
 
 def test_values_survive_hf_and_back(tmp_path):
-    from tests.frameworks.test_dcp_files import sharded_state
     from tenplex.frameworks.dcp.write import write_dcp
+    from tests.frameworks.test_dcp_files import sharded_state
 
     ptc, arrays, values = sharded_state()
     write_dcp(ptc, arrays, values, tmp_path / "dcp")
