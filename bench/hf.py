@@ -7,8 +7,9 @@ index), page cache warm. Rows, each `anchor s / tenplex s`:
 
 - load a state dict: tenplex `read_hf` + a copy of each tensor into preallocated tensors, vs
   `dcp.load(state, storage_reader=HuggingFaceStorageReader(dir))` (DCP's HF path);
-- load_file: tenplex `read_hf` + a copy of each tensor, vs `safetensors.torch.load_file` of
-  every shard (what `from_pretrained` does per shard);
+- open (memory-mapped): tenplex `read_hf` (numpy views of the mapped files), vs
+  `safetensors.torch.load_file` of every shard (what `from_pretrained` does per shard; its
+  tensors are views of mapped files too): neither reads tensor data yet;
 - consolidate: `convert(dir, "whole", fmt="hf")` (read, compile a verified plan, copy, write
   `model.safetensors` with fsync), vs `load_file` of every shard + `save_file` + fsync.
 
@@ -86,13 +87,6 @@ def _into(state: dict, root: Path) -> None:
         np.copyto(t.view(torch.int16).numpy(), arrays[name].view(np.int16))
 
 
-def _fresh(root: Path) -> dict:
-    from tenplex.frameworks.hf.read import read_hf
-
-    _, arrays, _ = read_hf(root)
-    return {k: a.copy() for k, a in arrays.items()}
-
-
 def _measure(name: str, data: int, anchor_name: str, anchor: Callable[[int], Any], tenplex: Callable[[int], Any],
              check: Callable[[], bool]) -> dict[str, Any]:  # fmt: skip
     """Both sides REPEATS times, alternating (anchor first on even runs); `check` after the last."""
@@ -131,6 +125,7 @@ def _hf_rows(tmp: Path, quick: bool) -> list[dict[str, Any]]:
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     from tenplex.frameworks.formats import convert
+    from tenplex.frameworks.hf.read import read_hf
 
     state = _state(quick)
     data = sum(t.numel() * t.element_size() for t in state.values())
@@ -156,8 +151,8 @@ def _hf_rows(tmp: Path, quick: bool) -> list[dict[str, Any]]:
         _measure("load a state dict", data, "DCP HuggingFaceStorageReader",
                  lambda i: dcp.load(theirs, storage_reader=HuggingFaceStorageReader(str(src)), no_dist=True),
                  lambda i: _into(mine, src), lambda: all(_bits(mine[k]) == _bits(v) == _bits(theirs[k]) for k, v in state.items())),
-        _measure("load_file", data, "safetensors.torch.load_file", lambda i: got.update(a=merged()),
-                 lambda i: got.update(t=_fresh(src)), lambda: all(got["t"][k].tobytes() == _bits(got["a"][k]) for k in state)),
+        _measure("open (memory-mapped)", data, "safetensors.torch.load_file", lambda i: got.update(a=merged()),
+                 lambda i: got.update(t=read_hf(src)[1]), lambda: all(got["t"][k].tobytes() == _bits(got["a"][k]) for k in state)),
         _measure("consolidate shards -> model.safetensors", data, "load_file + save_file + fsync", anchor_consolidate,
                  lambda i: convert(str(src), "whole", str(tmp / f"t{i}"), no_spec, fmt="hf"),
                  lambda: _same_files(tmp / "t0" / "model.safetensors", tmp / "a0" / "model.safetensors")),

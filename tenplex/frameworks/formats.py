@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,21 +172,24 @@ def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PT
 
     start = time.perf_counter()
     src, arrays, values, meta = read(src_dir, src_fmt, trust_pickles=trust_pickles)
+    direct = None
     if fmt == "hf":
-        from tenplex.frameworks.hf.write import parse_target, whole_ptc
+        from tenplex.frameworks.hf.write import parse_target, whole_arrays, whole_ptc
 
-        max_shard_bytes, dst = parse_target(to), whole_ptc(src)
+        max_shard_bytes, dst, direct = parse_target(to), whole_ptc(src), whole_arrays(src, arrays)
     else:
         max_shard_bytes, dst = None, dst_ptc(src_fmt, src, meta, to, load_state)
-    out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers)
-    _write(fmt, dst, dict(out_arrays), out_values, out_dir, max_shard_bytes)
+    stream = fmt == "hf" and workers == 1  # write_hf takes each array once: no second copy of the state
+    out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers, stream=stream)
+    out_arrays = direct if stream and direct is not None else out_arrays  # the plan copies each whole: write src's
+    _write(fmt, dst, out_arrays if stream else dict(out_arrays), out_values, out_dir, max_shard_bytes)
     moved = plan.stats.host_bytes + plan.stats.network_bytes
     summary = (f"tenplex: resharded {src_fmt} {src_dir} into {fmt} {out_dir} with {workers} worker(s); "
                f"{moved} B moved between ranks, plan verified")  # fmt: skip
     return Converted(src_dir, src_fmt, out_dir, fmt, workers, moved, {"total": time.perf_counter() - start}, summary)
 
 
-def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str, max_shard_bytes: int | None) -> None:
+def _write(fmt: str, dst: PTC, arrays: Mapping, values: dict, out_dir: str, max_shard_bytes: int | None) -> None:
     if fmt == "hf":
         from tenplex.frameworks.hf.write import write_hf
 

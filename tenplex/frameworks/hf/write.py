@@ -25,6 +25,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from tenplex.ir.tensor import Piece, SubTensor, TensorMeta, itemsize
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.arrays import np_dtype
 
-__all__ = ["PARTITION", "parse_target", "whole_ptc", "write_hf"]
+__all__ = ["PARTITION", "parse_target", "whole_arrays", "whole_ptc", "write_hf"]
 
 PARTITION = "model"
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
@@ -64,11 +65,25 @@ def whole_ptc(src: PTC) -> PTC:
     return PTC(src.tensors, tuple(subtensors), (part,), Allocation({PARTITION: (0,)}), Topology((Device(0, "h0"),)))
 
 
+def _whole(ptc: PTC, t: TensorMeta) -> SubTensor | None:
+    """The one sub-tensor holding all of `t` as it is (no fill, no reordering), if there is one."""
+    held = ptc.by_tensor[t.name]
+    st = held[0] if len(held) == 1 else None
+    return st if st is not None and st.shape == t.shape and (not t.box.volume or st.pieces == (Piece(t.box, t.box),)) else None
+
+
+def whole_arrays(src: PTC, arrays: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Tensor name -> array when every tensor of `src` is held whole by one sub-tensor (so the
+    arrays of `whole_ptc(src)` are `src`'s own: writing needs no copy); else None."""
+    held = {t.name: _whole(src, t) for t in src.tensors}
+    return None if None in held.values() else {name: arrays[st.id] for name, st in held.items()}
+
+
 def _check_whole(ptc: PTC, out: Path) -> None:
     for t in ptc.tensors:
         held = ptc.by_tensor[t.name]
-        st = held[0] if len(held) == 1 else None
-        if st is None or st.shape != t.shape or st.id != t.name or (t.box.volume and st.pieces != (Piece(t.box, t.box),)):
+        st = _whole(ptc, t)
+        if st is None or st.id != t.name:
             raise HfError(f"{out}: tensor {t.name!r} is held as {len(held)} sub-tensor(s), not whole: safetensors output "
                           "needs every tensor whole in one partition (whole_ptc)")  # fmt: skip
 
@@ -85,10 +100,12 @@ def _shards(tensors: list[TensorMeta], limit: int | None) -> list[list[TensorMet
     return shards
 
 
-def write_hf(ptc: PTC, arrays: dict[str, Any], values: dict[str, dict[str, Any]], out: str | os.PathLike,
+def write_hf(ptc: PTC, arrays: Mapping[str, Any], values: dict[str, dict[str, Any]], out: str | os.PathLike,
              max_shard_bytes: int | None = None) -> list[str]:  # fmt: skip
     """Write the whole PTC `ptc` with `arrays` (sub-tensor id -> array) and `values` (partition
-    id -> values) to the new directory `out` (see the module docstring); returns the file names."""
+    id -> values) to the new directory `out` (see the module docstring); returns the file names.
+    Each array is read once, right before it is written, so `arrays` may be a lazy mapping
+    whose item is valid until the next access (`dcp.apply.StreamedArrays`)."""
     out = Path(out)
     _check_whole(ptc, out)
     shards = _shards(list(ptc.tensors), max_shard_bytes)
@@ -98,7 +115,7 @@ def write_hf(ptc: PTC, arrays: dict[str, Any], values: dict[str, dict[str, Any]]
     with atomic_dir(out, HfError) as tmp:
         for i, (name, shard) in enumerate(zip(names, shards)):
             metadata = {"format": "pt", **({VALUES: json.dumps(part_values, sort_keys=True)} if i == 0 and part_values else {})}
-            _write_file(tmp / name, out / name, [(t, _array(out, t, arrays.get(t.name))) for t in shard], metadata)
+            _write_file(tmp / name, out / name, shard, arrays, metadata)
         if n > 1:
             weight_map = {t.name: name for name, shard in zip(names, shards) for t in shard}
             doc = {"metadata": {"total_size": sum(t.nbytes for t in ptc.tensors)}, "weight_map": dict(sorted(weight_map.items()))}
@@ -115,12 +132,13 @@ def _array(out: Path, t: TensorMeta, array: Any) -> np.ndarray:
     return a
 
 
-def _write_file(path: Path, shown: Path, items: list[tuple[TensorMeta, np.ndarray]], metadata: dict[str, str]) -> None:
-    """One safetensors file: header (tensors by decreasing item size, then name), then the data."""
-    items = sorted(items, key=lambda ta: (-itemsize(ta[0].dtype), ta[0].name))
+def _write_file(path: Path, shown: Path, tensors: list[TensorMeta], arrays: Mapping[str, Any], metadata: dict[str, str]) -> None:
+    """One safetensors file: header (tensors by decreasing item size, then name), then the data,
+    each array fetched just before it is written."""
+    tensors = sorted(tensors, key=lambda t: (-itemsize(t.dtype), t.name))
     header: dict[str, Any] = {"__metadata__": metadata}
     begin = 0
-    for t, _ in items:
+    for t in tensors:
         header[t.name] = {"dtype": CODES[t.dtype], "shape": list(t.shape), "data_offsets": [begin, begin + t.nbytes]}
         begin += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -128,8 +146,8 @@ def _write_file(path: Path, shown: Path, items: list[tuple[TensorMeta, np.ndarra
     try:
         with open(path, "xb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
-            for _, a in items:
-                f.write(a.reshape(-1).view(np.uint8).data)
+            for t in tensors:
+                f.write(_array(shown, t, arrays.get(t.name)).reshape(-1).view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
