@@ -125,8 +125,10 @@ def _sharding(h: Header) -> dict[str, tuple[int, ...]]:
         info = loads(h.metadata[SHARDING])
     except ValueError:
         info = None
+    if not isinstance(info, dict):
+        raise HfError(f"{h.path}: __metadata__ {SHARDING} is not a JSON object of tensor name -> saved_offsets")
     out = {}
-    for name, item in info.items() if isinstance(info, dict) else [(None, None)]:
+    for name, item in info.items():
         offsets = item.get("saved_offsets") if isinstance(item, dict) else None
         shape = next((t.shape for t in h.tensors if t.name == name), None)
         if shape is None or not isinstance(offsets, list) or len(offsets) != len(shape) or not all(type(o) is int and o >= 0 for o in offsets):
@@ -193,6 +195,6 @@ def read_hf(root: str | os.PathLike, index: HfIndex | None = None) -> tuple[PTC,
     views of the mapped files, which must not change while they are used."""
     index = index or read_index(root)
     ptc = ptc_of_index(index)
-    ids = {(st.tensor, p.id): st.id for p in ptc.partitions for st in map(ptc.subtensor_map.__getitem__, p.subtensors)}
+    ids = {(st.tensor, ptc.partition_of[st.id]): st.id for st in ptc.subtensors}
     arrays = {ids[name, _partition(h)]: a for h in index.headers for name, a in map_tensors(h).items()}
     return ptc, arrays, {_partition(h): _values(h) for h in index.headers}

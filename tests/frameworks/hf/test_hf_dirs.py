@@ -131,3 +131,10 @@ def test_cli_reshard_from_and_to_hf(sharded, tmp_path, tenplex):
     code, out, err = tenplex("inspect", str(tmp_path / "h"))
     assert code == 0 and out.splitlines()[0].endswith("Hugging Face safetensors checkpoint, 1 file(s), 2 tensors (58 B; 1 float32, 1 int16)")
     assert "tensor a.w: float32[3, 4] in model" in out and "model.safetensors: non-tensor values from tenplex" in out
+
+
+def test_sharding_info_that_is_not_an_object(tmp_path):
+    header = {"__metadata__": {"DCP_SHARDING_INFO": "[1]"}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    _file(tmp_path, header, bytes(4))
+    with pytest.raises(HfError, match=r"model.safetensors: __metadata__ DCP_SHARDING_INFO is not a JSON object"):
+        read_hf(tmp_path)
