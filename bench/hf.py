@@ -17,7 +17,8 @@ index), page cache warm. Rows, each `anchor s / tenplex s`:
 extension; `load_dcp` into preallocated tensors vs `dcp.load` of the same checkpoint.
 
 Every figure: min / median / max over `REPEATS` runs of each side, and the ratio per run (the
-two sides of one run are measured back to back). Results: bench/results/{hf,dcp-zstd}.{md,json}.
+two sides of one run are measured back to back, after an `os.sync()` each, so that neither
+pays for the other's dirty pages). Results: bench/results/{hf,dcp-zstd}.{md,json}.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def _measure(name: str, data: int, anchor_name: str, anchor: Callable[[int], Any
     for i in range(REPEATS):
         order = (("anchor_s", anchor), ("tenplex_s", tenplex)) if i % 2 == 0 else (("tenplex_s", tenplex), ("anchor_s", anchor))
         for side, fn in order:
+            os.sync()  # no side pays for the other's dirty pages
             start = time.perf_counter()
             fn(i)
             times[side].append(time.perf_counter() - start)
