@@ -92,13 +92,13 @@ def test_a_corrupt_frame_names_file_and_entry(copy):
     data = bytearray((copy / "__0_0.distcp").read_bytes())
     data[4:12] = b"\xff" * 8
     (copy / "__0_0.distcp").write_bytes(bytes(data))
-    with pytest.raises(DcpError, match=r"__0_0.distcp: .* at bytes \[\d+, \d+\) is not a readable ZStandard stream"):
+    with pytest.raises(DcpError, match=r"__0_0.distcp: .* at bytes \[\d+, \d+\) is not a complete ZStandard frame of at most \d+ bytes"):
         read_dcp(copy)
 
 
 def test_a_frame_larger_than_its_entry_is_refused(zstd_dir, monkeypatch):
     monkeypatch.setattr(transforms, "SLACK", 0)  # a chunk's torch.save archive is larger than its bare data
-    with pytest.raises(DcpError, match=r"decompresses to more than \d+ bytes, more than its entry can hold"):
+    with pytest.raises(DcpError, match=r"is not a complete ZStandard frame of at most \d+ bytes \(decompression error"):
         read_dcp(zstd_dir)
 
 
@@ -106,3 +106,22 @@ def test_without_zstandard_the_error_says_what_to_install(zstd_dir, monkeypatch)
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(DcpError, match=r"compressed with ZStandard \(stream.zstd\), which needs the zstandard package: pip install 'tenplex\[zstd\]'"):
         read_dcp(zstd_dir)
+
+
+def test_an_empty_compressed_entry_is_not_a_frame(copy):
+    def empty(info):
+        info.offset, info.length = 0, 0
+
+    _edit_metadata(copy, empty)
+    (copy / "__0_0.distcp").write_bytes(b"")
+    with pytest.raises(DcpError, match=r"__0_0.distcp: .* at bytes \[0, 0\) is not a complete ZStandard frame"):
+        read_dcp(copy)
+
+
+def test_a_truncated_frame_is_refused(copy):
+    def shorter(info):
+        info.length -= 5
+
+    _edit_metadata(copy, shorter)
+    with pytest.raises(DcpError, match=r"is not a complete ZStandard frame .*did not decompress full frame"):
+        read_dcp(copy)

@@ -243,14 +243,14 @@ def _read_file(path: Path, entries: list[Entry], dtypes: dict[str, str], use_mma
     with f:
         size = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if use_mmap and size else None
+        plain = untransformed(path, f, entries, dtypes) if any(e.transforms for e in entries) else {}
         for e in sorted(entries, key=lambda e: e.offset):
             if e.offset + e.length > size:
                 raise DcpError(f"{path}: truncated: {e.key} needs bytes [{e.offset}, {e.offset + e.length}) but the file has {size}")
             if e.transforms:
-                shape, dtype = (None, None) if e.box is None else (e.box.shape, dtypes[e.fqn])
-                data = untransformed(path, f, e.key, e.offset, e.length, e.transforms, shape, dtype)
-                plain = attrs.evolve(e, offset=0, length=len(data))
-                yield e, data if e.box is None else _chunk(path, io.BytesIO(data), data if use_mmap else None, plain, dtype)
+                data = plain[e.key]
+                unpacked = attrs.evolve(e, offset=0, length=len(data))
+                yield e, data if e.box is None else _chunk(path, io.BytesIO(data), data if use_mmap else None, unpacked, dtypes[e.fqn])
             elif e.box is None:
                 f.seek(e.offset)
                 yield e, f.read(e.length)

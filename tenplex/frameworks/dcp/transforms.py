@@ -7,16 +7,22 @@ entry's `offset`/`length` are those of the compressed bytes. DCP's reader undoes
 in list order. torch 2.13 knows one transform, `stream.zstd` (major version 1): one zstd frame
 per entry, written by `zstandard`'s stream writer (so the frame may not state its size).
 
-`check_transforms` reads the descriptors of `.metadata`; `untransformed` returns an entry's
-original bytes. Decompression needs the `zstandard` package (the `zstd` extra); without it a
-compressed entry is a `DcpError` saying so. An entry may decompress to at most its tensor's
-bytes plus `SLACK` (a `torch.save` archive around the data), a bytes entry to `MAX_BYTES_ENTRY`:
-a corrupt or hostile frame cannot fill memory.
+`check_transforms` reads the descriptors of `.metadata`; `untransformed` returns the original
+bytes of every transformed entry of one data file, decompressed from a read-only map of the file
+on one thread per core (zstandard releases the GIL while it works). Decompression needs the `zstandard` package (the `zstd` extra); without it a
+compressed entry is a `DcpError` saying so. An entry must be one complete frame (truncated or
+corrupt ones are refused) that decompresses to at most its tensor's bytes plus `SLACK` (a
+`torch.save` archive around the data), a bytes entry to `MAX_BYTES_ENTRY`: a corrupt or hostile
+frame cannot fill memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,7 +34,7 @@ __all__ = ["ZSTD", "check_transforms", "describe_transforms", "untransformed"]
 
 ZSTD = "stream.zstd"
 SLACK = 1 << 20
-MAX_BYTES_ENTRY = 1 << 30
+MAX_BYTES_ENTRY = 256 << 20  # a non-tensor value (a step, RNG state, a pickled object)
 
 
 def check_transforms(path: Path, where: str, descriptors: Any) -> tuple[str, ...]:
@@ -45,32 +51,39 @@ def check_transforms(path: Path, where: str, descriptors: Any) -> tuple[str, ...
     return tuple(descriptors)
 
 
-def untransformed(path: Path, f: BinaryIO, key: str, offset: int, length: int, transforms: tuple[str, ...],
-                  shape: tuple[int, ...] | None, dtype: str | None) -> bytes:  # fmt: skip
-    """The original bytes of entry `key` (stored at [offset, offset + length) of the open file
-    `f`), its `transforms` undone; `shape`/`dtype` bound a chunk's size (None: a bytes entry)."""
-    f.seek(offset)
-    data = f.read(length)
-    limit = MAX_BYTES_ENTRY if shape is None else math.prod(shape) * itemsize(dtype) + SLACK
-    for _ in transforms:
-        data = _unzstd(path, f"{key} at bytes [{offset}, {offset + length})", data, limit)
-    return data
+def untransformed(path: Path, f: BinaryIO, entries: list[Any], dtypes: dict[str, str]) -> dict[str, bytes]:
+    """Entry key -> original bytes, for each entry (`read.Entry`) of the open data file `f` that
+    has transforms and lies inside the file (the caller reports the others as truncated);
+    `dtypes` (tensor name -> dtype) bounds a chunk's size."""
+    size = os.fstat(f.fileno()).st_size
+    todo = [e for e in entries if e.transforms and e.offset + e.length <= size]
+    if not todo:
+        return {}
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"")  # an empty file cannot be mapped
+    with mapped as mm, memoryview(mm) as view:
+
+        def one(e: Any) -> bytes:
+            limit = MAX_BYTES_ENTRY if e.box is None else math.prod(e.box.shape) * itemsize(dtypes[e.fqn]) + SLACK
+            with view[e.offset : e.offset + e.length] as data:
+                out = data
+                for _ in e.transforms:
+                    out = _unzstd(path, f"{e.key} at bytes [{e.offset}, {e.offset + e.length})", out, limit)
+                return bytes(out)
+
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            return dict(zip((e.key for e in todo), pool.map(one, todo)))
 
 
-def _unzstd(path: Path, where: str, data: bytes, limit: int) -> bytes:
+def _unzstd(path: Path, where: str, data: Any, limit: int) -> bytes:
     try:
         import zstandard
     except ImportError:
         raise DcpError(f"{path}: {where} is compressed with ZStandard (stream.zstd), which needs the zstandard "
                        "package: pip install 'tenplex[zstd]'") from None  # fmt: skip
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
-            out = reader.read(limit + 1)
+    try:  # one frame, as DCP reads it; truncated, corrupt or larger than `limit` is an error
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
     except zstandard.ZstdError as e:
-        raise DcpError(f"{path}: {where} is not a readable ZStandard stream ({one_line(e)})") from None
-    if len(out) > limit:
-        raise DcpError(f"{path}: {where} decompresses to more than {limit} bytes, more than its entry can hold")
-    return out
+        raise DcpError(f"{path}: {where} is not a complete ZStandard frame of at most {limit} bytes ({one_line(e)})") from None
 
 
 def describe_transforms(entries: list[Any]) -> list[str]:
