@@ -18,7 +18,8 @@ extension; `load_dcp` into preallocated tensors vs `dcp.load` of the same checkp
 
 Every figure: min / median / max over `REPEATS` runs of each side, and the ratio per run (the
 two sides of one run are measured back to back, after an `os.sync()` each, so that neither
-pays for the other's dirty pages). Results: bench/results/{hf,dcp-zstd}.{md,json}.
+pays for the other's dirty pages); wall seconds, and the ratio of the process's CPU seconds
+(all threads), which other jobs on a shared machine disturb less. Results: bench/results/{hf,dcp-zstd}.{md,json}.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from bench.report import fmt_bytes, md_table, text_table, write_results
 SIDE, LAYERS, SHARD = 2048, 64, 128 << 20  # 512 MiB of bf16 in 4 shards
 QUICK = (256, 8, 256 << 10)
 REPEATS = 3
-HEADERS = ["row", "data", "anchor", "anchor s (min/med/max)", "tenplex s (min/med/max)", "anchor / tenplex (min/med/max)", "equal"]
+HEADERS = ["row", "data", "anchor", "anchor s (min/med/max)", "tenplex s (min/med/max)", "anchor / tenplex (min/med/max)",
+           "CPU s anchor / tenplex (min/med/max)", "equal"]  # fmt: skip
 
 
 def _state(quick: bool) -> dict:
@@ -91,16 +93,19 @@ def _into(state: dict, root: Path) -> None:
 def _measure(name: str, data: int, anchor_name: str, anchor: Callable[[int], Any], tenplex: Callable[[int], Any],
              check: Callable[[], bool]) -> dict[str, Any]:  # fmt: skip
     """Both sides REPEATS times, alternating (anchor first on even runs); `check` after the last."""
-    times: dict[str, list[float]] = {"anchor_s": [], "tenplex_s": []}
+    times: dict[str, list[float]] = {"anchor_s": [], "tenplex_s": [], "anchor_cpu_s": [], "tenplex_cpu_s": []}
     for i in range(REPEATS):
         order = (("anchor_s", anchor), ("tenplex_s", tenplex)) if i % 2 == 0 else (("tenplex_s", tenplex), ("anchor_s", anchor))
         for side, fn in order:
             os.sync()  # no side pays for the other's dirty pages
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             fn(i)
             times[side].append(time.perf_counter() - start)
+            times[side.replace("_s", "_cpu_s")].append(time.process_time() - cpu)
     ratios = [a / t for a, t in zip(times["anchor_s"], times["tenplex_s"])]
-    row = {"name": name, "data_bytes": data, "anchor": anchor_name, "status": "ok", "equal": check(), **times, "ratios": ratios}
+    cpu_ratios = [a / max(t, 1e-9) for a, t in zip(times["anchor_cpu_s"], times["tenplex_cpu_s"])]
+    row = {"name": name, "data_bytes": data, "anchor": anchor_name, "status": "ok", "equal": check(), **times, "ratios": ratios,
+           "cpu_ratios": cpu_ratios}  # fmt: skip
     print(f"  {name}: anchor/tenplex median {statistics.median(ratios):.2f}x", file=sys.stderr, flush=True)
     return row
 
@@ -110,7 +115,11 @@ def _cells(r: dict[str, Any]) -> list[str]:
         return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
 
     return [r["name"], fmt_bytes(r["data_bytes"]), r["anchor"], mmm(r["anchor_s"]), mmm(r["tenplex_s"]),
-            f"{min(r['ratios']):.2f} / {statistics.median(r['ratios']):.2f} / {max(r['ratios']):.2f}x", str(r["equal"])]  # fmt: skip
+            _ratio(r["ratios"]), _ratio(r["cpu_ratios"]), str(r["equal"])]  # fmt: skip
+
+
+def _ratio(xs: list[float]) -> str:
+    return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}x"
 
 
 def _same_files(a: Path, b: Path) -> bool:
