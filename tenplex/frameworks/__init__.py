@@ -18,5 +18,5 @@ __getattr__, __all__ = lazy(__name__, {
     "read_dcp": "dcp", "write_dcp": "dcp", "reshard_dcp": "dcp", "inspect_dcp": "dcp", "load_dcp": "dcp",
     "DcpError": "dcp", "ptc_from_state_dicts": "dtensor", "state_dicts_from_arrays": "dtensor",
     "read_structure": "structure", "write_structure": "structure", "inspect_structure": "structure",
-    "StructureError": "structure",
+    "StructureError": "structure", "read_hf": "hf", "write_hf": "hf", "inspect_hf": "hf", "HfError": "hf",
 })  # fmt: skip
