@@ -138,3 +138,13 @@ def test_sharding_info_that_is_not_an_object(tmp_path):
     _file(tmp_path, header, bytes(4))
     with pytest.raises(HfError, match=r"model.safetensors: __metadata__ DCP_SHARDING_INFO is not a JSON object"):
         read_hf(tmp_path)
+
+
+def test_layout_of_an_hf_directory_is_a_starting_point_for_reshard(tmp_path, tenplex):
+    _sharding_file(tmp_path / "d", {"w": [0]})
+    _sharding_file(tmp_path / "d", {"w": [2]})
+    code, out, err = tenplex("layout", str(tmp_path / "d"))
+    assert code == 0 and json.loads(out) == {"format": "tenplex.dtensor-layout/1", "mesh": [2], "placements": {"w": ["S(0)"], "*": ["R"]}}, err
+    code, _, err = tenplex("layout", str(tmp_path / "d"), "-o", str(tmp_path / "l.json"))
+    code, out, err = tenplex("reshard", str(tmp_path / "d"), "--to", str(tmp_path / "l.json"), "--format", "hf", "--out", str(tmp_path / "o"))
+    assert code == 2 and "safetensors output takes 'whole' or 'max_shard_size=SIZE'" in err and not (tmp_path / "o").exists()
