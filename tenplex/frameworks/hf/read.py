@@ -51,15 +51,15 @@ VALUES = "tenplex.values"
 
 @attrs.frozen
 class Chunk:
-    """One tensor entry of one file, placed at `offsets` of its tensor."""
+    """One tensor entry of one file, placed at `box` of its tensor."""
 
     file: str
     entry: TensorEntry
-    offsets: tuple[int, ...]
+    box: Box
 
-    @property
-    def box(self) -> Box:
-        return Box(self.offsets, tuple(o + s for o, s in zip(self.offsets, self.entry.shape)))
+    @classmethod
+    def at(cls, file: str, entry: TensorEntry, offsets: tuple[int, ...]) -> Chunk:
+        return cls(file, entry, Box(offsets, tuple(o + s for o, s in zip(offsets, entry.shape))))
 
 
 @attrs.frozen
@@ -76,7 +76,7 @@ class HfIndex:
         for h in self.headers:
             placed = _sharding(h)
             for t in h.tensors:
-                out[t.name].append(Chunk(h.path.name, t, placed.get(t.name, (0,) * len(t.shape))))
+                out[t.name].append(Chunk.at(h.path.name, t, placed.get(t.name, (0,) * len(t.shape))))
         return out
 
 
@@ -127,10 +127,11 @@ def _sharding(h: Header) -> dict[str, tuple[int, ...]]:
         info = None
     if not isinstance(info, dict):
         raise HfError(f"{h.path}: __metadata__ {SHARDING} is not a JSON object of tensor name -> saved_offsets")
+    shapes = {t.name: t.shape for t in h.tensors}
     out = {}
     for name, item in info.items():
         offsets = item.get("saved_offsets") if isinstance(item, dict) else None
-        shape = next((t.shape for t in h.tensors if t.name == name), None)
+        shape = shapes.get(name)
         if shape is None or not isinstance(offsets, list) or len(offsets) != len(shape) or not all(type(o) is int and o >= 0 for o in offsets):
             raise HfError(f"{h.path}: __metadata__ {SHARDING} entry {name!r} is {item!r}: not saved_offsets of one of its tensors")
         out[name] = tuple(offsets)
@@ -145,11 +146,11 @@ def ptc_of_index(index: HfIndex) -> PTC:
     for name, chunks in sorted(index.chunks().items()):
         tensors.append(_tensor(index.root, name, chunks))
         boxes = [c.box for c in chunks]
-        for i, j in overlapping_pairs(boxes, boxes):
+        for i, j in overlapping_pairs(boxes, boxes) if len(boxes) > 1 else ():
             if i < j:
                 raise HfError(f"{index.root}: tensor {name!r} chunks {boxes[i]} ({chunks[i].file}) and {boxes[j]} ({chunks[j].file}) overlap")
         for c in chunks:
-            sid = name if len(chunks) == 1 else f"{name}@[{','.join(map(str, c.offsets))}]"
+            sid = name if len(chunks) == 1 else f"{name}@[{','.join(map(str, c.box.start))}]"
             pieces = (Piece(c.box, Box.from_shape(c.entry.shape)),) if c.box.volume else ()
             subtensors.append(SubTensor(sid, name, name, c.entry.shape, pieces))
             by_file[c.file].append(sid)
@@ -166,9 +167,9 @@ def ptc_of_index(index: HfIndex) -> PTC:
 
 def _tensor(root: Path, name: str, chunks: list[Chunk]) -> TensorMeta:
     dtypes = {c.entry.dtype for c in chunks}
-    if len(dtypes) > 1 or len({len(c.offsets) for c in chunks}) > 1:
+    if len(dtypes) > 1 or len({c.box.ndim for c in chunks}) > 1:
         raise HfError(f"{root}: tensor {name!r} has chunks of different dtypes or ranks in {', '.join(c.file for c in chunks)}")
-    shape = tuple(max(c.box.stop[d] for c in chunks) for d in range(len(chunks[0].offsets)))
+    shape = tuple(max(c.box.stop[d] for c in chunks) for d in range(chunks[0].box.ndim))
     return TensorMeta(name, shape, dtypes.pop())
 
 
