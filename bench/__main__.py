@@ -30,6 +30,8 @@ TABLES: dict[str, str] = {
     "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
     "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads
     "deepspeed": "bench.deepspeed:run",  # DeepSpeed ZeRO DP change: tenplex reshard vs ds_to_universal (+ universal load)
+    "hf": "bench.hf:run_hf",  # safetensors read / consolidate vs DCP's HF reader and safetensors
+    "dcp-zstd": "bench.hf:run_zstd",  # a ZStandard-compressed DCP checkpoint: load_dcp vs dcp.load
 }
 
 

@@ -1,4 +1,4 @@
-"""`tenplex layout`: the DTensor layout of a DCP checkpoint, the file `tenplex reshard --to` takes.
+"""`tenplex layout`: the DTensor layout of a DCP (or Hugging Face) checkpoint, the file `tenplex reshard --to` takes.
 
     tenplex layout DCP_DIR [-o FILE] [--trust-pickles]
 
@@ -45,8 +45,15 @@ def layout_cmd(src_dir: str, output: str | None, trust_pickles: bool) -> None:
     from tenplex.frameworks.formats import FormatError, detect
 
     fmt = detect(src_dir)
-    if fmt != "dcp":
-        raise FormatError(f"{src_dir}: a {fmt} checkpoint, not DCP: DTensor layouts are for DCP checkpoints "
+    if fmt == "hf":
+        from tenplex.frameworks.hf.read import ptc_of_index as hf_ptc
+        from tenplex.frameworks.hf.read import read_index as hf_index
+
+        ptc = hf_ptc(hf_index(src_dir))
+    elif fmt == "dcp":
+        ptc = ptc_of_index(read_index(src_dir, trust_pickles=trust_pickles))
+    else:
+        raise FormatError(f"{src_dir}: a {fmt} checkpoint, not DCP or Hugging Face: DTensor layouts are for those "
                           "(reshard --to takes tp=N,pp=M for Megatron, a PTC JSON file or model spec otherwise)")  # fmt: skip
-    layout = source_layout(ptc_of_index(read_index(src_dir, trust_pickles=trust_pickles)))
+    layout = source_layout(ptc)
     write_output(dumps_layout(layout.to_json()), output)

@@ -26,12 +26,13 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.argument("src_dir", type=click.Path(file_okay=False))
 @click.option("--to", "dst", required=True, metavar="DST",
               help="Target layout: dp=N (DeepSpeed ZeRO-1/2), tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP; "
-                   "`tenplex layout SRC_DIR` prints the current one), a PTC JSON file or a model spec.")  # fmt: skip
+                   "`tenplex layout SRC_DIR` prints the current one), a PTC JSON file or a model spec; "
+                   "with --format hf: whole or max_shard_size=SIZE.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
-@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed"]),
+@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed", "hf"]),
               help="Format of SRC_DIR (default: detected).")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed"]),
+@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed", "hf"]),
               help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
               help=f"Local workers (1: in-process; >= 2: one agent process each, at most {MAX_WORKERS}).")  # fmt: skip

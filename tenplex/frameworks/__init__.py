@@ -3,6 +3,7 @@
 - `megatron/`: Megatron-LM legacy trees (`iter_*/mp_rank_*/model_optim_rng.pt`, distributed optimizer);
 - `dtensor/`: PyTorch DTensor layouts and live state dicts (placements -> boxes, mesh layouts, values);
 - `dcp/`: PyTorch Distributed Checkpoint directories (`.metadata` + `*.distcp`), and `load_dcp`;
+- `hf/`: Hugging Face safetensors directories (`save_pretrained`, DCP's `HuggingFaceStorageWriter`);
 - `structure/`: the reference Tenplex's per-rank structure JSON;
 - `formats`: the formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
@@ -17,5 +18,5 @@ __getattr__, __all__ = lazy(__name__, {
     "read_dcp": "dcp", "write_dcp": "dcp", "reshard_dcp": "dcp", "inspect_dcp": "dcp", "load_dcp": "dcp",
     "DcpError": "dcp", "ptc_from_state_dicts": "dtensor", "state_dicts_from_arrays": "dtensor",
     "read_structure": "structure", "write_structure": "structure", "inspect_structure": "structure",
-    "StructureError": "structure",
+    "StructureError": "structure", "read_hf": "hf", "write_hf": "hf", "inspect_hf": "hf", "HfError": "hf",
 })  # fmt: skip

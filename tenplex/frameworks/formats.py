@@ -2,7 +2,8 @@
 
 Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
 `megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory),
-`deepspeed` (a DeepSpeed ZeRO-1/2 or universal checkpoint, `frameworks.deepspeed`); `structure` (the reference's per-rank
+`deepspeed` (a DeepSpeed ZeRO-1/2 or universal checkpoint, `frameworks.deepspeed`), `hf` (Hugging Face
+safetensors: `model.safetensors`, or shards named by `model.safetensors.index.json`); `structure` (the reference's per-rank
 structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
 `detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
 SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
@@ -19,7 +20,8 @@ describes, for `tenplex inspect --json`.
 
 `to` means what the source format means by a layout: `dp=N` for DeepSpeed, `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
 (the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
-file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source.
+file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source. Output
+in `hf` is one whole model: `to` is `whole` or `max_shard_size=SIZE` (`hf.write.parse_target`).
 
 Trust: Megatron rank files and DCP `.metadata` are pickles. They are unpickled with allow-lists
 of the classes those formats hold (`megatron.pickles`, `dcp.metadata`); `trust_pickles=True`
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ import attrs
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 
-FORMATS = ("tenplex", "megatron", "dcp", "deepspeed")
+FORMATS = ("tenplex", "megatron", "dcp", "deepspeed", "hf")
 
 
 class FormatError(TenplexError):
@@ -75,13 +77,17 @@ def detect(path: str | os.PathLike) -> str:
         return "tenplex"
     if (p / ".metadata").is_file():
         return "dcp"
+    if any(p.glob("*.distcp")):
+        raise FormatError(f"{p}: has .distcp data files but no .metadata: a DCP save that did not finish (.metadata is written last)")
+    if (p / "model.safetensors.index.json").is_file() or any(p.glob("*.safetensors")):
+        return "hf"
     if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
         return "megatron"
     if _is_deepspeed(p):
         return "deepspeed"
     if (p / "rank_map.json").is_file():
         return "structure"  # the reference's per-rank structure JSON: a layout without data
-    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
+    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, *.safetensors, "
                       "latest_checkpointed_iteration.txt, iter_*/, DeepSpeed's latest or mp_rank_00_model_states.pt, "
                       "or rank_map.json)")  # fmt: skip
 
@@ -108,6 +114,10 @@ def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> t
         from tenplex.frameworks.deepspeed.read import read_deepspeed
 
         return read_deepspeed(path, trust_pickles=trust_pickles)
+    if fmt == "hf":
+        from tenplex.frameworks.hf.read import read_hf
+
+        return (*read_hf(path), None)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return (*read_checkpoint(path), None)
@@ -126,7 +136,7 @@ def dst_ptc(fmt: str, src: PTC, meta: Any, to: str, load_state: Callable[[str], 
         from tenplex.frameworks.deepspeed.reshard import dst_ptc as deepspeed_ptc
 
         return deepspeed_ptc(meta, to)
-    if fmt == "dcp" and _is_mesh_layout(to):
+    if fmt in ("dcp", "hf") and _is_mesh_layout(to):
         from tenplex.frameworks.dtensor.mesh import MeshLayout
         from tenplex.frameworks.dtensor.mesh import dst_ptc as mesh_ptc
 
@@ -191,17 +201,29 @@ def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PT
 
     start = time.perf_counter()
     src, arrays, values, meta = read(src_dir, src_fmt, trust_pickles=trust_pickles)
-    dst = dst_ptc(src_fmt, src, meta, to, load_state)
-    out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers)
-    _write(fmt, dst, dict(out_arrays), out_values, out_dir)
+    direct = None
+    if fmt == "hf":
+        from tenplex.frameworks.hf.write import parse_target, whole_arrays, whole_ptc
+
+        max_shard_bytes, dst, direct = parse_target(to), whole_ptc(src), whole_arrays(src, arrays)
+    else:
+        max_shard_bytes, dst = None, dst_ptc(src_fmt, src, meta, to, load_state)
+    stream = fmt == "hf" and workers == 1  # write_hf takes each array once: no second copy of the state
+    out_arrays, out_values, plan = reshard_arrays(src, arrays, values, dst, workers, stream=stream)
+    out_arrays = direct if stream and direct is not None else out_arrays  # the plan copies each whole: write src's
+    _write(fmt, dst, out_arrays if stream else dict(out_arrays), out_values, out_dir, max_shard_bytes)
     moved = plan.stats.host_bytes + plan.stats.network_bytes
     summary = (f"tenplex: resharded {src_fmt} {src_dir} into {fmt} {out_dir} with {workers} worker(s); "
                f"{moved} B moved between ranks, plan verified")  # fmt: skip
     return Converted(src_dir, src_fmt, out_dir, fmt, workers, moved, {"total": time.perf_counter() - start}, summary)
 
 
-def _write(fmt: str, dst: PTC, arrays: dict, values: dict, out_dir: str) -> None:
-    if fmt == "dcp":
+def _write(fmt: str, dst: PTC, arrays: Mapping, values: dict, out_dir: str, max_shard_bytes: int | None) -> None:
+    if fmt == "hf":
+        from tenplex.frameworks.hf.write import write_hf
+
+        write_hf(dst, arrays, values, out_dir, max_shard_bytes)
+    elif fmt == "dcp":
         from tenplex.frameworks.dcp.write import write_dcp
 
         write_dcp(dst, arrays, values, out_dir)
@@ -250,6 +272,13 @@ def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list
 
         index = read_index(path, trust_pickles=trust_pickles)  # once: a trusted pickle may do anything
         return fmt, inspect_dcp(path, index=index), ptc_of_index(index)
+    if fmt == "hf":
+        from tenplex.frameworks.hf.inspect import inspect_hf
+        from tenplex.frameworks.hf.read import ptc_of_index as hf_ptc
+        from tenplex.frameworks.hf.read import read_index as hf_index
+
+        hf = hf_index(path)
+        return fmt, inspect_hf(path, hf), hf_ptc(hf)
     from tenplex.runtime.checkpoint.directory import read_checkpoint
 
     return fmt, [f"tenplex checkpoint directory {path}"], read_checkpoint(path)[0]

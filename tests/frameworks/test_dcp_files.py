@@ -152,7 +152,7 @@ def _transform(md):
         (lambda p: _edit_metadata(p, _drop_chunk), r"\.metadata: tensor 'model\.w' region \[\[4, 7\], \[3, 5\]\] is in no saved chunk"),
         (lambda p: _edit_metadata(p, _overlap), r"\.metadata: tensor 'model\.w' chunks .* overlap"),
         (lambda p: _edit_metadata(p, _no_storage), r"\.metadata: storage_data has no entry for model\.b chunk at offsets \[0\]"),
-        (lambda p: _edit_metadata(p, _transform), r"uses stream transforms \['zstd'\], which tenplex does not read"),
+        (lambda p: _edit_metadata(p, _transform), r"uses stream transform 'zstd', which tenplex does not read \(it reads stream.zstd/1\)"),
         (lambda p: _edit_metadata(p, _outside), r"tensor 'model\.w' chunk 0 at offsets \[0, 0\] sizes \[9, 3\] is outside its size \[7, 5\]"),
         (lambda p: _edit_metadata(p, _dtype), r"__\d_0\.distcp: model\.b@\[\d\] at bytes \[\d+, \d+\) holds torch\.int64\[\d\], expected float64\[\d\]"),
     ],

@@ -19,8 +19,9 @@ triple as `tenplex.runtime.checkpoint.directory.read_checkpoint`:
 
 Raises `DcpError` naming the file and key for: a missing or unreadable `.metadata`, a missing or
 truncated data file, a chunk outside its tensor or overlapping another, a tensor region no
-chunk covers, stream transforms (compression) and chunk bytes that do not hold the tensor the
-metadata describes.
+chunk covers, stream transforms other than ZStandard compression (`transforms`: entries are
+decompressed into memory, arrays are views of that) and chunk bytes that do not hold the tensor
+the metadata describes.
 
 The directory may come from anyone: `.metadata` is unpickled with an allow-list of DCP's
 metadata classes (`dcp.metadata`; `trust_pickles=True` unpickles anything, as DCP does), every
@@ -31,6 +32,7 @@ the directory and a regular file (a fifo is refused, not waited on), and chunks 
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 from collections import defaultdict
@@ -44,6 +46,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from tenplex.frameworks.dcp.format import DcpError, FileSlice
 from tenplex.frameworks.dcp.metadata import load_metadata
+from tenplex.frameworks.dcp.transforms import check_transforms, untransformed
 from tenplex.frameworks.dtensor.convert import dtype_name, to_numpy
 from tenplex.frameworks.dtensor.values import value_from_bytes
 from tenplex.ir.box import Box
@@ -67,6 +70,7 @@ class Entry:
     file: str
     offset: int
     length: int
+    transforms: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -171,9 +175,8 @@ def _entry(path: Path, md: Metadata, fqn: str, box: Box | None) -> Entry:
         raise DcpError(f"{path}: storage_data of {where} names file {file!r} at offset {offset!r} length {length!r}, "
                        "not a file name with integers >= 0")  # fmt: skip
     check_relative(file, f"storage_data of {where}: file", DcpError)
-    if getattr(info, "transform_descriptors", None):
-        raise DcpError(f"{path}: {where} in {file} uses stream transforms {info.transform_descriptors!r}, which tenplex does not read")
-    return Entry(fqn, box, file, offset, length)
+    transforms = check_transforms(path, f"{where} in {file}", getattr(info, "transform_descriptors", None))
+    return Entry(fqn, box, file, offset, length, transforms)
 
 
 def ptc_of_index(index: DcpIndex, *, complete: bool = True) -> PTC:
@@ -240,17 +243,22 @@ def _read_file(path: Path, entries: list[Entry], dtypes: dict[str, str], use_mma
     with f:
         size = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if use_mmap and size else None
+        plain = untransformed(path, f, entries, dtypes) if any(e.transforms for e in entries) else {}
         for e in sorted(entries, key=lambda e: e.offset):
             if e.offset + e.length > size:
                 raise DcpError(f"{path}: truncated: {e.key} needs bytes [{e.offset}, {e.offset + e.length}) but the file has {size}")
-            if e.box is None:
+            if e.transforms:
+                data = plain[e.key]
+                unpacked = attrs.evolve(e, offset=0, length=len(data))
+                yield e, data if e.box is None else _chunk(path, io.BytesIO(data), data if use_mmap else None, unpacked, dtypes[e.fqn])
+            elif e.box is None:
                 f.seek(e.offset)
                 yield e, f.read(e.length)
             else:
                 yield e, _chunk(path, f, mm, e, dtypes[e.fqn])
 
 
-def _chunk(path: Path, f: Any, mm: mmap.mmap | None, e: Entry, dtype: str) -> np.ndarray:
+def _chunk(path: Path, f: Any, mm: mmap.mmap | bytes | None, e: Entry, dtype: str) -> np.ndarray:
     """The chunk's array: a view of `mm` at the saved storage (its offset from a meta-device
     `torch.load`, which reads no data), or a `torch.load`ed copy without `mm`."""
     where = f"{path}: {e.key} at bytes [{e.offset}, {e.offset + e.length})"

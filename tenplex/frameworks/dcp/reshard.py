@@ -32,6 +32,7 @@ from tenplex.compiler.emit import human_bytes
 from tenplex.frameworks.dcp.apply import StreamedArrays, plan_values
 from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dcp.read import DcpIndex, ptc_of_index, read_dcp, read_index
+from tenplex.frameworks.dcp.transforms import describe_transforms
 from tenplex.frameworks.dcp.write import write_dcp
 from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
 from tenplex.ir.errors import ExecutionError
@@ -134,7 +135,7 @@ def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False, index: 
         raise DcpError(f"{root}: {len(problems)} data file(s) cannot be read: {'; '.join(problems)}")
     out = [_overview(index)]
     out += [_tensor_line(ptc, meta.name) for meta in ptc.tensors]
-    out += _value_lines(index)
+    out += _value_lines(index) + describe_transforms(list(index.entries))
     return out + ["all data files are present and long enough for their entries"]
 
 
