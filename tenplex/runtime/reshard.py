@@ -14,6 +14,7 @@ existing OUT_DIR is an error.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Callable
@@ -21,12 +22,14 @@ from pathlib import Path
 
 import attrs
 
-from tenplex.compiler import Plan, compile_plan
+from tenplex.compiler import CompileOptions, Plan, compile_plan
 from tenplex.compiler.central import compile_central
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.topology import Device, Topology
+from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint_dir
+from tenplex.runtime.checkpoint.planned import PlannedFiles
 
 
 @attrs.frozen
@@ -64,7 +67,10 @@ def rehome(src: PTC, dst: PTC, workers: int) -> tuple[PTC, PTC]:
 
 
 def _with(ptc: PTC, alloc: Allocation, topo: Topology) -> PTC:
-    return PTC(ptc.tensors, ptc.subtensors, ptc.partitions, alloc, topo)
+    """`ptc` on `topo` with `alloc`: only the allocation is re-verified (the rest is unchanged)."""
+    moved = copy.copy(ptc)
+    object.__setattr__(moved, "topology", topo)
+    return moved.with_allocation(alloc)
 
 
 def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *, workers: int = 1,
@@ -78,21 +84,16 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    orig_src, arrays, values = read_checkpoint(src_dir)
+    orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
     relative_paths(dst)  # fail before any work if dst cannot be written
     src, dst_h = rehome(orig_src, dst, workers)
-    steps = _steps(src, dst_h, central)
+    steps = _steps(src, dst_h, central, workers)
     src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-    src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
-    got_arrays, got_values = execute_steps(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
-    placed = dst_h.with_allocation(steps[-1][0].allocation)
-    first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
-    try:
-        out_arrays = {st.id: got_arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
-        out_values = {pid: got_values.get((pid, d), {}) for pid, d in first.items()}
-    except KeyError as e:
-        raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
-    write_checkpoint_dir(dst, out_arrays, out_values, out)
+    if workers == 1 and not central:  # one host: each dst file straight from the mapped src
+        plan = steps[0][0]
+        write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
+    else:
+        write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round), out)
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
@@ -101,12 +102,27 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
 Step = tuple[Plan, PTC, PTC]  # (plan, its src, its dst)
 
 
-def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
+def _steps(src: PTC, dst: PTC, central: bool, workers: int) -> list[Step]:
     """The plans to run in order: one, or the central baseline's gather then scatter."""
-    if not central:
-        return [(compile_plan(src, dst), src, dst)]
+    if not central:  # placing ranks matters across hosts only
+        return [(compile_plan(src, dst, CompileOptions(place_ranks=workers > 1)), src, dst)]
     c = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
     return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
+
+
+def _executed(steps: list[Step], src_arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,
+              on_round: Callable[[int, int], None] | None) -> tuple[dict, dict]:  # fmt: skip
+    """(dst sub-tensor id -> array, dst partition id -> values) of the steps run on `workers`."""
+    src = steps[0][1]
+    src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
+    got_arrays, got_values = execute_steps(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
+    placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
+    first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
+    try:
+        out_arrays = {st.id: got_arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
+    except KeyError as e:
+        raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
+    return out_arrays, {pid: got_values.get((pid, d), {}) for pid, d in first.items()}
 
 
 def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,
