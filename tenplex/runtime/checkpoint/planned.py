@@ -16,8 +16,8 @@ buffer and written with one `pwrite`. Scratch buffers are per thread and reused,
 are faulted in once.
 
 Invariants:
-- every byte of a dst file is written once, and the file ends where its array does (a file of
-  another size raises ExecutionError: the plan left a region unwritten);
+- every byte of a dst file is written once: ops whose regions do not add up to the array raise
+  ExecutionError before the file is written (the plan's verifier proves they tile it);
 - only the ops of `ops_by_dst` run: replicas and instances the directory does not store are
   never produced.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -54,37 +54,37 @@ class PlannedFiles:
 
     def write(self, sid: str, fd: int) -> None:
         """Write dst sub-tensor `sid`'s `.npy` file (header and data) into `fd` (empty, writable).
-        Raises OSError from the writes, ExecutionError when the ops leave a byte unwritten."""
+        Raises OSError from the writes; ExecutionError, before writing, when the ops' regions
+        do not add up to the array (a plan that leaves a byte unwritten)."""
         st = self.dst.subtensor_map[sid]
         dtype = np_dtype(self.dst.tensor_map[st.tensor].dtype)
         header = npy_header(dtype, st.shape)
-        size = st.volume * dtype.itemsize
-        target = self._buffer("scratch", size).view(dtype).reshape(st.shape)  # views only, until assembled
+        target = self._buffer("scratch", st.volume * dtype.itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
         ops = self.ops.get(sid, [])
+        regions = [self._region(op, target) for op in ops]
+        if sum(r.nbytes for r in regions) != target.nbytes:
+            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(r.nbytes for r in regions)} of {target.nbytes} bytes")
         pwrite_all(fd, header, 0)
-        runs = [self._run(op, target) for op in ops]
-        if all(r is not None for r in runs):
-            for at, write in sorted(runs, key=lambda r: r[0]):  # in file order
-                write(fd, len(header) + at)
+        if all(r.flags.c_contiguous for r in regions):
+            for at, op in sorted((r.ctypes.data - target.ctypes.data, op) for r, op in zip(regions, ops)):  # in file order
+                self._write_op(op, target, fd, len(header) + at)
         else:
             apply_ops(ops, self.src, self.dst, self.src_arrays, target)
             pwrite_all(fd, _bytes(target), len(header))
-        if os.fstat(fd).st_size != len(header) + size:
-            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops wrote {os.fstat(fd).st_size - len(header)} of {size} bytes")
 
-    def _run(self, op: CopyOp | FillOp, target: np.ndarray) -> tuple[int, Callable[[int, int], None]] | None:
-        """(offset in the array, `write(fd, offset in the file)`) of an op whose dst region is
-        one run of bytes, or None."""
+    def _region(self, op: CopyOp | FillOp, target: np.ndarray) -> np.ndarray:
+        if isinstance(op, FillOp):
+            return view(target, op.box)
+        return target_region(op, self.dst, {(op.dst_subtensor, op.dst_device): target})
+
+    def _write_op(self, op: CopyOp | FillOp, target: np.ndarray, fd: int, at: int) -> None:
+        """Write the op's region, one run of bytes of the dst array, at `at` in the file."""
         if isinstance(op, FillOp):
             region = view(target, op.box)
-            write = lambda fd, at: pwrite_all(fd, _bytes(np.full(region.shape, op.value, region.dtype)), at)  # noqa: E731
+            pwrite_all(fd, _bytes(np.full(region.shape, op.value, region.dtype)), at)
         else:
             dst_arrays = {(op.dst_subtensor, op.dst_device): target}
-            region = target_region(op, self.dst, dst_arrays)
-            write = lambda fd, at: self._copy(source_region(op, self.src, self.dst, self.src_arrays, dst_arrays), fd, at)  # noqa: E731
-        if not region.flags.c_contiguous:
-            return None
-        return region.ctypes.data - target.ctypes.data, write
+            self._copy(source_region(op, self.src, self.dst, self.src_arrays, dst_arrays), fd, at)
 
     def _copy(self, a: np.ndarray, fd: int, at: int) -> None:
         """`a`'s bytes at `at`: file to file in the kernel where `a` is one run of a mapped file."""
