@@ -29,6 +29,9 @@ TABLES: dict[str, str] = {
     "fuse": "bench.fuse:run",  # FUSE view reads vs tmpfs reads
     "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
     "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads
+    "reshard": "bench.reshard:run",  # tenplex reshard (1 and 2 workers) vs cp -r of the same directory
+    "cli": "bench.cli:run",  # wall time of tenplex commands vs python -c pass
+    "dcp": "bench.dcp:run",  # tenplex reshard + DCP load vs DCP's load-time reshard
 }
 
 

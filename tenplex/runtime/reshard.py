@@ -6,10 +6,13 @@ the dst allocation is renumbered onto devices 0..D-1 (old ids in order), and dev
 host `w{k % N}` in one topology shared by both PTCs. With `central=True` the state is gathered
 on the host of device 0 and scattered from there (`compile_central`: the paper's
 Tenplex-Central baseline), so every byte that changes workers goes through that one. workers
-== 1 runs in-process (executor + local transport); workers >= 2 starts one agent process per
-worker (`Runtime.local`, UCX). OUT_DIR is written into a temporary
-directory beside it and renamed at the end: it is complete or absent, never partial, and an
-existing OUT_DIR is an error.
+== 1 runs in-process (the central baseline on the executor and local transport); workers >= 2
+starts one agent process per worker (`Runtime.local`, UCX). The src files are memory-mapped, not read
+(`checkpoint.npy.map_npy`); with one worker each dst file is written once straight from the
+plan's copies (`checkpoint.planned`), with more the dst arrays fetched from the agents are
+written. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
+the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
+also after a crash, and an existing OUT_DIR is an error.
 """
 
 from __future__ import annotations
@@ -41,13 +44,13 @@ class ReshardResult:
     bytes_moved: int  # bytes that crossed devices (host links + network), from the plans
     network_bytes: int  # bytes between workers
     seconds: float
-    verified: bool  # plans checked by the compiler's verifier and OUT_DIR re-read and validated
+    verified: bool  # plans checked by the compiler's verifier; every OUT_DIR file written in full, durably
 
     def summary(self) -> str:
         from tenplex.compiler.emit import human_bytes
 
         mode = "central (gathered on w0, then scattered)" if self.central else "peer to peer"
-        checked = "plan verified, output re-read and validated" if self.verified else "not verified"
+        checked = "plan verified, every file written in full and synced" if self.verified else "not verified"
         messages = sum(len(p.messages) for p in self.plans)
         return (f"tenplex: resharded into {self.out_dir} with {self.workers} worker(s), {mode}: "
                 f"{human_bytes(self.bytes_moved)} moved between devices ({human_bytes(self.network_bytes)} "
