@@ -1,7 +1,7 @@
 """`python -m bench --only reshard`: `tenplex reshard` of a checkpoint directory vs `cp -r` of it.
 
 Source: a tenplex checkpoint directory made from a spec (GPT-like, bf16 weights + fp32 Adam
-state, 1.07 GiB; --quick: 26 MiB) in layout tp2,pp2, in /dev/shm (tmpfs: no disk in the way, so
+state, 1.07 GiB; --quick: 50 MiB) in layout tp2,pp2, in /dev/shm (tmpfs: no disk in the way, so
 the figure is the cost of copying bytes). Sides, each run as a command in a fresh process, in
 alternating rounds (cp, workers 1, workers 2, cp, ...):
 
