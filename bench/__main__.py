@@ -32,6 +32,9 @@ TABLES: dict[str, str] = {
     "deepspeed": "bench.deepspeed:run",  # DeepSpeed ZeRO DP change: tenplex reshard vs ds_to_universal (+ universal load)
     "hf": "bench.hf:run_hf",  # safetensors read / consolidate vs DCP's HF reader and safetensors
     "dcp-zstd": "bench.hf:run_zstd",  # a ZStandard-compressed DCP checkpoint: load_dcp vs dcp.load
+    "reshard": "bench.reshard:run",  # tenplex reshard (1 and 2 workers) vs cp -r of the same directory
+    "cli": "bench.cli:run",  # wall time of tenplex commands vs python -c pass
+    "dcp": "bench.dcp:run",  # tenplex reshard + DCP load vs DCP's load-time reshard
 }
 
 

@@ -7,12 +7,19 @@ run on agents through `tenplex.runtime.Runtime`; checkpoints of training framewo
 written by `tenplex.frameworks`; elastic jobs are `tenplex.elastic`. The map of the packages:
 docs/architecture.md. `__version__`: the installed package's version, or pyproject.toml's in a
 source checkout that was never installed.
+
+Names resolve lazily (`tenplex._lazy`), so `import tenplex` — and the `tenplex` command's start,
+which only needs `__version__` — imports neither the compiler (networkx) nor numpy.
 """
 
-from tenplex.compiler import CompileOptions, Plan, check_plan, compile_plan, dumps_plan, load_plan
-from tenplex.frontends.spec import ptc_from_spec
-from tenplex.ir import PTC, TenplexError, dumps, load_ptc, save_ptc
-from tenplex.runtime.checkpoint import SerdeError, load, save
+from tenplex._lazy import lazy
+
+__getattr__, _names = lazy(__name__, {
+    "CompileOptions": "compiler", "Plan": "compiler", "check_plan": "compiler", "compile_plan": "compiler",
+    "dumps_plan": "compiler", "load_plan": "compiler", "ptc_from_spec": "frontends.spec", "PTC": "ir",
+    "TenplexError": "ir", "dumps": "ir", "load_ptc": "ir", "save_ptc": "ir", "SerdeError": "runtime.checkpoint",
+    "load": "runtime.checkpoint", "save": "runtime.checkpoint",
+})  # fmt: skip
 
 
 def _version() -> str:
@@ -32,7 +39,4 @@ def _version() -> str:
 
 
 __version__ = _version()
-__all__ = [
-    "__version__", "PTC", "CompileOptions", "Plan", "SerdeError", "TenplexError", "check_plan", "compile_plan", "dumps",
-    "dumps_plan", "load", "load_plan", "load_ptc", "ptc_from_spec", "save", "save_ptc",
-]  # fmt: skip
+__all__ = ["__version__", *_names]

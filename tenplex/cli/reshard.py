@@ -11,6 +11,7 @@ their formats, workers, bytes moved between ranks, seconds, the summary line.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -69,15 +70,15 @@ def _print(doc: dict[str, Any], as_json: bool) -> None:
 
 
 def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from tenplex.runtime.reshard import reshard
 
     dst_ptc = load_state(dst)
-    console = Console(stderr=True)
-    if not console.is_terminal:  # a bar off a terminal is only a stray blank line before an error
+    if not sys.stderr.isatty():  # a bar off a terminal is only a stray blank line before an error (and rich costs an import)
         return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
     columns = (TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("rounds", total=None)

@@ -11,13 +11,14 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from tenplex.compiler import CopyOp, compile_plan  # noqa: E402
-from tenplex.frameworks.dcp.apply import StreamedArrays, ops_by_dst  # noqa: E402
+from tenplex.frameworks.dcp.apply import StreamedArrays  # noqa: E402
 from tenplex.frameworks.dcp.load import load_dcp  # noqa: E402
 from tenplex.frameworks.dcp.write import write_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
 from tenplex.frameworks.dtensor.convert import to_numpy  # noqa: E402
 from tenplex.frameworks.dtensor.layout import LocalShard  # noqa: E402
 from tenplex.ir import PTC, Allocation, Box, Device, ExecutionError, Partition, Piece, SubTensor, TensorMeta, Topology  # noqa: E402
+from tenplex.runtime.checkpoint.apply import ops_by_dst  # noqa: E402
 from tests.frameworks.test_dcp_files import GLOBAL, VALUES, sharded_state  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -9,7 +9,7 @@ front) to a PTC holding only this rank's partition, and copies each planned regi
 from the mapped `.distcp` bytes into the local tensors: every needed byte is read once, and
 nothing else.
 
-The plan is applied in-process by `dcp.apply` (the runtime's region helpers, writing into the
+The plan is applied in-process by `tenplex.runtime.checkpoint.apply` (the runtime's region helpers, writing into the
 caller's tensors, which the runtime's executor — it allocates its outputs — cannot). Ranks work
 independently; no collective is used.
 
@@ -27,7 +27,6 @@ import numpy as np
 from torch.distributed.checkpoint._traverse import set_element
 
 from tenplex.compiler import CompileOptions, compile_plan
-from tenplex.frameworks.dcp.apply import apply_ops, ops_by_dst, plan_values
 from tenplex.frameworks.dcp.read import read_dcp, read_index
 from tenplex.frameworks.dtensor.boxes import PlacementError
 from tenplex.frameworks.dtensor.layout import LocalShard, partition_id, subtensor_id
@@ -36,6 +35,7 @@ from tenplex.frameworks.dtensor.values import python_value
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation, Partition, Value
 from tenplex.ir.tensor import Piece, SubTensor
+from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst, plan_values
 from tenplex.runtime.reshard import rehome
 
 

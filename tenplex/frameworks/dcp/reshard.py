@@ -29,7 +29,7 @@ import numpy as np
 
 from tenplex.compiler import CompileOptions, Plan, compile_plan
 from tenplex.compiler.emit import human_bytes
-from tenplex.frameworks.dcp.apply import StreamedArrays, plan_values
+from tenplex.frameworks.dcp.apply import StreamedArrays
 from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dcp.read import DcpIndex, ptc_of_index, read_dcp, read_index
 from tenplex.frameworks.dcp.transforms import describe_transforms
@@ -38,6 +38,7 @@ from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.files import check_regular, confined
 from tenplex.ir.ptc import PTC
+from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.reshard import execute_steps, rehome
 
 

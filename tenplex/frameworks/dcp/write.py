@@ -20,7 +20,8 @@ DCP's writer serializes it — one item at a time per file, right before writing
 loader, chosen with `per_thread_copy_ahead=0`) — and files are written by parallel threads.
 
 `out_dir` is written into a temporary directory beside it and renamed at the end: it is complete
-or absent. Raises DcpError (an existing out_dir, an incomplete PTC, a missing or mis-shaped
+or absent; with `sync` (the default) also after a crash: the tree is made durable with one
+`syncfs` before the rename and the rename after it (`tenplex.runtime.checkpoint.swap.sync_tree`). Raises DcpError (an existing out_dir, an incomplete PTC, a missing or mis-shaped
 array or value, an I/O error while writing: named with its errno, e.g. `No space left on device
 (ENOSPC)`, even where DCP's writer wraps it in a RuntimeError).
 
@@ -55,6 +56,7 @@ from tenplex.ir.files import atomic_dir, os_error_of, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
 from tenplex.runtime.arrays import np_dtype, region
+from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
 Source = tuple[str, str | None, int, Box]  # (tensor, sub-tensor id, piece index or -1 for empty, global box)
 
@@ -138,18 +140,27 @@ def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, M
     plans, data = _plans(ptc, arrays, values)
     with atomic_dir(out, DcpError) as tmp:
         try:
-            return _save(plans, data, tmp, mapping, sync)
+            md = _save(plans, data, tmp, mapping)
+            if sync:
+                sync_tree(tmp)
         except (OSError, RuntimeError) as e:
             cause = os_error_of(e)
             if cause is None:
                 raise
             raise write_failure(out, cause, DcpError) from None
+    if sync:
+        try:
+            sync_dir(out.parent)
+        except OSError as e:
+            raise write_failure(out.parent, e, DcpError) from None
+    return md
 
 
-def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None, sync: bool) -> Metadata:
+def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None) -> Metadata:
     planner = _ArrayPlanner(data)
     # per_thread_copy_ahead=0: DCP's serial loader resolves each item right before writing it
-    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=sync, per_thread_copy_ahead=0, overwrite=False)
+    # sync_files=False: the tree is made durable at once afterwards (`write_dcp`), not file by file
+    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=False, per_thread_copy_ahead=0, overwrite=False)
     writer.set_up_storage_writer(True, rank=0, use_collectives=True)
     plans = [writer.prepare_local_plan(p) for p in plans]
     plans, md = planner.create_global_plan(plans)

@@ -20,7 +20,8 @@ two, name one file. Only regular files inside the directory are read (`tenplex.i
 and a `.npy` header must fit its file before anything is allocated (`checkpoint.npy`).
 
 Invariants:
-- `write_checkpoint_dir` leaves the directory complete and re-read in full, or absent;
+- `write_checkpoint_dir` leaves the directory complete, every file of its size and durable, or
+  absent (nothing is read back: each file's size is checked as it is written);
 - every read error names the file and the sub-tensor or partition it belongs to;
 - an I/O error while writing names the file and its errno (`No space left on device (ENOSPC)`).
 """
@@ -29,7 +30,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +42,16 @@ from tenplex.ir.files import atomic_dir, check_relative, confined, read_json, wr
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import dumps, ptc_from_json
 from tenplex.runtime.arrays import np_dtype
-from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, write_npy
+from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, map_npy, write_npy
+from tenplex.runtime.checkpoint.planned import PlannedFiles, pwrite_all
+from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
 __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "read_checkpoint", "relative_paths", "write_checkpoint",
            "write_checkpoint_dir"]  # fmt: skip
 
 PTC_FILE = "ptc.json"
 VALUES_FILE = "values.json"
+THREADS = min(4, os.cpu_count() or 1)  # files written at once: their copies run in the kernel, in parallel
 
 
 class CheckpointError(TenplexError):
@@ -84,41 +89,70 @@ def _check_no_file_is_a_directory(owner: dict[str, str]) -> None:
             raise CheckpointError(f"{who} names file {rel!r}, which {dirs[rel]!r} needs as a directory")
 
 
-def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]],
+def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping[str, Mapping[str, Any]],
                      out_dir: str | os.PathLike) -> None:  # fmt: skip
-    """Write the directory format into `out_dir` (created; must not exist, or be empty).
+    """Write the directory format into `out_dir` (created; must not exist, or be empty), each
+    file once, several at a time (`THREADS`).
 
-    `arrays`: sub-tensor id -> local array; `values`: partition id -> {name: value}.
-    Raises CheckpointError naming the sub-tensor or partition when one is missing or wrong, or
-    the file being written when the system refuses a write (full disk, ...)."""
+    `arrays`: sub-tensor id -> local array, or a plan's `PlannedFiles` (written straight from its
+    src); `values`: partition id -> {name: value}. Raises CheckpointError naming the sub-tensor
+    or partition when one is missing or wrong, or the file being written when the system
+    refuses a write (full disk, ...)."""
     files = relative_paths(ptc)
     out = Path(out_dir)
+    texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
+    write = arrays.write if isinstance(arrays, PlannedFiles) else _array_writer(ptc, arrays)
     path = out
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        for st in ptc.subtensors:
-            a = _checked_array(ptc, arrays, st)
-            path = out / files[st.id]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as f:
-                write_npy(f, a)
-        for part in ptc.partitions:
-            got = dict(values.get(part.id, {}))
-            if set(got) != set(part.value_map):
-                raise CheckpointError(f"partition {part.id!r}: values {sorted(got)}, expected {sorted(part.value_map)}")
-            if not got:
-                continue  # no values: no values file
-            try:
-                text = json.dumps(got, sort_keys=True, allow_nan=False) + "\n"
-            except (TypeError, ValueError) as e:
-                raise CheckpointError(f"partition {part.id!r}: values cannot be stored as JSON: {e}") from None
-            path = out / part.id / VALUES_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        path = out / PTC_FILE
-        path.write_text(dumps(ptc))
+        for path in [out, *sorted({(out / rel).parent for rel in [*files.values(), *texts]})]:
+            path.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(THREADS) as pool:
+            for done in [pool.submit(_write_file, out / files[st.id], write, st.id) for st in ptc.subtensors]:
+                done.result()
+        for rel, text in [*texts.items(), (PTC_FILE, dumps(ptc))]:
+            path = out / rel
+            _write_file(path, lambda _, fd, text=text: pwrite_all(fd, text.encode(), 0), rel)
     except OSError as e:
         raise _WriteError(path, e) from None
+
+
+def _write_file(path: Path, write: Callable[[str, int], object], key: str) -> None:
+    """Create `path` (it must not exist) and `write(key, fd)` into it; an OSError names `path`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write(key, fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise _WriteError(path, e) from None
+
+
+def _array_writer(ptc: PTC, arrays: Mapping[str, np.ndarray]) -> Callable[[str, int], None]:
+    """`write(sid, fd)` for in-memory arrays, every array checked before anything is written."""
+    checked = {st.id: _checked_array(ptc, arrays, st) for st in ptc.subtensors}
+
+    def write(sid: str, fd: int) -> None:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            write_npy(f, checked[sid])
+
+    return write
+
+
+def _value_texts(ptc: PTC, values: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Partition id -> its values file's text, for partitions with values."""
+    out = {}
+    for part in ptc.partitions:
+        got = dict(values.get(part.id, {}))
+        if set(got) != set(part.value_map):
+            raise CheckpointError(f"partition {part.id!r}: values {sorted(got)}, expected {sorted(part.value_map)}")
+        if not got:
+            continue  # no values: no values file
+        try:
+            out[part.id] = json.dumps(got, sort_keys=True, allow_nan=False) + "\n"
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"partition {part.id!r}: values cannot be stored as JSON: {e}") from None
+    return out
 
 
 class _WriteError(CheckpointError):
@@ -139,8 +173,9 @@ def _checked_array(ptc: PTC, arrays: Mapping[str, np.ndarray], st: Any) -> np.nd
     return a
 
 
-def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:
-    """(PTC, sub-tensor id -> array, partition id -> values) of a checkpoint directory.
+def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """(PTC, sub-tensor id -> array, partition id -> values) of a checkpoint directory; with
+    `mapped`, the arrays are read-only views of the memory-mapped files (`npy.map_npy`).
     Raises CheckpointError (or ParseError for ptc.json) naming the file that is missing or wrong:
     a path that is unsafe or leads outside the directory, a file that is not a regular file, a
     `.npy` whose header does not fit its file or its sub-tensor."""
@@ -153,7 +188,7 @@ def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarr
         st, what = ptc.subtensor_map[sid], f"sub-tensor {sid!r}"
         path = confined(root, rel, f"file of {what}", CheckpointError)
         dtype = ptc.tensor_map[st.tensor].dtype
-        a = load_npy(path, what, CheckpointError)
+        a = (map_npy if mapped else load_npy)(path, what, CheckpointError)
         got = as_dtype(a, np_dtype(dtype))  # the dtype itself, or the raw bits older versions wrote
         if got is None or a.shape != st.shape:
             raise CheckpointError(f"{path}: holds {a.dtype}{list(a.shape)}, expected {dtype}{list(st.shape)} "
@@ -173,12 +208,20 @@ def read_checkpoint(src_dir: str | os.PathLike) -> tuple[PTC, dict[str, np.ndarr
     return ptc, arrays, values
 
 
-def write_checkpoint_dir(ptc: PTC, arrays: dict, values: dict, out: Path) -> None:
-    """Write into a temporary directory beside `out`, validate it, rename it to `out`."""
+def write_checkpoint_dir(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping, out: Path) -> None:
+    """Write into a temporary directory beside `out`, make it durable, rename it to `out` (the
+    rename made durable too): `out` is complete or absent, also after a crash (`swap.sync_tree`)."""
     with atomic_dir(out, CheckpointError) as tmp:
         try:
             write_checkpoint(ptc, arrays, values, tmp)
+            try:
+                sync_tree(tmp)
+            except OSError as e:
+                raise _WriteError(tmp, e) from None
         except _WriteError as e:
             shown = out / e.path.relative_to(tmp) if e.path.is_relative_to(tmp) else e.path
             raise write_failure(shown, e.err, CheckpointError) from None
-        read_checkpoint(tmp)  # the written tree reads back in full
+    try:
+        sync_dir(out.parent)
+    except OSError as e:
+        raise write_failure(out.parent, e, CheckpointError) from None

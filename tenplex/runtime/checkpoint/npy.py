@@ -4,10 +4,13 @@
 `read_array_header_1_0`/`_2_0`) and refuses a header whose shape and dtype need more bytes than
 the file has after it, before anything is allocated: a header claiming 10^12 elements is a
 one-line error, not a MemoryError. The file must be a regular file (`tenplex.ir.files.open_regular`).
+`map_npy` checks the same and returns a read-only view of the memory-mapped file instead of a
+copy: opening a checkpoint reads no data, and a reshard reads only the pages it copies.
 
 `write_npy(f, array)` writes the `.npy` header and the array's bytes through `f.write` (numpy's
 own `tofile` reports a full disk as "4096 requested and 992 written", without an errno); the
-bytes are those `np.save` writes, except the header of a bfloat16 or float8 array.
+bytes are those `np.save` writes, except the header of a bfloat16 or float8 array. `npy_header`
+is that header alone, for writers that place the data themselves (`checkpoint.planned`).
 
 bfloat16 and float8 (`NAMED`): the header's `descr` is the dtype's name (`'bfloat16'`,
 `'float8_e4m3fn'`, `'float8_e5m2'`), which `np.load` turns into that dtype where ml_dtypes is
@@ -17,14 +20,17 @@ give. Files written by tenplex before this hold the raw bits (`<u2`, `|u1`); `as
 accepts them where the manifest or ptc.json names the real dtype.
 
 Invariants:
-- `load_npy` never allocates more than the file's size, never unpickles (object dtypes refused);
+- `load_npy` never allocates more than the file's size, `map_npy` never maps a header the file
+  cannot hold; neither unpickles (object dtypes refused);
 - every read error is `error(message)` naming the file and `what` it holds;
 - `load_npy(write_npy(a))` has `a`'s dtype, shape and bytes, for every dtype `NAMED` too.
 """
 
 from __future__ import annotations
 
+import io
 import math
+import mmap
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -36,7 +42,7 @@ from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import one_line, open_regular, read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
-__all__ = ["NAMED", "as_dtype", "load_npy", "npy_descr", "write_npy"]
+__all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "write_npy"]
 
 NAMED = EXTRA_DTYPES  # no numpy descr: the header names them (`runtime.arrays.npy_descr`)
 _fmt = np.lib.format
@@ -55,19 +61,7 @@ def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
 def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
     """The array in `.npy` file `path` (see the module docstring)."""
     with open_regular(path, what, error) as f:
-        size = os.fstat(f.fileno()).st_size
-        try:
-            shape, _, dtype = read_npy_header(f)
-        except ValueError as e:
-            raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
-        if dtype.hasobject:
-            raise error(f"{path}: holds Python objects (dtype {dtype}), not numbers ({what})")
-        if any(n < 0 for n in shape):
-            raise error(f"{path}: header shape {list(shape)} has a negative size ({what})")
-        need, have = math.prod(shape) * dtype.itemsize, size - f.tell()
-        if need > have:
-            raise error(f"{path}: header claims {dtype}{list(shape)} ({need} bytes) but the file holds {have} bytes "
-                        f"of data ({what})")  # fmt: skip
+        _checked_header(f, path, what, error)
         f.seek(0)
         try:
             return _fmt.read_array(f, allow_pickle=False)
@@ -75,15 +69,77 @@ def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
             raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
 
 
+def map_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
+    """The array in `.npy` file `path` as a read-only view of the memory-mapped file: nothing is
+    read until used, and a copy out of it reads only the pages it touches (`mapped_file` finds
+    the file again). Checked as `load_npy` checks (the header must fit the file); the file must
+    not shrink while the view is in use."""
+    with open_regular(path, what, error) as f:
+        shape, fortran, dtype = _checked_header(f, path, what, error)
+        offset, count = f.tell(), math.prod(shape)
+        if count == 0:
+            return np.empty(shape, dtype)
+        try:
+            mapped = _Mapped(f.fileno(), 0, prot=mmap.PROT_READ)
+        except OSError as e:
+            raise error(f"{path}: cannot map ({what}): {e.strerror or e}") from None
+    mapped.path = path
+    flat = np.frombuffer(mapped, dtype, count, offset)
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+
+
+class _Mapped(mmap.mmap):
+    """A file mapping that knows its file (the base of `map_npy`'s arrays)."""
+
+    path: Path
+
+
+def mapped_file(a: np.ndarray) -> tuple[Path, int] | None:
+    """(file, byte offset of `a`'s first element in it) for a view of an array `map_npy`
+    returned; None for any other array."""
+    base = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    mapped = base.obj if isinstance(base, memoryview) else base  # np.frombuffer keeps a memoryview
+    if not isinstance(mapped, _Mapped):
+        return None
+    return mapped.path, a.ctypes.data - np.frombuffer(base, np.uint8, 0).ctypes.data
+
+
+def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the header at `f`, leaving `f` at the data; raises
+    `error` unless the file holds numbers and at least the bytes the header claims."""
+    size = os.fstat(f.fileno()).st_size
+    try:
+        shape, fortran, dtype = read_npy_header(f)
+    except ValueError as e:
+        raise error(f"{path}: not a readable .npy file ({what}): {one_line(e)}") from None
+    if dtype.hasobject:
+        raise error(f"{path}: holds Python objects (dtype {dtype}), not numbers ({what})")
+    if any(n < 0 for n in shape):
+        raise error(f"{path}: header shape {list(shape)} has a negative size ({what})")
+    need, have = math.prod(shape) * dtype.itemsize, size - f.tell()
+    if need > have:
+        raise error(f"{path}: header claims {dtype}{list(shape)} ({need} bytes) but the file holds {have} bytes "
+                    f"of data ({what})")  # fmt: skip
+    return shape, fortran, dtype
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The `.npy` header (format 1.0, or 2.0 past 64 KiB as `np.save` chooses) of a C-order
+    array of `dtype` and `shape`; the array's bytes follow it."""
+    header = {"descr": npy_descr(dtype), "fortran_order": False, "shape": tuple(shape)}
+    f = io.BytesIO()
+    try:
+        _fmt.write_array_header_1_0(f, header)
+    except ValueError:
+        _fmt.write_array_header_2_0(f, header)
+    return f.getvalue()
+
+
 def write_npy(f: BinaryIO, array: np.ndarray) -> None:
     """Write `array` as a `.npy` file into the open binary file `f` (see the module docstring)."""
     a = np.asarray(array)
-    if not a.flags.c_contiguous:
-        a = a.copy(order="C")
-    header = {"descr": npy_descr(a.dtype), "fortran_order": False, "shape": a.shape}
-    try:
-        _fmt.write_array_header_1_0(f, header)
-    except ValueError:  # a header past 64 KiB needs format 2.0, as np.save would choose
-        _fmt.write_array_header_2_0(f, header)
+    f.write(npy_header(a.dtype, a.shape))
     if a.size:
-        f.write(memoryview(a.reshape(-1).view(np.uint8)))
+        f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))

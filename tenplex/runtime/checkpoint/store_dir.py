@@ -42,7 +42,7 @@ from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.directory import PTC_FILE, read_checkpoint, write_checkpoint
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, VERSION
 from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, write_npy
-from tenplex.runtime.checkpoint.swap import swap_in
+from tenplex.runtime.checkpoint.swap import swap_in, sync_tree
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
 __all__ = ["StoreDir", "StoreDirError", "open_dir", "write_back"]
@@ -155,7 +155,7 @@ def write_back(sd: StoreDir) -> None:
     try:
         os.chmod(tmp, 0o755)
         (_write_save if sd.kind == "save" else _write_checkpoint)(sd, tmp)
-        _fsync_tree(tmp)
+        sync_tree(tmp)
         open_dir(tmp).store.close()  # the new tree reads back in full
         swap_in(tmp, path)
     except (StoreError, TenplexError, OSError) as e:
@@ -196,12 +196,3 @@ def _write_checkpoint(sd: StoreDir, tmp: Path) -> None:
     _extra(sd, set(leaves.values()) | {f"/{pid}/values" for pid in values})
     write_checkpoint(sd.meta, {sid: sd.store.get(leaf) for sid, leaf in leaves.items()}, values, tmp)
 
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, names in os.walk(root):
-        for name in [*names, "."]:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)

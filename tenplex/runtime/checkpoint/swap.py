@@ -2,6 +2,13 @@
 
 `swap_in(tmp, path)` exchanges the two paths with `renameat2(RENAME_EXCHANGE)` where Linux has it,
 else with two renames that a crash can interrupt only with the old tree kept beside `path`.
+
+Durability, so that a crash (power loss) too leaves a path complete or absent: a new tree is
+made durable before it is renamed into place (`sync_tree`), and the rename after it
+(`sync_dir` of the parent). `sync_tree` is one `syncfs(2)` of the tree's file system where
+Linux has it: one flush and journal commit for all the files, where an `fsync` per file costs a
+commit each (it also flushes other writers' dirty data on that file system); elsewhere every
+file and directory is fsynced. On tmpfs both are free: nothing there outlives a reboot.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["remove", "swap_in", "write_fsynced"]
+__all__ = ["remove", "swap_in", "sync_dir", "sync_tree", "write_fsynced"]
 
 
 def write_fsynced(file: Path, data: bytes) -> None:
@@ -20,6 +27,44 @@ def write_fsynced(file: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def sync_tree(root: Path) -> None:
+    """Make every file and directory under `root` durable (see the module docstring). Raises OSError."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _syncfs(fd):
+            return
+    finally:
+        os.close(fd)
+    for dirpath, _, names in os.walk(root):
+        for name in [*names, "."]:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def sync_dir(path: Path) -> None:
+    """Make the entries of directory `path` durable (a rename into it). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _syncfs(fd: int) -> bool:
+    """`syncfs(fd)`; False where the C library has none. Raises OSError when it fails."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return False
+    if syncfs(fd) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return True
 
 
 def remove(path: Path) -> None:
@@ -43,11 +88,7 @@ def swap_in(tmp: Path, path: Path) -> None:
             os.rmdir(old)
             raise
         os.replace(old, tmp)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(path.parent)
 
 
 def _exchange(a: Path, b: Path) -> bool:

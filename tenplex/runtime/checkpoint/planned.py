@@ -1,0 +1,142 @@
+"""Dst `.npy` files written straight from a plan: each file once, from the mapped src files.
+
+`PlannedFiles(plan, src, dst, src_arrays)` stands for the dst arrays of a one-host plan without
+holding them: `write(sid, fd)` writes dst sub-tensor `sid`'s `.npy` file into the open file
+`fd`, from the ops of one of its instances (`apply.ops_by_dst`). `src_arrays` are usually views
+of the memory-mapped src files (`npy.map_npy`), so nothing is read before it is copied.
+
+How the bytes go: the header, then each op's region where it lands in the file. A region that is
+one run of bytes in the dst array (rows of a row block, a whole array) is copied from the src
+file into the dst file by the kernel (`copy_file_range(2)`, as `cp` copies: one copy, no page
+mapped in this process) where the src region is one run of a mapped file, else written with
+`os.pwrite` from the src array (gathered into the thread's buffer first where it is not one run,
+e.g. a column block); a fill run is written from a buffer of its value. A sub-tensor with a region
+that is not one run in the dst array (the dst is a column block) is assembled in the scratch
+buffer and written with one `pwrite`. Scratch buffers are per thread and reused, so their pages
+are faulted in once.
+
+Invariants:
+- every byte of a dst file is written once: ops whose regions do not add up to the array raise
+  ExecutionError before the file is written (the plan's verifier proves they tile it);
+- only the ops of `ops_by_dst` run: replicas and instances the directory does not store are
+  never produced.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from tenplex.compiler import CopyOp, FillOp, Plan
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.ptc import PTC
+from tenplex.runtime.arrays import np_dtype, view
+from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst
+from tenplex.runtime.checkpoint.npy import mapped_file, npy_header
+from tenplex.runtime.executor import source_region, target_region
+
+__all__ = ["PlannedFiles", "pwrite_all"]
+
+
+class PlannedFiles:
+    """The dst arrays of `plan`, written file by file (see the module docstring)."""
+
+    def __init__(self, plan: Plan, src: PTC, dst: PTC, src_arrays: Mapping):
+        self.src, self.src_arrays = src, src_arrays
+        self.dst = dst.with_allocation(plan.allocation)
+        self.ops = ops_by_dst(plan, self.dst)
+        self.local = threading.local()
+
+    def write(self, sid: str, fd: int) -> None:
+        """Write dst sub-tensor `sid`'s `.npy` file (header and data) into `fd` (empty, writable).
+        Raises OSError from the writes; ExecutionError, before writing, when the ops' regions
+        do not add up to the array (a plan that leaves a byte unwritten)."""
+        st = self.dst.subtensor_map[sid]
+        dtype = np_dtype(self.dst.tensor_map[st.tensor].dtype)
+        header = npy_header(dtype, st.shape)
+        target = self._buffer("scratch", st.volume * dtype.itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
+        ops = self.ops.get(sid, [])
+        regions = [self._region(op, target) for op in ops]
+        if sum(r.nbytes for r in regions) != target.nbytes:
+            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(r.nbytes for r in regions)} of {target.nbytes} bytes")
+        pwrite_all(fd, header, 0)
+        if all(r.flags.c_contiguous for r in regions):
+            for at, op in sorted((r.ctypes.data - target.ctypes.data, op) for r, op in zip(regions, ops)):  # in file order
+                self._write_op(op, target, fd, len(header) + at)
+        else:
+            apply_ops(ops, self.src, self.dst, self.src_arrays, target)
+            pwrite_all(fd, _bytes(target), len(header))
+
+    def _region(self, op: CopyOp | FillOp, target: np.ndarray) -> np.ndarray:
+        if isinstance(op, FillOp):
+            return view(target, op.box)
+        return target_region(op, self.dst, {(op.dst_subtensor, op.dst_device): target})
+
+    def _write_op(self, op: CopyOp | FillOp, target: np.ndarray, fd: int, at: int) -> None:
+        """Write the op's region, one run of bytes of the dst array, at `at` in the file."""
+        if isinstance(op, FillOp):
+            region = view(target, op.box)
+            pwrite_all(fd, _bytes(np.full(region.shape, op.value, region.dtype)), at)
+        else:
+            dst_arrays = {(op.dst_subtensor, op.dst_device): target}
+            self._copy(source_region(op, self.src, self.dst, self.src_arrays, dst_arrays), fd, at)
+
+    def _copy(self, a: np.ndarray, fd: int, at: int) -> None:
+        """`a`'s bytes at `at`: file to file in the kernel where `a` is one run of a mapped file."""
+        where = mapped_file(a) if a.flags.c_contiguous else None
+        if where is not None and copy_range(*where, fd, at, a.nbytes):
+            return
+        if not a.flags.c_contiguous:  # a column block: gathered into one run first
+            gathered = self._buffer("gather", a.nbytes).view(a.dtype).reshape(a.shape)
+            np.copyto(gathered, a)
+            a = gathered
+        pwrite_all(fd, _bytes(a), at)
+
+    def _buffer(self, name: str, nbytes: int) -> np.ndarray:
+        """The calling thread's buffer `name`, at least `nbytes` long (grown, never shrunk)."""
+        buf = getattr(self.local, name, None)
+        if buf is None or buf.nbytes < nbytes:
+            buf = np.empty(max(nbytes, 1), np.uint8)
+            setattr(self.local, name, buf)
+        return buf[:nbytes]
+
+
+def copy_range(path: Path, offset: int, fd: int, at: int, n: int) -> bool:
+    """Copy `n` bytes of `path` from `offset` to `fd` at `at` with `copy_file_range(2)`; False
+    (nothing copied) where the kernel cannot copy between these files. Raises OSError, or
+    ExecutionError when `path` ends before `offset + n` (it shrank after it was checked)."""
+    if not hasattr(os, "copy_file_range"):  # not Linux
+        return False
+    src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        done = 0
+        while done < n:
+            try:
+                k = os.copy_file_range(src, fd, n - done, offset + done, at + done)
+            except OSError as e:
+                if done == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    return False
+                raise
+            if k == 0:
+                raise ExecutionError(f"{path}: ends before byte {offset + n} (it changed while being copied)")
+            done += k
+        return True
+    finally:
+        os.close(src)
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """All of `data` at `offset` (`os.pwrite` may write less than asked)."""
+    view_ = memoryview(data)
+    while view_.nbytes:
+        n = os.pwrite(fd, view_, offset)
+        view_, offset = view_[n:], offset + n

@@ -1,0 +1,165 @@
+"""The offline reshard's files: `map_npy` views, `PlannedFiles` (each dst file written once from
+the mapped src), durability before the rename, and the same output as the in-memory executor
+for random layouts (`tests.problems`)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from tenplex.compiler import CompileOptions, FillOp, compile_plan
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.ptc import PTC
+from tenplex.runtime.arrays import arange_tensors, materialize
+from tenplex.runtime.checkpoint import directory, swap
+from tenplex.runtime.checkpoint.apply import plan_values
+from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint
+from tenplex.runtime.checkpoint.npy import map_npy, mapped_file
+from tenplex.runtime.checkpoint.planned import PlannedFiles
+from tenplex.runtime.reshard import _executed, rehome, reshard
+from tests.problems import problems
+from tests.security.test_checkpoint_errors import ENOSPC, _tenplex_triple, tiny_disk  # noqa: F401 (a fixture)
+
+
+def _files_named_by_id(ptc: PTC) -> PTC:
+    """`ptc` with each sub-tensor stored under its own id (random layouts share paths)."""
+    subs = tuple(attrs.evolve(s, path=s.id) for s in ptc.subtensors)
+    return PTC(ptc.tensors, subs, ptc.partitions, ptc.allocation, ptc.topology)
+
+
+def _src_dir(src: PTC, root: Path) -> tuple[Path, dict]:
+    tensors = arange_tensors(src)
+    values = {p.id: {n: v.value for n, v in p.values} for p in src.partitions}
+    write_checkpoint(src, {st.id: materialize(src, tensors, st) for st in src.subtensors}, values, root)
+    return root, tensors
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(problems(max_tensors=2))
+def test_planned_files_equal_the_executor_for_random_layouts(tmp_path_factory, problem):
+    src, dst = (_files_named_by_id(p) for p in problem)
+    try:
+        relative_paths(src), relative_paths(dst)
+    except CheckpointError:
+        assume(False)  # an id that is another's directory: not a layout a directory can store
+    root, tensors = _src_dir(src, tmp_path_factory.mktemp("src") / "a")
+    out = tmp_path_factory.mktemp("out") / "b"
+    reshard(root, dst, out)
+    ptc, arrays, values = read_checkpoint(out)
+    _, src_arrays, src_values = read_checkpoint(root)
+    src_h, dst_h = rehome(src, dst, 1)
+    plan = compile_plan(src_h, dst_h, CompileOptions(place_ranks=False))
+    first = {(sid, src_h.allocation.devices_of(src_h.partition_of[sid])[0]): a for sid, a in src_arrays.items()}
+    want_arrays, want_values = _executed([(plan, src_h, dst_h)], first, src_values, 1, 10.0, 10.0, None)
+    assert ptc == dst and values == {pid: want_values.get(pid, {}) for pid in values}
+    for st in dst.subtensors:
+        assert arrays[st.id].tobytes() == want_arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes(), st.id
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    """A column split (tp2 -> tp4 cuts some src regions mid-row) and its plan."""
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec("gpt-tiny:tp2,pp2@1x4"), ptc_from_spec("gpt-tiny:tp4,pp1@1x4")
+    root, tensors = _src_dir(src, tmp_path_factory.mktemp("ck") / "a")
+    _, arrays, values = read_checkpoint(root, mapped=True)
+    src_h, dst_h = rehome(src, dst, 1)
+    plan = compile_plan(src_h, dst_h, CompileOptions(place_ranks=False))
+    first = {(sid, src_h.allocation.devices_of(src_h.partition_of[sid])[0]): a for sid, a in arrays.items()}
+    return root, tensors, dst, PlannedFiles(plan, src_h, dst_h, first), plan_values(plan, values)
+
+
+def test_map_npy_is_a_read_only_view_of_the_file(tmp_path):
+    a = np.arange(60, dtype=np.float32).reshape(6, 10)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "f.npy", np.asfortranarray(a))
+    got = map_npy(tmp_path / "a.npy", "a", CheckpointError)
+    assert got.tobytes() == a.tobytes() and not got.flags.writeable
+    assert map_npy(tmp_path / "f.npy", "f", CheckpointError).tolist() == a.tolist()
+    path, at = mapped_file(got[2:4])
+    assert path == tmp_path / "a.npy" and (tmp_path / "a.npy").read_bytes()[at : at + 80] == a[2:4].tobytes()
+    assert mapped_file(a) is None and mapped_file(got.copy()) is None
+    (tmp_path / "short.npy").write_bytes((tmp_path / "a.npy").read_bytes()[:-4])
+    with pytest.raises(CheckpointError, match=r"short\.npy: header claims float32\[6, 10\] \(240 bytes\) but the file holds 236"):
+        map_npy(tmp_path / "short.npy", "s", CheckpointError)
+
+
+def _write_all(files: PlannedFiles, dst: PTC, values: dict, out: Path) -> None:
+    directory.write_checkpoint_dir(dst, files, values, out)
+
+
+def _assert_oracle(out: Path, dst: PTC, tensors: dict) -> None:
+    _, arrays, _ = read_checkpoint(out)
+    for st in dst.subtensors:
+        assert arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes(), st.id
+
+
+def test_runs_go_file_to_file_and_column_blocks_are_gathered(case, tmp_path, monkeypatch):
+    root, tensors, dst, files, values = case
+    copied, written = [], []
+    real_copy, real_pwrite = os.copy_file_range, os.pwrite
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: copied.append(a[2]) or real_copy(*a))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, at: written.append(len(data)) or real_pwrite(fd, data, at))
+    _write_all(files, dst, values, tmp_path / "out")
+    _assert_oracle(tmp_path / "out", dst, tensors)
+    data = sum(dst.nbytes_of(st) for st in dst.subtensors)
+    assert copied and sum(copied) + sum(written) >= data  # every byte once, plus headers and JSON
+    assert sum(copied) + sum(written) < data + 64 * len(dst.subtensors) + (1 << 20)
+
+
+def test_without_copy_file_range_the_bytes_are_written(case, tmp_path, monkeypatch):
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    root, tensors, dst, files, values = case
+    monkeypatch.setattr(os, "copy_file_range", cross_device)
+    _write_all(files, dst, values, tmp_path / "out")
+    _assert_oracle(tmp_path / "out", dst, tensors)
+
+
+def test_a_region_no_op_writes_is_an_error_and_nothing_is_left(case, tmp_path):
+    root, tensors, dst, files, values = case
+    sid = next(s for s, ops in files.ops.items() if ops and not isinstance(ops[-1], FillOp))
+    files.ops[sid], ops = files.ops[sid][:-1], files.ops[sid]
+    try:
+        with pytest.raises(ExecutionError, match=rf"dst sub-tensor {sid!r}: its ops write \d+ of \d+ bytes"):
+            _write_all(files, dst, values, tmp_path / "out")
+    finally:
+        files.ops[sid] = ops
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_tree_is_made_durable_before_the_rename(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(swap, "_syncfs", lambda fd: False)  # the fallback: every file and directory fsynced
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    directory.write_checkpoint_dir(*_tenplex_triple(), tmp_path / "out")
+    tmp = [p for p in synced if ".out.tmp-" in p]
+    assert len(tmp) == len(list((tmp_path / "out").rglob("*"))) + 1  # every file and directory, before the rename
+    assert synced[-1] == str(tmp_path)  # then the rename
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_file_and_leaves_nothing(case, tiny_disk):  # noqa: F811
+    root, _, dst, _, _ = case
+    with pytest.raises(CheckpointError, match=rf"{tiny_disk / 'out'}\S*: {ENOSPC}") as info:
+        reshard(root, dst, tiny_disk / "out")
+    assert "\n" not in str(info.value) and list(tiny_disk.iterdir()) == []
+
+
+def test_planned_files_are_the_only_copy(case, monkeypatch, tmp_path):
+    """One worker never runs the executor: no dst array is allocated in full by it."""
+    from tenplex.runtime import executor
+
+    root, tensors, dst, _, _ = case
+    monkeypatch.setattr(executor.Executor, "run", lambda *a: pytest.fail("the executor ran"))
+    reshard(root, dst, tmp_path / "out")
+    _assert_oracle(tmp_path / "out", dst, tensors)
