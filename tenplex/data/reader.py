@@ -101,6 +101,17 @@ class SampleReader:
                             f"at offset {offset + start} (file changed or truncated?)")  # fmt: skip
         return got
 
+    def file_range(self, sample_id: int, start: int = 0, size: int | None = None) -> tuple[int, int, int] | None:
+        """(fd, offset, count) of bytes [start, start + size) of sample `sample_id` (clipped to the
+        sample) in its open local file, for a caller that moves them itself (`splice`); None
+        for a file behind a URL. The fd stays open as long as the reader."""
+        file_id, offset, length = self.index.sample(int(sample_id))
+        handle = self._handle(file_id)
+        if not isinstance(handle, int):
+            return None
+        count = max(0, length - start) if size is None else max(0, min(size, length - start))
+        return handle, offset + start, count
+
     def decode(self, sample_id: int, data: bytes) -> Any:
         """`data` (sample `sample_id`'s bytes) as the index's sample format decodes it."""
         fmt = self.index.sample_format

@@ -1,8 +1,9 @@
 """Mounting FUSE operations (mfusepy on libfuse3) in a background thread: shared by the tensor
 store's view (`tenplex.runtime.fuse.store`) and the dataset's per-rank view (`tenplex.runtime.fuse.dataset`).
 
-- reads copy once: `read` hands the kernel's reply buffer to `ops.read_into(fh, address, size,
-  offset)` instead of going through a `bytes` object;
+- reads copy nothing in user space: `ops.read_buf(path, size, offset, fh)` names where the bytes
+  are (`splice` segments: memory or file ranges) and the reply hands them to the kernel through
+  a pipe (`splice.reply`), which copies them once, into the reader's pages;
 - `open` lets the operations choose per file whether the kernel bypasses or keeps its cached
   pages (`ops.open_flags(fh) -> (direct_io, keep_cache)`);
 - the mount's kernel read-ahead is raised to `READ_AHEAD_KB`, so sequential reads of large files
@@ -16,7 +17,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import os
@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tenplex.ir.errors import TenplexError
+from tenplex.runtime.fuse import splice
 
 READ_AHEAD_KB = 8192  # see bench/results/fuse.md: 1 MiB requests, several in flight
 log = logging.getLogger(__name__)
@@ -61,23 +62,36 @@ def fuse_class() -> type:
                               "and mfusepy") from None  # fmt: skip
 
     class FastFUSE(mfusepy.FUSE):
+        def __init__(self, operations: Any, mountpoint: str, **options: Any) -> None:
+            self.pipes = splice.Pipes()
+            try:
+                super().__init__(operations, mountpoint, **options)  # returns once unmounted
+            finally:
+                self.pipes.close()
+
+        def init_fuse_3(self, conn: Any, config: Any) -> None:
+            conn.contents.want |= conn.contents.capable & splice.SPLICE_WRITE
+            conn.contents.max_read = splice.MAX_READ  # libfuse checks it against the mount option
+            super().init_fuse_3(conn, config)
+
         def open(self, path: bytes, fip: Any) -> int:
             fi = fip.contents
             fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
             fi.direct_io, fi.keep_cache = self.operations.open_flags(fi.fh)
             return 0
 
-        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-            return self.operations.read_into(fip.contents.fh, ctypes.addressof(buf.contents), size, offset)
+        def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:
+            return splice.reply(bufpp, self.operations.read_buf(None, size, offset, fip.contents.fh), self.pipes)
 
     return FastFUSE
 
 
 def serve(ops: Any, directory: str, **options: Any) -> None:
-    """Mount `ops` at `directory` in the calling thread; return once it is unmounted.
+    """Mount `ops` at `directory` in the calling thread; return once it is unmounted. Reads are
+    asked for in requests of at most `splice.MAX_READ` bytes, the most a reply pipe splices.
     Raises: FuseUnavailable if libfuse fails to mount."""
     try:
-        fuse_class()(ops, directory, foreground=True, **options)
+        fuse_class()(ops, directory, foreground=True, max_read=splice.MAX_READ, **options)
     except RuntimeError as e:
         raise FuseUnavailable(f"libfuse failed to mount {directory}: error {e}") from None
 
