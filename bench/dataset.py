@@ -6,9 +6,11 @@ share of one epoch (global batch 16). Each pass runs in a fresh child process
 (`python -m bench.dataset read METHOD ...`) that reports seconds, samples, bytes and a sha256
 of the (id, bytes) sequence; all paths must agree on it. Paths:
 - direct: `os.pread` of each sample's byte range from the open source file;
-- DataLoader, 0 / 2 workers: `RankIterableDataset(SampleReader(decode=False))` in
-  `torch.utils.data.DataLoader(batch_size=None)`; timed from the first sample (worker start-up
-  is reported apart);
+- batches, 0 / 2 workers: `tenplex.data.torch_data.RankBatches(SampleReader(decode=False),
+  workers=...)`: DataLoader workers read chunks of steps into shared memory, each sample a numpy
+  view; timed from the first sample (worker start-up is reported apart);
+- DataLoader per sample, 2 workers: `RankIterableDataset` in `DataLoader(batch_size=None)`, one
+  pickled (id, bytes) message per sample (the path `RankBatches` replaces; for comparison);
 - FUSE: `tenplex.runtime.fuse.dataset.mount` served by the driver, the child opens and reads every
   `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass).
 Goal: FUSE ≥ 0.8× direct for samples ≥ 64 KiB. 4 KiB samples are for information.
@@ -20,6 +22,7 @@ ready on every new rank, with and without the prefetcher. Results: bench/results
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -35,8 +38,9 @@ SIZES = ((4 * KIB, 32 * MIB), (64 * KIB, 256 * MIB), (MIB, 512 * MIB))  # sample
 QUICK_SIZES = ((64 * KIB, 16 * MIB),)  # one size: every path, in a few seconds
 PASSES, QUICK_PASSES = 3, 1
 GLOBAL_BATCH, WORLD, RANK, GOAL = 16, 2, 0, 0.8
-METHODS = (("direct", "direct os.pread"), ("loader0", "DataLoader, 0 workers"),
-           ("loader2", "DataLoader, 2 workers"), ("fuse", "FUSE view (child process)"))  # fmt: skip
+METHODS = (("direct", "direct os.pread"), ("batches0", "RankBatches, 0 workers"),
+           ("batches2", "RankBatches, 2 workers"), ("loader2", "DataLoader per sample, 2 workers"),
+           ("fuse", "FUSE view (child process)"))  # fmt: skip
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s", "vs direct",
            "start-up s", "goal"]  # fmt: skip
 
@@ -61,10 +65,12 @@ def read_pass(method: str, index_path: str, state_path: str, directory: str) -> 
 
     from tenplex.data import DatasetIndex, DataState, RankFiles
 
-    if method.startswith("loader"):
+    if method.startswith(("loader", "batches")):
         import tenplex.data.torch_data  # noqa: F401 -- torch's import is not part of the pass
     index = DatasetIndex.load(index_path)
     files = RankFiles.build(index, DataState.load(state_path), WORLD, RANK)
+    if method.startswith("batches"):  # persistent workers: a first epoch starts them, the second is timed
+        return _batches_pass(index, files, int(method[-1]))
     t0 = time.perf_counter()
     samples = _samples(method, index, files, directory)
     count, size = 1, len(next(samples)[1])
@@ -75,6 +81,29 @@ def read_pass(method: str, index_path: str, state_path: str, directory: str) -> 
     sha = hashlib.sha256()
     for sample_id, data in _samples(method, index, files, directory):
         sha.update(sample_id.to_bytes(8, "little") + bytes(data))
+    return {"seconds": seconds, "startup_s": startup, "samples": count, "bytes": size, "digest": sha.hexdigest()}
+
+
+def _batches_pass(index: Any, files: Any, workers: int) -> dict[str, Any]:
+    """`read_pass` for `RankBatches`: the first epoch (start-up, then the digest) starts the
+    workers; the second, timed whole, reads with them running."""
+    import hashlib
+
+    from tenplex.data import SampleReader
+    from tenplex.data.torch_data import RankBatches
+
+    batches = RankBatches(SampleReader(index, decode=False), files.view, len(files.steps), workers)
+    t0 = time.perf_counter()
+    first = ((i, d) for b in batches for i, d in zip(b.ids.tolist(), b.samples))
+    sha, pending = hashlib.sha256(), [next(first)]
+    startup = time.perf_counter() - t0
+    for sample_id, data in itertools.chain(pending, first):
+        sha.update(sample_id.to_bytes(8, "little") + bytes(data))
+    t0 = time.perf_counter()
+    count = size = 0
+    for b in batches:
+        count, size = count + len(b.samples), size + sum(len(d) for d in b.samples)
+    seconds = time.perf_counter() - t0
     return {"seconds": seconds, "startup_s": startup, "samples": count, "bytes": size, "digest": sha.hexdigest()}
 
 
@@ -164,7 +193,7 @@ def _unavailable(method: str) -> str | None:
     """Why `method` cannot run here (no torch, no FUSE), or None."""
     import importlib.util
 
-    if method.startswith("loader") and importlib.util.find_spec("torch") is None:
+    if method.startswith(("loader", "batches")) and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
     if method == "fuse":
         from tenplex.runtime.fuse.dataset import fuse_unavailable_reason
