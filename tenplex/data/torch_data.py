@@ -173,7 +173,7 @@ class _Slots:
 
     def __init__(self, workers: int, slots: int, capacity: int) -> None:
         self.slots = slots
-        self.ring = torch.zeros((max(workers, 1) * slots, max(capacity, 1)), dtype=torch.uint8)
+        self.ring = torch.empty((max(workers, 1) * slots, max(capacity, 1)), dtype=torch.uint8)
         self.flags = torch.zeros(max(workers, 1) * slots, dtype=torch.uint8)
         if workers:
             self.ring.share_memory_()
