@@ -4,6 +4,8 @@ store's view (`tenplex.runtime.fuse.store`) and the dataset's per-rank view (`te
 - reads copy nothing in user space: `ops.read_buf(path, size, offset, fh)` names where the bytes
   are (`splice` segments: memory or file ranges) and the reply hands them to the kernel through
   a pipe (`splice.reply`), which copies them once, into the reader's pages;
+- with `ops.readdir_plus(path, fh) -> [(name, attrs)]`, a listing hands the kernel every entry's
+  attributes (READDIRPLUS), so opening the listed files needs no LOOKUP each;
 - `open` lets the operations choose per file whether the kernel bypasses or keeps its cached
   pages (`ops.open_flags(fh) -> (direct_io, keep_cache)`);
 - the mount's kernel read-ahead is raised to `READ_AHEAD_KB`, so sequential reads of large files
@@ -17,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import os
@@ -31,6 +34,7 @@ from tenplex.ir.errors import TenplexError
 from tenplex.runtime.fuse import splice
 
 READ_AHEAD_KB = 8192  # see bench/results/fuse.md: 1 MiB requests, several in flight
+_READDIR_PLUS, _FILL_DIR_PLUS = 1, 2  # FUSE_READDIR_PLUS, FUSE_FILL_DIR_PLUS (fuse.h)
 log = logging.getLogger(__name__)
 
 
@@ -78,6 +82,20 @@ def fuse_class() -> type:
             fi = fip.contents
             fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
             fi.direct_io, fi.keep_cache = self.operations.open_flags(fi.fh)
+            return 0
+
+        def readdir_fuse_3(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+            plus = getattr(self.operations, "readdir_plus", None)
+            if plus is None:
+                return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)
+            st, fill = mfusepy.c_stat(), _FILL_DIR_PLUS if flags & _READDIR_PLUS else 0
+            entries = plus(path.decode(self.encoding, self.errors), fip.contents.fh)
+            for k in range(offset, len(entries)):  # with offsets: libfuse links plus entries only then
+                name, attrs = entries[k]
+                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+                mfusepy.set_st_attrs(st, attrs, use_ns=True)
+                if filler(buf, name.encode(self.encoding, self.errors), st, k + 1, fill) != 0:
+                    break
             return 0
 
         def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:

@@ -162,6 +162,20 @@ class ViewFS:
         files, step = self._dirs[fh]
         return [".", "..", *self._entries(files, step)]
 
+    def readdir_plus(self, path: str, fh: int) -> list[tuple[str, dict[str, Any]]]:
+        """`readdir` with each entry's attributes (with READDIRPLUS the kernel then needs no LOOKUP
+        per file; the mount serves plain listings from it too, so that offsets stay consistent)."""
+        files, step = self._dirs[fh]
+        directory = {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+        if step is None:
+            state = {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": len(files.state_bytes())}
+            return [(".", directory), ("..", directory), (STATE_FILE, state),
+                    *((files.step_name(s), directory) for s in files.steps)]  # fmt: skip
+        names = self._entries(files, step)
+        sizes = [files.sample_file(step, p).size for p in range(len(names))]
+        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": size})
+                                    for n, size in zip(names, sizes))]  # fmt: skip
+
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
             self._dirs.pop(fh, None)
