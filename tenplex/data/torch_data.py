@@ -217,7 +217,7 @@ class RankBatches:
     """Step batches of one rank read by DataLoader workers into shared memory (module doc)."""
 
     def __init__(self, reader: SampleReader, view: RankView, steps: int, workers: int = 2, *,
-                 chunk_bytes: int = 8 << 20, slots: int = 4) -> None:  # fmt: skip
+                 chunk_bytes: int = 4 << 20, slots: int = 8) -> None:  # fmt: skip
         if workers < 0 or slots < 1:
             raise DataError(f"RankBatches: workers {workers} must be >= 0 and slots {slots} >= 1")
         self.reader, self.view, self.steps, self.workers = reader, view, steps, workers
@@ -226,7 +226,8 @@ class RankBatches:
         self._loader = None
         if workers:
             dataset = _ChunkReader(reader, self.chunks, self._slots)
-            self._loader = tud.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True)
+            self._loader = tud.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
+                                          prefetch_factor=max(1, slots - 2))  # a slot to read into, one in use  # fmt: skip
 
     def __len__(self) -> int:
         return self.steps
