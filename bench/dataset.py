@@ -45,16 +45,16 @@ HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", 
            "start-up s", "goal"]  # fmt: skip
 
 
-NOTES = """Why the FUSE view misses the goal here: every file costs four requests (LOOKUP, OPEN, READ,
-RELEASE), each a trip from the kernel through libfuse's high-level API and mfusepy's ctypes
-callbacks into Python, about 50 µs each on 2 vCPUs, so a file takes ~200 µs before its bytes
-move (≤ ~5,000 files/s); the bytes of a large file are copied twice more than `os.pread` does
-(FUSE reply into the page cache, page cache into the reader). Reading with O_DIRECT in the child
-skips one copy (≈ 1.4 GB/s at 1 MiB, not tabled). Serving with one libfuse thread (the default,
-`tenplex.runtime.fuse.dataset.view`) is 2-3x faster than libfuse's thread pool here, where every request hands the GIL
-between threads. DataLoader workers pickle every (id, bytes) pair through a pipe; with
-`batch_size=None` that is one message per sample. The in-process paths (direct, 0 workers) read
-from the page cache at memory speed."""
+NOTES = """Where the time goes. FUSE view: every file costs three requests (OPEN, READ, RELEASE; the
+listing carries the attributes, READDIRPLUS, so there is no LOOKUP), each a trip from the kernel
+through libfuse's high-level API and mfusepy's ctypes callbacks into Python (20-50 µs of Python
+each, more in scheduling when the machine is busy) and a switch between the reader and the
+server process, so small files are bound by requests, not bytes; a file's bytes are spliced from
+the source file's page cache into the reply (one kernel copy into the page cache, one more to
+the reader). RankBatches: workers read 4 MiB chunks of steps into shared buffers and send only
+(chunk, slot) through the DataLoader, so the training process never copies or unpickles a
+sample; the per-sample DataLoader pickles every (id, bytes) pair through a pipe. The in-process
+paths read from the page cache at memory speed."""
 
 
 # ---- one pass, in a fresh process ----------------------------------------------------------

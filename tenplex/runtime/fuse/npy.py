@@ -10,15 +10,14 @@ array's memory (no copy) for C- or Fortran-contiguous arrays, which the mount sp
 kernel's reply (`fuse.splice`), and copies just the elements that cover the range of a strided
 view. A value leaf is its JSON plus a newline.
 
-`load_npy` is the reader's side: `numpy.load` for a file of the view, about 3-4x faster for large
-arrays because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no
-page cache, no second copy; see bench/results/fuse.md).
+`load_npy` is the reader's side: `numpy.load` for a file of the view, faster for large arrays
+because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no page
+cache, one copy in all, as a tmpfs read; see bench/results/fuse.md).
 
 Invariants:
 - a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf, but for
   the `descr` of the `NAMED` dtypes;
-- `read(size, offset)`, `segments(size, offset)` and `read_into(dst, size, offset)` serve the
-  same bytes;
+- `read(size, offset)` and `segments(size, offset)` serve the same bytes;
 - `parse_npy` returns a C- or F-contiguous array and rejects truncated, oversized, object-dtype
   or unsupported-version `.npy` bytes with a ValueError that says which.
 """
@@ -35,7 +34,6 @@ import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so header
 import numpy as np
 
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
-from tenplex.runtime.fuse import splice
 
 __all__ = ["NAMED", "Handle", "NpyFile", "load_npy", "npy_descr", "parse_npy"]
 
@@ -91,10 +89,6 @@ class NpyFile:
             else:
                 out.append(self._data(start, stop - h))
         return out
-
-    def read_into(self, dst: int, size: int, offset: int) -> int:
-        """Copy bytes [offset, offset + size) of the file (cut at its end) to address `dst`; the count."""
-        return splice.copy_into(dst, self.segments(size, offset))
 
     @property
     def _flat(self) -> np.ndarray:
