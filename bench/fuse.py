@@ -94,7 +94,10 @@ def _measure(method: str, path: str, buf: int, timeout_s: float, skip: int = 0) 
     before = time.process_time()
     r = run_json(["bench.fuse", method, path, str(buf), str(PASSES + skip)], {}, timeout_s)
     server = (time.process_time() - before) / (PASSES + skip)
-    return (max(r["gbps"][skip:]), min(r["cpu"][skip:]) + server) if r["status"] == "ok" else None
+    if r["status"] != "ok":
+        print(f"  {method} {path}: {r['status']} {r.get('error', '')}", file=sys.stderr)
+        return None
+    return max(r["gbps"][skip:]), min(r["cpu"][skip:]) + server
 
 
 def _rounds(rows: list[tuple], paths: dict[str, str], rounds: int, timeout_s: float, skip: int = 0) -> list[dict]:
@@ -140,6 +143,7 @@ def measure_all(size: int, rounds: int, timeout_s: float) -> list[dict]:
     for r in rows:
         r["source"] += tuned if r["source"].startswith("FUSE") else ""
         r["status"] = "ok" if all(g is not None for g in r["gbps"]) else "error"
+        r["error"] = None if r["status"] == "ok" else "a measurement failed (its error is on stderr)"
     return [{**r, "bytes": array.nbytes} for r in rows]
 
 
