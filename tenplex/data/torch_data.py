@@ -161,10 +161,7 @@ def _chunk(reader: SampleReader, run: list[tuple[int, np.ndarray]]) -> _Chunk:
 
 
 def _read_chunk(reader: SampleReader, chunk: _Chunk, out: np.ndarray) -> None:
-    buf, at = memoryview(out), 0
-    for _, ids in chunk.steps:
-        for sample_id in ids.tolist():
-            at += reader.read_into(sample_id, buf[at:])
+    reader.read_many_into([i for _, ids in chunk.steps for i in ids.tolist()], memoryview(out))
 
 
 class _Slots:
