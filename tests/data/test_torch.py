@@ -193,5 +193,5 @@ def test_rank_batches_deliver_the_steps_as_views(dataset, workers):
     for b in RankBatches(SampleReader(base), view, 2, workers, chunk_bytes=300):
         for i, array in zip(b.ids.tolist(), b.samples):
             np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
-    with pytest.raises(DataError, match=r"^RankBatches: workers -1 must be >= 0 and slots 4 >= 1$"):
+    with pytest.raises(DataError, match=r"^RankBatches: workers -1 must be >= 0 and slots 8 >= 1$"):
         RankBatches(reader, view, 1, -1)
