@@ -1,12 +1,13 @@
 """`fuse.splice` without a mount: a read reply (`reply`) carries exactly its segments' bytes, in
 order, whether they go through the thread's pipe (memory by vmsplice, file ranges by splice) or
 a malloc'ed buffer (small replies, too many pages for the pipe); leftovers of a failed reply are
-drained first; `copy_into` gives the same bytes."""
+drained first; `copy_into` gives the same bytes; the pipes of finished threads are closed."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -88,3 +89,14 @@ def test_a_short_file_range_is_an_eio(source):
     with pytest.raises(OSError, match="short read of 16 bytes") as e:
         splice.copy_into(ctypes.addressof(out), [splice.FileRange(source, len(FILE) - 8, 16)])
     assert e.value.errno == 5
+
+
+def test_the_pipes_of_finished_threads_are_closed(source):
+    pipes, got = splice.Pipes(), []
+    for _ in range(5):
+        t = threading.Thread(target=lambda: got.append(replied([splice.FileRange(source, 3, 9000)], pipes)))
+        t.start()
+        t.join()
+    assert got == [(FILE[3:9003], True)] * 5 and len(pipes) == 1  # each new thread closed the finished ones'
+    pipes.close()
+    assert len(pipes) == 0

@@ -106,24 +106,28 @@ def copy_into(address: int, segments: Sequence[Segment]) -> int:
 
 
 class Pipes:
-    """One pipe per libfuse thread, holding one reply at a time; `close` at unmount."""
+    """One pipe per libfuse thread (by OS thread id: libfuse's own threads get a fresh Python
+    thread state per callback), holding one reply at a time; the pipes of threads that have
+    exited are closed when a new thread opens one, the rest by `close` at unmount."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
-        self._all: list[tuple[int, int, int]] = []
+        self._pipes: dict[int, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
 
     def _pipe(self) -> tuple[int, int, int]:
-        pipe = getattr(self._local, "pipe", None)
+        tid = threading.get_native_id()
+        pipe = self._pipes.get(tid)
         if pipe is None:
             r, w = os.pipe2(os.O_CLOEXEC)
             try:
                 capacity = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
             except OSError:  # pipes over the user's limit (/proc/sys/fs/pipe-user-pages-soft)
                 capacity = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
-            pipe = self._local.pipe = (r, w, capacity // _PAGE)
+            pipe = (r, w, capacity // _PAGE)
             with self._lock:
-                self._all.append(pipe)
+                for gone in [t for t in self._pipes if not os.path.exists(f"/proc/self/task/{t}")]:
+                    _close(self._pipes.pop(gone))
+                self._pipes[tid] = pipe
         return pipe
 
     def fill(self, segments: Sequence[Segment], size: int) -> int | None:
@@ -150,10 +154,17 @@ class Pipes:
 
     def close(self) -> None:
         with self._lock:
-            for r, w, _ in self._all:
-                os.close(r)
-                os.close(w)
-            self._all.clear()
+            for pipe in self._pipes.values():
+                _close(pipe)
+            self._pipes.clear()
+
+    def __len__(self) -> int:
+        return len(self._pipes)
+
+
+def _close(pipe: tuple[int, int, int]) -> None:
+    os.close(pipe[0])
+    os.close(pipe[1])
 
 
 def _splice(w: int, s: Segment, start: int, length: int) -> bool:
