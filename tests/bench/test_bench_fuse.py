@@ -20,7 +20,7 @@ pytestmark = [
 def test_quick_fuse_bench_writes_its_tables(tmp_path, capsys):
     assert main(["--only", "fuse", "--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "fuse-quick.json").read_text())["fuse"]
-    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 11, rows
+    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 12, rows
     assert all(min(r["gbps"]) > 0 and min(r["cpu_s"]) > 0 and r["bytes"] == 32 << 20 for r in rows)
     fuse = [r for r in rows if r["source"].startswith("FUSE")]
     assert len(fuse) == 6 and all(f"(read-ahead {READ_AHEAD_KB} KiB)" in r["source"] for r in fuse)
