@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -92,11 +93,19 @@ def test_a_short_file_range_is_an_eio(source):
 
 
 def test_the_pipes_of_finished_threads_are_closed(source):
-    pipes, got = splice.Pipes(), []
+    pipes, got, tids = splice.Pipes(), [], []
+
+    def read() -> None:
+        tids.append(threading.get_native_id())
+        got.append(replied([splice.FileRange(source, 3, 9000)], pipes))
+
     for _ in range(5):
-        t = threading.Thread(target=lambda: got.append(replied([splice.FileRange(source, 3, 9000)], pipes)))
+        t = threading.Thread(target=read)
         t.start()
         t.join()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/self/task/{tids[-1]}") and time.monotonic() < deadline:
+            time.sleep(0.001)  # join returns a moment before the OS thread is gone
     assert got == [(FILE[3:9003], True)] * 5 and len(pipes) == 1  # each new thread closed the finished ones'
     pipes.close()
     assert len(pipes) == 0
