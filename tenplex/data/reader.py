@@ -101,6 +101,33 @@ class SampleReader:
                             f"at offset {offset + start} (file changed or truncated?)")  # fmt: skip
         return got
 
+    def read_many_into(self, ids: list[int], buffer: memoryview) -> int:
+        """Copy the bytes of samples `ids`, back to back, into `buffer` (which must hold them all);
+        the byte count. One `os.preadv` per sample of a local file, with the ranges looked up at once."""
+        file_ids, offsets, lengths = (a.tolist() for a in self.index.ranges(ids))
+        at = 0
+        for sample_id, file_id, offset, length in zip(ids, file_ids, offsets, lengths):
+            handle = self._handle(file_id)
+            if not isinstance(handle, int):
+                at += self.read_into(sample_id, buffer[at : at + length])
+                continue
+            if (got := os.preadv(handle, [buffer[at : at + length]], offset)) != length:
+                raise DataError(f"sample {sample_id} of {self.index.location(file_id)}: read {got} of {length} "
+                                f"bytes at offset {offset} (file changed or truncated?)")  # fmt: skip
+            at += length
+        return at
+
+    def file_range(self, sample_id: int, start: int = 0, size: int | None = None) -> tuple[int, int, int] | None:
+        """(fd, offset, count) of bytes [start, start + size) of sample `sample_id` (clipped to the
+        sample) in its open local file, for a caller that moves them itself (`splice`); None
+        for a file behind a URL. The fd stays open as long as the reader."""
+        file_id, offset, length = self.index.sample(int(sample_id))
+        handle = self._handle(file_id)
+        if not isinstance(handle, int):
+            return None
+        count = max(0, length - start) if size is None else max(0, min(size, length - start))
+        return handle, offset + start, count
+
     def decode(self, sample_id: int, data: bytes) -> Any:
         """`data` (sample `sample_id`'s bytes) as the index's sample format decodes it."""
         fmt = self.index.sample_format

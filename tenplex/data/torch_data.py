@@ -13,15 +13,27 @@
   `Prefetcher` that outlives the dataset (retargeted to this view by each `__iter__`, so it keeps
   the samples that a rescaled rank shares with the previous view).
 
+- `RankBatches(reader, view, steps, workers)`: one `StepBatch(step, ids, samples)` per step, in
+  order, read by `workers` DataLoader worker processes in chunks of consecutive steps (about
+  `chunk_bytes`) straight into shared memory: a sample is a numpy view of it (decoded when the
+  reader decodes), so no sample is pickled or copied on its way to the training process. Each
+  worker has `slots` chunk buffers; a buffer is reused once every view of its chunk is gone,
+  and a worker that finds no free buffer sends its chunk in a fresh shared tensor instead
+  (holding many batches costs memory, never a deadlock). Workers persist across iterations.
+
 Each object is a pure function of its view: it starts at `view.start` on every `__iter__` and
 keeps no counter, so a resume is a new view built from the committed `DataState`.
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
+import torch
 import torch.utils.data as tud
 
 from tenplex.data.errors import DataError
@@ -114,3 +126,127 @@ class RankIterableDataset(tud.IterableDataset):
 
     def __len__(self) -> int:
         return _count(self.view, self.steps)
+
+
+class StepBatch(NamedTuple):
+    """What one rank reads at global step `step`: sample `ids[k]` is `samples[k]`."""
+
+    step: int
+    ids: np.ndarray
+    samples: list[Any]
+
+
+class _Chunk(NamedTuple):
+    steps: list[tuple[int, np.ndarray]]  # (step, ids) of consecutive steps
+    lengths: np.ndarray  # of every sample, in order
+
+
+def plan_chunks(reader: SampleReader, view: RankView, steps: int, chunk_bytes: int) -> list[_Chunk]:
+    """The rank's steps grouped into runs of consecutive steps of about `chunk_bytes` (at least one step)."""
+    chunks: list[_Chunk] = []
+    run: list[tuple[int, np.ndarray]] = []
+    size = 0
+    for rank_step in view.steps(view.start + steps):
+        run.append((rank_step.step, rank_step.ids))
+        size += int(reader.index.length[rank_step.ids].sum())
+        if size >= chunk_bytes:
+            chunks.append(_chunk(reader, run))
+            run, size = [], 0
+    return chunks + ([_chunk(reader, run)] if run else [])
+
+
+def _chunk(reader: SampleReader, run: list[tuple[int, np.ndarray]]) -> _Chunk:
+    ids = np.concatenate([i for _, i in run]) if run else np.zeros(0, np.int64)
+    return _Chunk(run, reader.index.length[ids])
+
+
+def _read_chunk(reader: SampleReader, chunk: _Chunk, out: np.ndarray) -> None:
+    reader.read_many_into([i for _, ids in chunk.steps for i in ids.tolist()], memoryview(out))
+
+
+class _Slots:
+    """`slots` chunk buffers of `capacity` bytes per worker, in shared memory; `flags[slot]` is 1
+    while the training process holds views of the chunk in `slot`."""
+
+    def __init__(self, workers: int, slots: int, capacity: int) -> None:
+        self.slots = slots
+        self.ring = torch.empty((max(workers, 1) * slots, max(capacity, 1)), dtype=torch.uint8)
+        self.flags = torch.zeros(max(workers, 1) * slots, dtype=torch.uint8)
+        if workers:
+            self.ring.share_memory_()
+            self.flags.share_memory_()
+
+    def fill(self, reader: SampleReader, chunk: _Chunk, worker: int, k: int, patience_s: float) -> tuple[int, Any]:
+        """Read `chunk` (worker `worker`'s `k`-th) into its slot if that is free within
+        `patience_s` (a chunk in flight is released soon), else into a new tensor: (slot or -1, tensor or None)."""
+        slot, size = worker * self.slots + k % self.slots, int(chunk.lengths.sum())
+        flags, deadline = self.flags.numpy(), time.monotonic() + patience_s
+        while flags[slot] and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if flags[slot]:
+            out = torch.empty(size, dtype=torch.uint8)
+            _read_chunk(reader, chunk, out.numpy())
+            return -1, out
+        flags[slot] = 1
+        _read_chunk(reader, chunk, self.ring[slot, :size].numpy())
+        return slot, None
+
+    def view(self, slot: int, size: int) -> np.ndarray:
+        """The first `size` bytes of `slot`, released (flag cleared) once no view of them is left."""
+        data = np.frombuffer(memoryview(self.ring[slot, :size].numpy()), np.uint8)  # views of it keep it alive
+        weakref.finalize(data, self.flags.numpy().__setitem__, slot, 0)
+        return data
+
+
+class _ChunkReader(tud.IterableDataset):
+    """Worker side of `RankBatches`: chunk c goes to worker c % workers (`_Slots.fill`)."""
+
+    def __init__(self, reader: SampleReader, chunks: list[_Chunk], slots: _Slots) -> None:
+        self.reader, self.chunks, self.slots = reader, chunks, slots
+
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
+        info = tud.get_worker_info()
+        for k, c in enumerate(range(info.id, len(self.chunks), info.num_workers)):
+            yield (c, *self.slots.fill(self.reader, self.chunks[c], info.id, k, patience_s=0.05))
+
+
+class RankBatches:
+    """Step batches of one rank read by DataLoader workers into shared memory (module doc)."""
+
+    def __init__(self, reader: SampleReader, view: RankView, steps: int, workers: int = 2, *,
+                 chunk_bytes: int = 4 << 20, slots: int = 8) -> None:  # fmt: skip
+        if workers < 0 or slots < 1:
+            raise DataError(f"RankBatches: workers {workers} must be >= 0 and slots {slots} >= 1")
+        self.reader, self.view, self.steps, self.workers = reader, view, steps, workers
+        self.chunks = plan_chunks(reader, view, steps, chunk_bytes)
+        self._slots = _Slots(workers, slots, max((int(c.lengths.sum()) for c in self.chunks), default=0))
+        self._loader = None
+        if workers:
+            dataset = _ChunkReader(reader, self.chunks, self._slots)
+            self._loader = tud.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
+                                          prefetch_factor=max(1, slots - 2))  # a slot to read into, one in use  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        if self._loader is None:  # in this process: a held slot is not waited for
+            filled = ((c, *self._slots.fill(self.reader, chunk, 0, c, 0.0)) for c, chunk in enumerate(self.chunks))
+        else:
+            filled = iter(self._loader)
+        for c, slot, tensor in filled:
+            chunk = self.chunks[int(c)]
+            data = tensor.numpy() if slot < 0 else self._slots.view(int(slot), int(chunk.lengths.sum()))
+            yield from self._batches(chunk, data)
+            del data
+
+    def _batches(self, chunk: _Chunk, data: np.ndarray) -> Iterator[StepBatch]:
+        ends = np.cumsum(chunk.lengths).tolist()
+        starts, k = [0, *ends[:-1]], 0
+        decode = self.reader.decode_samples
+        for step, ids in chunk.steps:
+            views = [data[starts[j] : ends[j]] for j in range(k, k + len(ids))]
+            if decode:
+                views = [self.reader.decode(int(i), v) for i, v in zip(ids.tolist(), views)]
+            k += len(ids)
+            yield StepBatch(step, ids, views)

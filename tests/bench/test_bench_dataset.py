@@ -24,7 +24,8 @@ def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
     assert main(["--only", "dataset", "--quick", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "dataset-quick.json").read_text())
     reads, rescale = doc["reads"], doc["rescale"]["rows"]
-    assert [r["method"] for r in reads] == ["direct", "loader0", "loader2", "fuse"]
+    assert [r["method"] for r in reads] == ["direct", "batches0", "batches2", "loader2", "fuse"]
+    assert all(len(r["ratios"]) == 1 for r in reads) and reads[0]["ratios"] == [1.0]
     assert all(r["status"] == "ok" and r["best_mbps"] > 0 for r in reads), reads
     assert len({d for r in reads for d in r["digests"]}) == 1  # one (id, bytes) sequence for every path
     assert [r["scenario"] for r in rescale] == ["none", "storage", "peers", "kept"]

@@ -1,6 +1,7 @@
 """The PyTorch path: RankSampler, RankBatchSampler, SampleDataset and RankIterableDataset
 deliver exactly the oracle's per-rank sequence under rescales and resumes, with the indexed
-bytes (P1, P2, P5, P6, P8)."""
+bytes (P1, P2, P5, P6, P8); RankBatches delivers the same sequence step by step as views of its
+shared chunk buffers, with 0 or 2 workers, whether its batches are dropped or held."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ from tenplex.data import (  # noqa: E402
     Schedule,
     rank_view,
 )
-from tenplex.data.torch_data import RankBatchSampler, RankIterableDataset, RankSampler, SampleDataset  # noqa: E402
+from tenplex.data.torch_data import (  # noqa: E402
+    RankBatches,
+    RankBatchSampler,
+    RankIterableDataset,
+    RankSampler,
+    SampleDataset,
+)
 from tests.data.helpers import write_npy_samples  # noqa: E402
 from tests.data.strategies import Job, jobs, schedules  # noqa: E402
 
@@ -164,3 +171,27 @@ def test_prefetched_dataset_delivers_the_same_sequence(dataset):
             np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
         with pytest.raises(DataError, match="prefetch: a Prefetcher serves one process; give DataLoader workers a PrefetchConfig"):
             list(tud.DataLoader(RankIterableDataset(reader, later, 1, shared), batch_size=None, num_workers=2))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workers", [0, 2])
+def test_rank_batches_deliver_the_steps_as_views(dataset, workers):
+    base, _ = dataset
+    state = DataState.start(base, 9, 8)
+    view = rank_view(state, state.order_for(base), 2, 1)
+    reader = SampleReader(base, decode=False)
+    want = [(rank_step.step, rank_step.ids.tolist(), [reader.read(i) for i in rank_step.ids.tolist()])
+            for rank_step in view.steps(6)]  # fmt: skip
+    batches = RankBatches(reader, view, 6, workers, chunk_bytes=300, slots=2)
+    assert len(batches) == 6 and len(batches.chunks) >= 3 and all(len(c.steps) < 6 for c in batches.chunks)
+    dropped = [(b.step, b.ids.tolist(), [bytes(d) for d in b.samples]) for b in batches]  # slots reused
+    held = list(batches)  # more chunks than slots held at once: fresh buffers for the rest
+    assert dropped == want == [(b.step, b.ids.tolist(), [bytes(d) for d in b.samples]) for b in held]
+    assert all(isinstance(d, np.ndarray) and d.base is not None for b in held for d in b.samples)
+    del held
+    assert [(b.step, b.ids.tolist(), [bytes(d) for d in b.samples]) for b in batches] == want
+    for b in RankBatches(SampleReader(base), view, 2, 0, chunk_bytes=300):  # decoding runs in this process
+        for i, array in zip(b.ids.tolist(), b.samples):
+            np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
+    with pytest.raises(DataError, match=r"^RankBatches: workers -1 must be >= 0 and slots 8 >= 1$"):
+        RankBatches(reader, view, 1, -1)

@@ -1,8 +1,8 @@
 """FUSE view: listing, numpy.load (plain and mmap) per dtype, a large array read in chunks, JSON
 values, writes through the mount, malformed writes, deletes and renames, read-only mounts, the
 page cache kept across opens (and dropped after a rewrite), the tuned read-ahead, `load_npy`
-(O_DIRECT), and `read_into` against `read` byte for byte. Every test mounts a real store at a
-tmp_path and unmounts it in teardown; the module skips without FUSE.
+(O_DIRECT), and the splice segments of a read against `read` byte for byte. Every test mounts a
+real store at a tmp_path and unmounts it in teardown; the module skips without FUSE.
 
 numpy's own file I/O on the mount runs in a child process (`_child`): in the serving process it
 would hold the GIL that the FUSE thread needs (see `mount`). Python file I/O is safe in-process."""
@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.store import (
     DTYPE_XATTR,
     READ_AHEAD_KB,
@@ -166,6 +167,22 @@ for mode in ("r", None):
         _child(check, f"{m}/big.npy")
 
 
+def test_large_replies_spliced_into_o_direct_reads(store, tmp_path):
+    """Replies of a full request (`splice.MAX_READ`) from C-, F-contiguous and strided leaves
+    whose bytes start off a page boundary, read with O_DIRECT into unaligned and aligned arrays."""
+    base = np.arange(3 * 2**20 + 7, dtype=np.float32)
+    leaves = {"c": base[1:], "f": np.asfortranarray(base[: 3 * 2**20].reshape(1024, -1)), "s": base[::3]}
+    for name, leaf in leaves.items():
+        store.put(f"/{name}", leaf, copy=False)
+    (tmp_path / "m").mkdir()
+    with mount(store, str(tmp_path / "m")) as m:
+        for name, leaf in leaves.items():
+            np.testing.assert_array_equal(load_npy(f"{m}/{name}.npy"), leaf)
+            with open(os.open(f"{m}/{name}.npy", os.O_RDONLY | os.O_DIRECT), "rb", buffering=0) as f:
+                data = f.read()  # one read of the whole file: several requests in flight
+            assert data == NpyFile.from_leaf(leaf).read(10**9, 0), name
+
+
 def test_values_are_json_files(mnt):
     with open(f"{mnt}{P}/step.json") as f:
         assert json.load(f) == 7
@@ -266,12 +283,12 @@ def test_parse_npy_rejects_object_arrays():
      np.zeros((0, 3), np.float32), {"lr": 0.1}],
     ids=["c", "fortran", "0-d", "strided", "empty", "value"],
 )  # fmt: skip
-def test_read_into_serves_the_bytes_of_read(leaf):
+def test_segments_serve_the_bytes_of_read(leaf):
     f = NpyFile.from_leaf(leaf)
     for offset in range(0, f.size + 2, 7):
         for size in (1, 5, 64, f.size + 10):
             buf = ctypes.create_string_buffer(size)
-            n = f.read_into(ctypes.addressof(buf), size, offset)
+            n = splice.copy_into(ctypes.addressof(buf), f.segments(size, offset))
             assert buf.raw[:n] == f.read(size, offset), (offset, size)
 
 

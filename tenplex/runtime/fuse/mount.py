@@ -1,8 +1,11 @@
 """Mounting FUSE operations (mfusepy on libfuse3) in a background thread: shared by the tensor
 store's view (`tenplex.runtime.fuse.store`) and the dataset's per-rank view (`tenplex.runtime.fuse.dataset`).
 
-- reads copy once: `read` hands the kernel's reply buffer to `ops.read_into(fh, address, size,
-  offset)` instead of going through a `bytes` object;
+- reads copy nothing in user space: `ops.read_buf(path, size, offset, fh)` names where the bytes
+  are (`splice` segments: memory or file ranges) and the reply hands them to the kernel through
+  a pipe (`splice.reply`), which copies them once, into the reader's pages;
+- with `ops.readdir_plus(path, fh) -> [(name, attrs)]`, a listing hands the kernel every entry's
+  attributes (READDIRPLUS), so opening the listed files needs no LOOKUP each;
 - `open` lets the operations choose per file whether the kernel bypasses or keeps its cached
   pages (`ops.open_flags(fh) -> (direct_io, keep_cache)`);
 - the mount's kernel read-ahead is raised to `READ_AHEAD_KB`, so sequential reads of large files
@@ -28,8 +31,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tenplex.ir.errors import TenplexError
+from tenplex.runtime.fuse import splice
 
 READ_AHEAD_KB = 8192  # see bench/results/fuse.md: 1 MiB requests, several in flight
+_READDIR_PLUS, _FILL_DIR_PLUS = 1, 2  # FUSE_READDIR_PLUS, FUSE_FILL_DIR_PLUS (fuse.h)
 log = logging.getLogger(__name__)
 
 
@@ -61,23 +66,50 @@ def fuse_class() -> type:
                               "and mfusepy") from None  # fmt: skip
 
     class FastFUSE(mfusepy.FUSE):
+        def __init__(self, operations: Any, mountpoint: str, **options: Any) -> None:
+            self.pipes = splice.Pipes()
+            try:
+                super().__init__(operations, mountpoint, **options)  # returns once unmounted
+            finally:
+                self.pipes.close()
+
+        def init_fuse_3(self, conn: Any, config: Any) -> None:
+            conn.contents.want |= conn.contents.capable & splice.SPLICE_WRITE
+            conn.contents.max_read = splice.MAX_READ  # libfuse checks it against the mount option
+            super().init_fuse_3(conn, config)
+
         def open(self, path: bytes, fip: Any) -> int:
             fi = fip.contents
             fi.fh = self.operations.open(path.decode(self.encoding, self.errors), fi.flags)
             fi.direct_io, fi.keep_cache = self.operations.open_flags(fi.fh)
             return 0
 
-        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-            return self.operations.read_into(fip.contents.fh, ctypes.addressof(buf.contents), size, offset)
+        def readdir_fuse_3(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+            plus = getattr(self.operations, "readdir_plus", None)
+            if plus is None:
+                return super().readdir_fuse_3(path, buf, filler, offset, fip, flags)
+            st, fill = mfusepy.c_stat(), _FILL_DIR_PLUS if flags & _READDIR_PLUS else 0
+            entries = plus(path.decode(self.encoding, self.errors), fip.contents.fh)
+            for k in range(offset, len(entries)):  # with offsets: libfuse links plus entries only then
+                name, attrs = entries[k]
+                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+                mfusepy.set_st_attrs(st, attrs, use_ns=True)
+                if filler(buf, name.encode(self.encoding, self.errors), st, k + 1, fill) != 0:
+                    break
+            return 0
+
+        def read_buf(self, path: bytes | None, bufpp: Any, size: int, offset: int, fip: Any) -> int:
+            return splice.reply(bufpp, self.operations.read_buf(None, size, offset, fip.contents.fh), self.pipes)
 
     return FastFUSE
 
 
 def serve(ops: Any, directory: str, **options: Any) -> None:
-    """Mount `ops` at `directory` in the calling thread; return once it is unmounted.
+    """Mount `ops` at `directory` in the calling thread; return once it is unmounted. Reads are
+    asked for in requests of at most `splice.MAX_READ` bytes, the most a reply pipe splices.
     Raises: FuseUnavailable if libfuse fails to mount."""
     try:
-        fuse_class()(ops, directory, foreground=True, **options)
+        fuse_class()(ops, directory, foreground=True, max_read=splice.MAX_READ, **options)
     except RuntimeError as e:
         raise FuseUnavailable(f"libfuse failed to mount {directory}: error {e}") from None
 

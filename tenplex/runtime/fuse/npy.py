@@ -5,26 +5,25 @@ back into a leaf when the file is closed. An array leaf is served as a `.npy` (f
 own header for its dtype and shape; for bfloat16 and float8 a header whose `descr` is the dtype's
 name, `'bfloat16'`, so that `np.load` returns that dtype where ml_dtypes is imported and refuses
 the file where it is not, instead of returning raw uint16 bits) whose data bytes come straight
-from the stored array: `NpyFile.read_into` copies a byte range
-from the array's memory into the kernel's reply buffer in one `memmove` (no `bytes` in between)
-for C- or Fortran-contiguous arrays, and copies just the elements that cover the range of a
-strided view. A value leaf is its JSON plus a newline.
+from the stored array: `NpyFile.segments` names a byte range as views of the header and of the
+array's memory (no copy) for C- or Fortran-contiguous arrays, which the mount splices into the
+kernel's reply (`fuse.splice`), and copies just the elements that cover the range of a strided
+view. A value leaf is its JSON plus a newline.
 
-`load_npy` is the reader's side: `numpy.load` for a file of the view, about 3-4x faster for large
-arrays because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no
-page cache, no second copy; see bench/results/fuse.md).
+`load_npy` is the reader's side: `numpy.load` for a file of the view, faster for large arrays
+because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no page
+cache, one copy in all, as a tmpfs read; see bench/results/fuse.md).
 
 Invariants:
 - a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf, but for
   the `descr` of the `NAMED` dtypes;
-- `read(size, offset)` and `read_into(dst, size, offset)` serve the same bytes;
+- `read(size, offset)` and `segments(size, offset)` serve the same bytes;
 - `parse_npy` returns a C- or F-contiguous array and rejects truncated, oversized, object-dtype
   or unsupported-version `.npy` bytes with a ValueError that says which.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import io
 import json
@@ -78,30 +77,28 @@ class NpyFile:
         body = self._data(max(offset - h, 0), stop - h)
         return head + body if head else body
 
-    def read_into(self, dst: int, size: int, offset: int) -> int:
-        """Copy bytes [offset, offset + size) of the file (cut at its end) to address `dst`; the count."""
+    def segments(self, size: int, offset: int) -> list[bytes | np.ndarray]:
+        """Bytes [offset, offset + size) of the file (cut at its end) as views of the header and
+        of the array's memory where it is contiguous (`fuse.splice` segments; copies otherwise)."""
         h, stop = len(self.header), min(offset + size, self.size)
-        if stop <= offset:
-            return 0
-        n = 0
-        if offset < h:
-            head = self.header[offset : min(stop, h)]
-            ctypes.memmove(dst, head, len(head))
-            n = len(head)
-        if stop > offset + n:
-            start = offset + n - h
-            if self.address is not None:  # one copy, from the array's memory (releases the GIL)
-                ctypes.memmove(dst + n, self.address + start, stop - h - start)
+        out: list[bytes | np.ndarray] = [self.header[offset : min(stop, h)]] if offset < h else []
+        if stop > max(offset, h):
+            start = max(offset - h, 0)
+            if self.address is not None:
+                out.append(self._flat[start : stop - h])
             else:
-                body = self._data(start, stop - h)
-                ctypes.memmove(dst + n, body, len(body))
-        return stop - offset
+                out.append(self._data(start, stop - h))
+        return out
+
+    @property
+    def _flat(self) -> np.ndarray:
+        a = self.array
+        return (a if a.flags.c_contiguous else a.T).reshape(-1).view(np.uint8)
 
     def _data(self, start: int, stop: int) -> bytes:
         a = self.array
         if a.flags.c_contiguous or a.flags.f_contiguous:
-            flat = (a if a.flags.c_contiguous else a.T).reshape(-1).view(np.uint8)
-            return flat[start:stop].tobytes()
+            return self._flat[start:stop].tobytes()
         size = a.itemsize  # strided view: copy just the elements that cover [start, stop)
         first, last = start // size, -(-stop // size)
         run = np.ascontiguousarray(a.flat[first:last]).view(np.uint8)

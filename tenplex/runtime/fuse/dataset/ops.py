@@ -2,9 +2,10 @@
 
 Layout (`tenplex.data.rank_files`): `DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`.
 
-Reads: a sample file's bytes come straight from its source byte range (`SampleReader.read_into`:
-one `os.preadv` into the kernel's reply buffer, no copy of the whole file), or, with a
-`Prefetcher`, from its cache (`Prefetcher.take` on the file's first read). The kernel keeps a
+Reads: a sample file's bytes come straight from its source byte range (`SampleReader.file_range`,
+spliced by the mount from the source file's page cache into the reply: `fuse.splice`), or, with
+a `Prefetcher`, from its cache (`Prefetcher.take` on the file's first read), or, for a source
+behind a URL, read by the reader. The kernel keeps a
 sample file's cached pages across opens: a path names the same bytes in every view.
 
 Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
@@ -33,6 +34,7 @@ from tenplex.data.errors import DataError
 from tenplex.data.prefetch.prefetcher import Prefetcher
 from tenplex.data.rank_files import STATE_FILE, RankFiles, SampleFile
 from tenplex.data.reader import SampleReader
+from tenplex.runtime.fuse import splice
 
 _MEMO_PATHS = 1 << 16  # resolved paths remembered per view
 
@@ -160,6 +162,20 @@ class ViewFS:
         files, step = self._dirs[fh]
         return [".", "..", *self._entries(files, step)]
 
+    def readdir_plus(self, path: str, fh: int) -> list[tuple[str, dict[str, Any]]]:
+        """`readdir` with each entry's attributes (with READDIRPLUS the kernel then needs no LOOKUP
+        per file; the mount serves plain listings from it too, so that offsets stay consistent)."""
+        files, step = self._dirs[fh]
+        directory = {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+        if step is None:
+            state = {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": len(files.state_bytes())}
+            return [(".", directory), ("..", directory), (STATE_FILE, state),
+                    *((files.step_name(s), directory) for s in files.steps)]  # fmt: skip
+        names = self._entries(files, step)
+        sizes = [files.sample_file(step, p).size for p in range(len(names))]
+        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": size})
+                                    for n, size in zip(names, sizes))]  # fmt: skip
+
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
             self._dirs.pop(fh, None)
@@ -184,37 +200,41 @@ class ViewFS:
         return is_state, not is_state
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        """`read_into` through a bytes object (the mount calls `read_into` itself)."""
-        buf = (ctypes.c_char * max(size, 1))()
-        count = self.read_into(fh, ctypes.addressof(buf), size, offset)
+        """The bytes that `read_buf` names (the mount splices them itself)."""
+        segments = self.read_buf(path, size, offset, fh)
+        buf = (ctypes.c_char * max(splice.size_of(segments), 1))()
+        count = splice.copy_into(ctypes.addressof(buf), segments)
         return buf.raw[:count]
 
-    def read_into(self, fh: int, address: int, size: int, offset: int) -> int:
-        """Copy up to `size` bytes at `offset` of open file `fh` to memory at `address`; the count."""
+    def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> list[splice.Segment]:
+        """Bytes [offset, offset + size) of open file `fh` (cut at its end) as `fuse.splice`
+        segments: its header, then the sample's bytes in the prefetcher's cache or its source file."""
         h = self._handles[fh]
         end = min(offset + size, h.size)
         if end <= offset:
-            return 0
-        out = memoryview((ctypes.c_char * (end - offset)).from_address(address)).cast("B")
+            return []
         n = max(0, min(len(h.header), end) - offset)
-        out[:n] = h.header[offset : offset + n]
-        if n < len(out):
-            start = offset + n - len(h.header)
+        out: list[splice.Segment] = [h.header[offset : offset + n]] if n else []
+        if offset + n < end:
             try:
-                self._read_sample(h, out[n:], start)
+                out.append(self._sample(h, offset + n - len(h.header), end - offset - n))
             except DataError as e:
                 raise OSError(errno.EIO, str(e)) from None
-        return len(out)
+        return out
 
-    def _read_sample(self, h: _Open, out: memoryview, start: int) -> None:
+    def _sample(self, h: _Open, start: int, size: int) -> splice.Segment:
         if self.prefetcher is not None and h.data is None:
             with h.lock:
                 if h.data is None:
                     h.data = self.prefetcher.take(h.step, h.position, h.sample_id)
         if h.data is not None:
-            out[:] = memoryview(h.data)[start : start + len(out)]
-        else:
-            self.reader.read_into(h.sample_id, out, start)
+            return memoryview(h.data)[start : start + size]
+        where = self.reader.file_range(h.sample_id, start, size)
+        if where is None:
+            out = bytearray(size)
+            self.reader.read_into(h.sample_id, memoryview(out), start)
+            return out
+        return splice.FileRange(*where)
 
     def release(self, path: str, fh: int) -> int:
         with self._lock:

@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import itertools
 import os
@@ -173,14 +172,10 @@ class StoreFS(Writes):
             return bytes(h.buf[offset : offset + size])
         return h.file.read(size, offset)
 
-    def read_into(self, fh: int, dst: int, size: int, offset: int) -> int:
-        """`read` into memory at address `dst` (the kernel's reply buffer); the byte count."""
+    def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> list:
+        """Where the bytes of `read` are (`fuse.splice` segments: views of the stored array)."""
         h = self._handles[fh]
-        if not h.writer:
-            return h.file.read_into(dst, size, offset)
-        data = self.read(h.path, size, offset, fh)
-        ctypes.memmove(dst, data, len(data))
-        return len(data)
+        return [self.read(h.path, size, offset, fh)] if h.writer else h.file.segments(size, offset)
 
     def release(self, path: str, fh: int) -> int:
         with self._lock:

@@ -4,19 +4,21 @@ What the view shows and how writes map to the store is `StoreFS` (`fuse.store.op
 file are `NpyFile` (`fuse.npy`). This module mounts it (`tenplex.runtime.fuse.mount`: mfusepy on libfuse3)
 and tunes reads:
 
-- reads copy once: a read request is served by one `memmove` from the stored array into
-  libfuse's reply buffer (mfusepy's own `read` goes through a `bytes` object, a second copy);
+- reads copy nothing in user space: a read request names views of the stored array
+  (`NpyFile.segments`), which the mount splices into the reply (`fuse.splice`), and the kernel
+  copies them once, into the page cache or, with O_DIRECT, straight into the reader's buffer;
 - the page cache stays on (no `direct_io`, so `np.load(mmap_mode="r")` works), and with
   `keep_cache` an open keeps the pages that earlier reads cached (see `StoreFS`);
 - kernel read-ahead for the mount is raised to `read_ahead_kb` (its backing device's
   `/sys/class/bdi/<major:minor>/read_ahead_kb`; FUSE starts at 128 KiB), so sequential reads
-  arrive as 1 MiB requests (the largest a FUSE request gets, 256 pages) several at a time.
-  Without permission to write it (not root), the mount keeps the kernel's default.
+  arrive as requests of `splice.MAX_READ` (1 MiB less 4 pages: what a pipe splices), several at
+  a time. Without permission to write it (not root), the mount keeps the kernel's default.
 
-Buffered reads are bound by the reader's side (page-cache pages filled by FUSE, then copied
-out); a reader that opens with O_DIRECT (`load_npy`) skips both and is 3-4x faster. Attributes
-and names are cached by the kernel for 1 s, so changes made to the store directly show in sizes
-and listings within a second. Numbers: bench/results/fuse.md (`python -m bench --only fuse`).
+Buffered reads are bound by the reader's side (the kernel copies each byte twice: into the
+page cache, then out of it); a reader that opens with O_DIRECT (`load_npy`) gets one copy, as
+from tmpfs. Attributes and names are cached by the kernel for 1 s, so changes made to the store
+directly show in sizes and listings within a second. Numbers: bench/results/fuse.md
+(`python -m bench --only fuse`).
 
 Invariants:
 - `mount` returns only once the directory is a live mount point, and on exit unmounts it and
