@@ -29,9 +29,9 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
                    "`tenplex layout SRC_DIR` prints the current one), a PTC JSON file or a model spec.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
-@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "megatron-dist", "dcp"]),
               help="Format of SRC_DIR (default: detected).")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp"]),
+@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "megatron-dist", "dcp"]),
               help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
               help=f"Local workers (1: in-process; >= 2: one agent process each, at most {MAX_WORKERS}).")  # fmt: skip

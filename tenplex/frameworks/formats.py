@@ -1,7 +1,8 @@
 """Checkpoint formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
 
 Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
-`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory); `structure` (the reference's per-rank
+`megatron` (a legacy Megatron-LM tree), `megatron-dist` (Megatron's `torch_dist`: a tree or a bare
+dist_checkpointing directory; `--from megatron` takes it too), `dcp` (a PyTorch Distributed Checkpoint directory); `structure` (the reference's per-rank
 structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
 `detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
 SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
@@ -38,7 +39,7 @@ import attrs
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.ptc import PTC
 
-FORMATS = ("tenplex", "megatron", "dcp")
+FORMATS = ("tenplex", "megatron", "megatron-dist", "dcp")
 
 
 class FormatError(TenplexError):
@@ -71,6 +72,8 @@ def detect(path: str | os.PathLike) -> str:
         raise FormatError(f"{p}: not a directory")
     if (p / "ptc.json").is_file():
         return "tenplex"
+    if _is_megatron_dist(p):
+        return "megatron-dist"
     if (p / ".metadata").is_file():
         return "dcp"
     if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
@@ -79,6 +82,21 @@ def detect(path: str | os.PathLike) -> str:
         return "structure"  # the reference's per-rank structure JSON: a layout without data
     raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
                       "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
+
+
+def _is_megatron_dist(p: Path) -> bool:
+    """A torch_dist step directory (even half-written: `megatron_dist` says what it lacks), bare
+    or named by a Megatron-LM tree's tracker."""
+    from tenplex.frameworks.megatron_dist.files import CONFIG, is_dist_step, locate
+
+    if (p / CONFIG).is_file() or (is_dist_step(p) and (p / "common.pt").is_file()):
+        return True
+    if not (p / "latest_checkpointed_iteration.txt").is_file():
+        return False
+    try:
+        return is_dist_step(locate(p).step)
+    except TenplexError:
+        return False  # the legacy reader names what is wrong with the tracker
 
 
 def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> tuple[PTC, dict, dict, Any]:
@@ -135,9 +153,13 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
     if src_fmt == "structure":
         raise FormatError(f"{src_dir} is a structure directory (shapes only, no data): use it as a PTC "
                           "(tenplex compile/inspect), not as a checkpoint to reshard")  # fmt: skip
+    if src_fmt == "megatron" and detect(src_dir) == "megatron-dist":
+        src_fmt = "megatron-dist"  # `--from megatron` names the framework; the files tell the format
     fmt = fmt or src_fmt
     if Path(out_dir).exists():
         raise FormatError(f"{out_dir}: already exists (refusing to overwrite)")
+    if fmt == "megatron-dist" or src_fmt == "megatron-dist":
+        return _convert_megatron_dist(src_dir, to, out_dir, src_fmt, fmt, workers, trust_pickles)
     if fmt == "megatron":
         if src_fmt != "megatron" or "=" not in to or to.endswith(".json"):
             raise FormatError(f"Megatron output needs a Megatron source and a layout like tp=4,pp=1 (got {src_fmt} "
@@ -154,6 +176,18 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         seconds = {"total": sum(d.seconds.values()), **d.seconds}
         return Converted(src_dir, src_fmt, out_dir, fmt, workers, d.bytes_moved, seconds, d.summary())
     return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers, trust_pickles)
+
+
+def _convert_megatron_dist(src_dir: str, to: str, out_dir: str, src_fmt: str, fmt: str, workers: int,
+                           trust_pickles: bool) -> Converted:  # fmt: skip
+    if src_fmt != fmt or "=" not in to or to.endswith(".json"):
+        raise FormatError(f"Megatron torch_dist reshards into torch_dist, to a layout like tp=4,pp=1 (got {src_fmt} "
+                          f"{src_dir} into {fmt}, {to!r}): args and keys come from the source")  # fmt: skip
+    from tenplex.frameworks.megatron_dist.reshard import reshard_megatron_dist
+
+    r = reshard_megatron_dist(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
+    seconds = {"total": sum(r.seconds.values()), **r.seconds}
+    return Converted(src_dir, src_fmt, out_dir, fmt, workers, r.bytes_moved, seconds, r.summary())
 
 
 def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], src_fmt: str, fmt: str,
@@ -209,6 +243,12 @@ def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list
 
         ckpt = read_megatron(path, trust_pickles=trust_pickles)
         return fmt, megatron_findings(ckpt), ckpt.ptc
+    if fmt == "megatron-dist":
+        from tenplex.frameworks.megatron_dist.describe import findings
+        from tenplex.frameworks.megatron_dist.read import read_megatron_dist
+
+        ckpt = read_megatron_dist(path, trust_pickles=trust_pickles)
+        return fmt, findings(ckpt), ckpt.ptc
     if fmt == "dcp":
         from tenplex.frameworks.dcp.read import ptc_of_index, read_index
         from tenplex.frameworks.dcp.reshard import inspect_dcp
