@@ -29,6 +29,7 @@ TABLES: dict[str, str] = {
     "fuse": "bench.fuse:run",  # FUSE view reads vs tmpfs reads
     "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
     "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads
+    "megatron": "bench.megatron_dist:run",  # torch_dist: tenplex reshard + Megatron load vs Megatron's load-time reshard
 }
 
 
