@@ -4,7 +4,9 @@ megatron-core saves a GPT model (SwiGLU, GQA, untied output layer) with Adam sta
 tp=2,pp=1 (`fixtures.megatron_dist`). tenplex reshards it into other layouts; megatron-core's
 `dist_checkpointing.load` under the target layout must restore, bit for bit, what it restores
 from the original (its own load-time reshard) and what was saved. The target's chunks must be
-the ones megatron-core writes when it saves under that layout itself.
+the ones megatron-core writes when it saves under that layout itself. The same for megatron-core's
+DistributedOptimizer, saved `fully_reshardable` (moved across tp and pp) and `dp_reshardable`
+(moved across dp; a tp change refused).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from click.testing import CliRunner  # noqa: E402
 from fixtures.megatron_dist.gpt import ITERATION, Job, load, save  # noqa: E402
 from tenplex.cli.app import cli  # noqa: E402
 from tenplex.frameworks.formats import detect, inspect  # noqa: E402
+from tenplex.frameworks.megatron.tree import CheckpointFormatError  # noqa: E402
 from tenplex.frameworks.megatron_dist.files import read_common  # noqa: E402
 from tenplex.frameworks.megatron_dist.reshard import reshard_megatron_dist  # noqa: E402
 
@@ -127,3 +130,23 @@ def test_detect_inspect_and_the_cli(src, tmp_path):
     assert (doc["src_format"], doc["out_format"], doc["verified"]) == ("megatron-dist", "megatron-dist", True)
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".metadata", "__0_0.distcp", "common.pt", "metadata.json"]
     assert "saved under tp=1,pp=1,dp=1 (from common.pt args)" in inspect(str(tmp_path / "o"))
+
+
+def test_the_distributed_optimizer_in_both_forms(tmp_path):
+    """fully_reshardable moves across tp and pp; dp_reshardable across dp only, and a tp change
+    is refused naming why. Either way Megatron loads tenplex's output as its own reshard."""
+    full = Job(tp=2, optimizer="fully_reshardable")
+    save(tmp_path / "fr", full)
+    assert "model space (non-distributed optimizer or fully_reshardable)" in "\n".join(inspect(str(tmp_path / "fr")))
+    reshard_megatron_dist(tmp_path / "fr", "tp=1,pp=2", tmp_path / "fr2")
+    to = Job(tp=1, pp=2, optimizer="fully_reshardable")
+    assert _same(load(tmp_path / "fr2" / STEP, to), load(tmp_path / "fr" / STEP, to)) > 100
+
+    flat = Job(tp=1, dp=2, optimizer="dp_reshardable")
+    save(tmp_path / "dp", flat)
+    assert "dp_reshardable (flat bucket buffers): tenplex reshards it across dp only" in "\n".join(inspect(str(tmp_path / "dp")))
+    with pytest.raises(CheckpointFormatError, match=r"saved dp_reshardable .* cannot move from tp=1,pp=1 to tp=2,pp=1"):
+        reshard_megatron_dist(tmp_path / "dp", "tp=2", tmp_path / "x")
+    reshard_megatron_dist(tmp_path / "dp", "tp=1,dp=1", tmp_path / "dp1")
+    to = Job(tp=1, dp=1, optimizer="dp_reshardable")
+    assert _same(load(tmp_path / "dp1" / STEP, to), load(tmp_path / "dp" / STEP, to)) > 100
