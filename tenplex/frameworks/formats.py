@@ -80,7 +80,7 @@ def detect(path: str | os.PathLike) -> str:
         return "megatron"
     if (p / "rank_map.json").is_file():
         return "structure"  # the reference's per-rank structure JSON: a layout without data
-    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, "
+    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, metadata.json, .metadata, "
                       "latest_checkpointed_iteration.txt, iter_*/ or rank_map.json)")  # fmt: skip
 
 

@@ -133,18 +133,20 @@ def test_detect_inspect_and_the_cli(src, tmp_path):
 
 
 def test_the_distributed_optimizer_in_both_forms(tmp_path):
-    """fully_reshardable moves across tp and pp; dp_reshardable across dp only, and a tp change
-    is refused naming why. Either way Megatron loads tenplex's output as its own reshard."""
+    """fully_reshardable moves across tp (and pp, as the model does); dp_reshardable across dp
+    only, and a tp change is refused naming why. Either way Megatron loads tenplex's output as its own reshard."""
     full = Job(tp=2, optimizer="fully_reshardable")
     save(tmp_path / "fr", full)
     assert "model space (non-distributed optimizer or fully_reshardable)" in "\n".join(inspect(str(tmp_path / "fr")))
-    reshard_megatron_dist(tmp_path / "fr", "tp=1,pp=2", tmp_path / "fr2")
-    to = Job(tp=1, pp=2, optimizer="fully_reshardable")
+    reshard_megatron_dist(tmp_path / "fr", "tp=1", tmp_path / "fr2")
+    to = Job(tp=1, optimizer="fully_reshardable")
     assert _same(load(tmp_path / "fr2" / STEP, to), load(tmp_path / "fr" / STEP, to)) > 100
 
     flat = Job(tp=1, dp=2, optimizer="dp_reshardable")
     save(tmp_path / "dp", flat)
-    assert "dp_reshardable (flat bucket buffers): tenplex reshards it across dp only" in "\n".join(inspect(str(tmp_path / "dp")))
+    lines = inspect(str(tmp_path / "dp"))
+    assert "dp_reshardable (flat bucket buffers): tenplex reshards it across dp only" in "\n".join(lines)
+    assert "content metadata: distrib_optim_sharding_type='dp_reshardable'" in lines
     with pytest.raises(CheckpointFormatError, match=r"saved dp_reshardable .* cannot move from tp=1,pp=1 to tp=2,pp=1"):
         reshard_megatron_dist(tmp_path / "dp", "tp=2", tmp_path / "x")
     reshard_megatron_dist(tmp_path / "dp", "tp=1,dp=1", tmp_path / "dp1")

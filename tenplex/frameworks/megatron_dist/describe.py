@@ -34,6 +34,9 @@ def findings(ckpt: DistCheckpoint) -> list[str]:
                  "model space": "model space (non-distributed optimizer or fully_reshardable): resharded with its parameters",
                  None: "none"}[ckpt.optimizer]  # fmt: skip
     lines.append(f"optimizer state: {optimizer}")
+    content = ckpt.common.get("content_metadata")
+    if isinstance(content, dict) and content:
+        lines.append("content metadata: " + ", ".join(f"{k}={v!r}" for k, v in sorted(content.items())))
     for t in model:
         cuts = grid(t.name, t.shape, [p.global_box for st in ckpt.ptc.by_tensor[t.name] for p in st.pieces])
         axis = tp_axis(t.name, len(t.shape))

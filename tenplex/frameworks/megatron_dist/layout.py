@@ -159,13 +159,13 @@ def dst_ptc(src: PTC, src_layout: Layout, dst_layout: Layout, values: Mapping[st
         cuts = dst_cuts(meta.name, meta.shape, grid(meta.name, meta.shape, boxes), src_layout, dst_layout)
         axis = tp_axis(meta.name, len(meta.shape))
         for box in _boxes(cuts):
-            t = None if axis is None else cuts[axis].index(box.start[axis]) % dst_layout.tp
-            p = stage(meta.name, box, meta.shape, dst_layout.pp, layers)
-            ranks = [dst_layout.rank(tt, p, d) for d in range(dst_layout.dp) for tt in ([t] if t is not None else range(dst_layout.tp))]
+            tp_rank = None if axis is None else cuts[axis].index(box.start[axis]) % dst_layout.tp
+            ranks = holders(dst_layout, tp_rank, stage(meta.name, box, meta.shape, dst_layout.pp, layers))
             r = min(ranks, key=lambda r: (load[r], r))
             load[r] += box.volume * itemsize(meta.dtype)
             pieces = (Piece(box, Box.from_shape(box.shape)),) if box.volume else ()
-            held[r].append(SubTensor(_chunk_id(meta.name, box), meta.name, _chunk_id(meta.name, box), box.shape, pieces))
+            sid = f"{meta.name}@[{','.join(map(str, box.start))}]"
+            held[r].append(SubTensor(sid, meta.name, sid, box.shape, pieces))
     subtensors = tuple(st for r in range(dst_layout.world) for st in held[r])
     partitions = tuple(Partition(f"rank{r}", [st.id for st in held[r]], values if r == 0 else {})
                        for r in range(dst_layout.world))  # fmt: skip
@@ -173,5 +173,7 @@ def dst_ptc(src: PTC, src_layout: Layout, dst_layout: Layout, values: Mapping[st
                Topology(tuple(Device(r, "h0") for r in range(dst_layout.world))))  # fmt: skip
 
 
-def _chunk_id(name: str, box: Box) -> str:
-    return f"{name}@[{','.join(map(str, box.start))}]"
+def holders(layout: Layout, tp_rank: int | None, pp_rank: int) -> list[int]:
+    """The ranks of stage `pp_rank` with TP rank `tp_rank` (any, for None), over every DP rank."""
+    tps = range(layout.tp) if tp_rank is None else [tp_rank]
+    return [layout.rank(t, pp_rank, d) for d in range(layout.dp) for t in tps]
