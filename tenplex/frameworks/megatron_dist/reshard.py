@@ -11,7 +11,7 @@
    `common.pt` with `args` set to the target layout and `metadata.json` as the source's; in a
    Megatron-LM tree also the tracker. OUT is complete or absent.
 
-Sharded objects keep their keys, except the RNG state, which Megatron keys by the (pp, tp) grid
+Sharded objects are carried beside the plan (rank 0 writes them all) and keep their keys, except the RNG state, which Megatron keys by the (pp, tp) grid
 (`rng_state/shard_<pp>.<tp>_<PP>.<TP>`): under a new tp or pp it is re-derived from `args.seed`
 by Megatron's seed rules (`megatron.rng`; a fresh stream per rank, as the legacy path does).
 
@@ -44,7 +44,7 @@ from tenplex.frameworks.megatron.tree import CheckpointFormatError, atomic_dir
 from tenplex.frameworks.megatron_dist.files import write_side_files, write_tracker
 from tenplex.frameworks.megatron_dist.layout import Layout, dst_ptc
 from tenplex.frameworks.megatron_dist.read import DP_RESHARDABLE, DistCheckpoint, read_megatron_dist
-from tenplex.ir.ptc import Value
+from tenplex.ir.ptc import PTC, Value
 
 _RNG = re.compile(r"rng_state/shard_[\d.]+_[\d.]+")
 
@@ -87,12 +87,12 @@ def reshard_megatron_dist(src_dir: str | os.PathLike, to: str, out_dir: str | os
     check_reshardable(ckpt, dst_layout)
     clock["plan"] = time.perf_counter()
     values = _values(ckpt, dst_layout)
-    dst = dst_ptc(ckpt.ptc, ckpt.layout, dst_layout, values)
-    arrays, out_values, plan = reshard_arrays(ckpt.ptc, ckpt.arrays, ckpt.values, dst, workers, clock=clock, stream=workers == 1)
+    dst = dst_ptc(ckpt.ptc, ckpt.layout, dst_layout, {name: Value() for name in values})
+    arrays, _, plan = reshard_arrays(_bare(ckpt.ptc), ckpt.arrays, {}, _bare(dst), workers, clock=clock, stream=workers == 1)
     clock["write"] = time.perf_counter()
     with atomic_dir(out) as tmp:
         step = tmp if ckpt.where.root is None else tmp / ckpt.where.step.name
-        write_dcp(dst, arrays, out_values, tmp / ".dcp")
+        write_dcp(dst, arrays, {"rank0": values}, tmp / ".dcp")
         step.mkdir(exist_ok=True)
         for f in (tmp / ".dcp").iterdir():
             f.rename(step / f.name)
@@ -119,13 +119,20 @@ def check_reshardable(ckpt: DistCheckpoint, dst: Layout) -> None:
             "parameter order and padding). Save with --dist-ckpt-optim-fully-reshardable, or change only dp")
 
 
-def _values(ckpt: DistCheckpoint, dst: Layout) -> dict[str, Value]:
-    """The target's sharded objects: the source's, with the RNG state re-derived on a new grid."""
-    names = {name for values in ckpt.values.values() for name in values}
+def _bare(ptc: PTC) -> PTC:
+    """`ptc` without values: the sharded objects are carried past the plan (`_values`)."""
+    partitions = tuple(attrs.evolve(p, values=()) for p in ptc.partitions)
+    return PTC(ptc.tensors, ptc.subtensors, partitions, ptc.allocation, ptc.topology)
+
+
+def _values(ckpt: DistCheckpoint, dst: Layout) -> dict[str, Any]:
+    """The target's sharded objects (all written by rank 0): the source's, with the RNG state
+    re-derived on a new grid."""
+    found = {name: value for values in ckpt.values.values() for name, value in values.items()}
     src = ckpt.layout
-    if (src.tp, src.pp) == (dst.tp, dst.pp) or not any(_RNG.fullmatch(n) for n in names):
-        return {n: Value() for n in names}
-    out = {n: Value() for n in names if not _RNG.fullmatch(n)}
+    if (src.tp, src.pp) == (dst.tp, dst.pp) or not any(_RNG.fullmatch(n) for n in found):
+        return found
+    out = {n: v for n, v in found.items() if not _RNG.fullmatch(n)}
     args = ckpt.common.get("args")
     seed = getattr(args, "seed", None)
     if type(seed) is not int:
@@ -137,7 +144,7 @@ def _values(ckpt: DistCheckpoint, dst: Layout) -> dict[str, Value]:
             state = rng_state(seed, {"seed_offset": 100 * p, "model_parallel_seed_offset": 2718 + t}, dst.dp, per_dp, KEYS, TRACKERS)
             buf = io.BytesIO()
             torch.save(state, buf)
-            out[f"rng_state/shard_{p}.{t}_{dst.pp}.{dst.tp}"] = Value(value_from_bytes(buf.getvalue()))
+            out[f"rng_state/shard_{p}.{t}_{dst.pp}.{dst.tp}"] = value_from_bytes(buf.getvalue())
     return out
 
 
