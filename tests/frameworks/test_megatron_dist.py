@@ -52,8 +52,7 @@ def _full(saved: list) -> dict[str, torch.Tensor]:
             chunks.setdefault(key, []).append((offset, t))
     out = {}
     for key, parts in chunks.items():
-        shape = [max(o[a] + (t.shape[a - (len(o) - t.dim())] if a >= len(o) - t.dim() else 1) for o, t in parts)
-                 for a in range(len(parts[0][0]))]  # fmt: skip
+        shape = [max(stops) for stops in zip(*(_stop(o, t) for o, t in parts))]
         full = torch.full(shape, float("nan"), dtype=parts[0][1].dtype)
         for o, t in parts:
             _region(full, o, t).copy_(t.reshape(_region(full, o, t).shape))
@@ -61,10 +60,14 @@ def _full(saved: list) -> dict[str, torch.Tensor]:
     return out
 
 
+def _stop(offset: tuple, t: torch.Tensor) -> list[int]:
+    """Where a chunk at global `offset` ends: prepended (layer) axes hold one index each."""
+    lead = len(offset) - t.dim()
+    return [o + (1 if a < lead else t.shape[a - lead]) for a, o in enumerate(offset)]
+
+
 def _region(full: torch.Tensor, offset: tuple, t: torch.Tensor) -> torch.Tensor:
-    lead = len(offset) - t.dim()  # prepended (layer) axes hold one index each
-    index = tuple(slice(o, o + 1) for o in offset[:lead]) + tuple(slice(o, o + n) for o, n in zip(offset[lead:], t.shape))
-    return full[index]
+    return full[tuple(slice(o, stop) for o, stop in zip(offset, _stop(offset, t)))]
 
 
 def _chunks(step: Path) -> dict[str, list]:
