@@ -149,5 +149,7 @@ def test_refusals_say_why(tmp_path):
     assert read_megatron_dist(tmp_path / "b").layout == Layout(2, 1, 2)
     with pytest.raises(CheckpointFormatError, match=r"linear_fc1.weight': dimension 1 of size 32 does not split into 6 equal parts for tp=3"):
         reshard_megatron_dist(_checkpoint(tmp_path / "s2", 1), "tp=3", tmp_path / "c")
+    with pytest.raises(CheckpointFormatError, match=r"tp, pp and dp must be >= 1"):
+        reshard_megatron_dist(src, "tp=0", tmp_path / "d")
     with pytest.raises(CheckpointFormatError, match=r"vpp not supported"):
         reshard_megatron_dist(src, "tp=1,vpp=2", tmp_path / "d")

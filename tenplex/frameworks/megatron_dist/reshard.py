@@ -72,7 +72,10 @@ def target_layout(src: Layout, to: str) -> Layout:
     odd = sorted(set(fields) - {"tp", "pp", "dp"})
     if odd:
         raise CheckpointFormatError(f"layout {to!r}: {', '.join(odd)} not supported for torch_dist checkpoints (tp, pp, dp are)")
-    return Layout(fields.get("tp", src.tp), fields.get("pp", src.pp), fields.get("dp", src.dp))
+    sizes = {k: fields.get(k, getattr(src, k)) for k in ("tp", "pp", "dp")}
+    if min(sizes.values()) < 1:
+        raise CheckpointFormatError(f"layout {to!r}: tp, pp and dp must be >= 1")
+    return Layout(**sizes)
 
 
 def reshard_megatron_dist(src_dir: str | os.PathLike, to: str, out_dir: str | os.PathLike, workers: int = 1, *,
