@@ -13,7 +13,7 @@ groups, ffn 2048, vocab 8192 (--quick: 2 layers, hidden 64). Target: tp=1,pp=2 (
   under the target.
 
 A load is the slowest rank's wall time from its `load` call to its return (the model is built
-before the clock starts). Repeats alternate the sides (anchor, native, tenplex); the page cache is warm
+before the clock starts). One unmeasured load of each source first; then repeats alternate the sides (anchor, native, tenplex); the page cache is warm
 (the sources were just written) and tenplex's writes are fsynced (`write_dcp`'s default). Ratios
 are per repeat, as min/median/max: `load / native` (the goal: <= 1, tenplex's output loads no
 slower than a checkpoint Megatron wrote itself), `load / anchor`, and `reshard+load / anchor`
@@ -60,6 +60,8 @@ def measure(quick: bool, repeats: int) -> dict[str, Any]:
         save(tmp / "src", src_job)
         save(tmp / "native", dst_job)
         state = sum(f.stat().st_size for f in (tmp / "src" / step).iterdir())
+        for warm in ("src", "native"):  # unmeasured: the first load of a run pays a start-up the others do not
+            load_seconds(tmp / warm / step, dst_job)
         anchor, native, reshard, cpu, ours = [], [], [], [], []
         for i in range(repeats):
             anchor.append(load_seconds(tmp / "src" / step, dst_job))
