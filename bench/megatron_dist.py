@@ -23,6 +23,7 @@ loads return the same bytes on every rank.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import statistics
 import sys
@@ -92,9 +93,7 @@ def cells(r: dict[str, Any]) -> list[str]:
 
 
 def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("megatron.core") is None:
         return [{"name": "megatron torch_dist", "status": "skipped", "error": "megatron-core is not installed"}], []
     row = measure(quick, 3 if quick else 5)
     if not row["checked"]:

@@ -11,15 +11,18 @@ DistributedOptimizer, saved `fully_reshardable` (moved across tp and pp) and `dp
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core.dist_checkpointing")
+if importlib.util.find_spec("megatron.core") is None:  # not imported here: fixtures.megatron_dist imports it with care
+    pytest.skip("megatron-core (a peer package) is not installed", allow_module_level=True)
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
@@ -42,6 +45,11 @@ SRC = Job(tp=2, pp=1)
 def src(tmp_path_factory) -> tuple[Path, list]:
     root = tmp_path_factory.mktemp("mdist") / "src"
     return root, save(root, SRC)
+
+
+def test_megatron_leaves_the_torch_safe_globals_of_this_process_as_they_were(src):
+    assert "megatron" in sys.modules  # the fixture imported it
+    assert not [g for g in torch.serialization.get_safe_globals() if getattr(g, "__module__", "").startswith("megatron")]
 
 
 def _full(saved: list) -> dict[str, torch.Tensor]:
