@@ -35,6 +35,7 @@ TABLES: dict[str, str] = {
     "reshard": "bench.reshard:run",  # tenplex reshard (1 and 2 workers) vs cp -r of the same directory
     "cli": "bench.cli:run",  # wall time of tenplex commands vs python -c pass
     "dcp": "bench.dcp:run",  # tenplex reshard + DCP load vs DCP's load-time reshard
+    "megatron": "bench.megatron_dist:run",  # torch_dist: tenplex reshard + Megatron load vs Megatron's load-time reshard
 }
 
 

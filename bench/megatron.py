@@ -15,7 +15,7 @@ vocab 50257, 1024 positions (--quick: 4 layers, hidden 256, 4 heads, ffn 1024).
 
 Checked: both outputs read back to the same arrays, bit for bit. Each side runs twice,
 alternating, after `os.sync()`, and the faster run is reported; the page cache is warm (the
-source was just written); writes are not fsynced. Results: bench/results/megatron.{md,json} (megatron-quick.* with
+source was just written); writes are not fsynced. Results: bench/results/megatron-legacy.{md,json} (megatron-legacy-quick.* with
 --quick). Not registered in `python -m bench`.
 """
 
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     table = text_table(HEADERS, [cells(row)])
     print(table)
     info = machine_info()
-    stem = "megatron-quick" if args.quick else "megatron"
+    stem = "megatron-legacy-quick" if args.quick else "megatron-legacy"  # table `megatron` is torch_dist (bench.megatron_dist)
     head = __doc__.split("\n\n", 1)[1].strip()
     md = "\n".join([
         "# Megatron resharding benchmark (`python -m bench.megatron`)", "",

@@ -23,7 +23,7 @@ EXPAND = ("tenplex.runtime", "tenplex.frameworks")  # drawn as their subpackages
 GRID = [
     ["cli"],
     ["elastic"],
-    ["frameworks.formats", "frameworks.deepspeed", "frameworks.dcp", "frameworks.structure", "frameworks.hf",
+    ["frameworks.formats", "frameworks.megatron_dist", "frameworks.deepspeed", "frameworks.dcp", "frameworks.structure", "frameworks.hf",
      "frameworks.dtensor", "frameworks.megatron"],
     ["runtime.reshard", "runtime.runtime", "runtime.agent"],
     ["runtime.checkpoint", "runtime.fuse", "runtime.rest", "runtime.oracle", "runtime.netns", "runtime.shm"],

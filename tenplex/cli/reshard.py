@@ -31,9 +31,9 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
                    "with --format hf: whole or max_shard_size=SIZE.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Output checkpoint directory (must not exist; complete or absent).")  # fmt: skip
-@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed", "hf"]),
+@click.option("--from", "src_fmt", type=click.Choice(["tenplex", "megatron", "megatron-dist", "dcp", "deepspeed", "hf"]),
               help="Format of SRC_DIR (default: detected).")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "dcp", "deepspeed", "hf"]),
+@click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "megatron-dist", "dcp", "deepspeed", "hf"]),
               help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
               help=f"Local workers (1: in-process; >= 2: one agent process each, at most {MAX_WORKERS}).")  # fmt: skip

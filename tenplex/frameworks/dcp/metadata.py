@@ -8,6 +8,8 @@ unpickler whose `find_class` allows only what DCP's metadata holds:
   `BytesStorageMetadata`, `ChunkStorageMetadata`, `TensorProperties`, `MetadataIndex`,
   `StorageMeta`, and its enums such as `_MEM_FORMAT_ENCODING`), and
   `torch.distributed.checkpoint.filesystem._StorageInfo`;
+- the save plans megatron-core keeps in `Metadata.all_local_plans` (`torch_dist` checkpoints):
+  `SavePlan`, `WriteItem`, `WriteItemType`, `TensorWriteData` of `torch.distributed.checkpoint.planner`;
 - `torch.Size`, the torch dtypes, layouts and memory formats (`torch.float32`, ...) and
   `torch.serialization._get_layout` (a layout by name);
 - `pathlib` paths (`StorageMeta.checkpoint_id`), `collections.OrderedDict`, `set`, `frozenset`.
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
+import torch.distributed.checkpoint.planner as dcp_planner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from tenplex.frameworks.dcp.format import DcpError
@@ -54,6 +57,7 @@ _FIXED: dict[tuple[str, str], Any] = {
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     **{("pathlib", name): getattr(pathlib, name) for name in ("Path", "PosixPath", "PurePath", "PurePosixPath")},
+    **{(dcp_planner.__name__, name): getattr(dcp_planner, name) for name in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")},
 }
 
 

@@ -1,33 +1,4 @@
-"""Checkpoint formats by name, for `tenplex reshard --from/--format` and `tenplex inspect`.
-
-Formats: `tenplex` (a directory with `ptc.json` + `<partition>/<path>.npy`, `runtime.reshard`),
-`megatron` (a legacy Megatron-LM tree), `dcp` (a PyTorch Distributed Checkpoint directory),
-`deepspeed` (a DeepSpeed ZeRO-1/2 or universal checkpoint, `frameworks.deepspeed`), `hf` (Hugging Face
-safetensors: `model.safetensors`, or shards named by `model.safetensors.index.json`); `structure` (the reference's per-rank
-structure JSON: shapes only, so a PTC for `tenplex compile`/`inspect`, never a data source).
-`detect(dir)` tells them apart by the files they must have. `convert(src, to, out)` reshards
-SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
-
-- same format: the format's own reshard (`reshard`, `reshard_megatron`, `reshard_dcp`,
-  `reshard_deepspeed`);
-- another format: read SRC into a PTC triple, move it into the dst PTC (`reshard_arrays`), and
-  write that with the target format's writer. Megatron output needs a Megatron source (the
-  args, names and optimizer structure come from it).
-
-`convert` returns a `Converted` (the facts `tenplex reshard` prints as a line, or as JSON with
-`--json`); `inspect_report(dir)` returns the format, the findings and the PTC that `inspect`
-describes, for `tenplex inspect --json`.
-
-`to` means what the source format means by a layout: `dp=N` for DeepSpeed, `tp=4,pp=1[,dp=2][,vpp=2]` for Megatron
-(the model stays the checkpoint's), a DTensor layout JSON (file or text) for DCP, a PTC JSON
-file or model spec for tenplex; a PTC JSON file or model spec is accepted for any source. Output
-in `hf` is one whole model: `to` is `whole` or `max_shard_size=SIZE` (`hf.write.parse_target`).
-
-Trust: Megatron rank files and DCP `.metadata` are pickles. They are unpickled with allow-lists
-of the classes those formats hold (`megatron.pickles`, `dcp.metadata`); `trust_pickles=True`
-(`--trust-pickles`) lifts the lists for checkpoints from a trusted source. `inspect` raises when
-a checkpoint cannot be read (the CLI exits 2): only a readable checkpoint is described.
-"""
+"""`convert`: read a checkpoint, move it into another layout with a verified plan, write it in a format."""
 
 from __future__ import annotations
 
@@ -39,14 +10,8 @@ from typing import Any
 
 import attrs
 
-from tenplex.ir.errors import TenplexError
+from tenplex.frameworks.formats.kinds import FormatError, detect
 from tenplex.ir.ptc import PTC
-
-FORMATS = ("tenplex", "megatron", "dcp", "deepspeed", "hf")
-
-
-class FormatError(TenplexError):
-    """A directory in no known format, or a conversion that cannot be done."""
 
 
 @attrs.frozen
@@ -66,37 +31,6 @@ class Converted:
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "verified": True}
-
-
-def detect(path: str | os.PathLike) -> str:
-    """The format of checkpoint directory `path`. Raises FormatError naming the path."""
-    p = Path(path)
-    if not p.is_dir():
-        raise FormatError(f"{p}: not a directory")
-    if (p / "ptc.json").is_file():
-        return "tenplex"
-    if (p / ".metadata").is_file():
-        return "dcp"
-    if any(p.glob("*.distcp")):
-        raise FormatError(f"{p}: has .distcp data files but no .metadata: a DCP save that did not finish (.metadata is written last)")
-    if (p / "model.safetensors.index.json").is_file() or any(p.glob("*.safetensors")):
-        return "hf"
-    if (p / "latest_checkpointed_iteration.txt").is_file() or any(p.glob("iter_*")) or (p / "release").is_dir():
-        return "megatron"
-    if _is_deepspeed(p):
-        return "deepspeed"
-    if (p / "rank_map.json").is_file():
-        return "structure"  # the reference's per-rank structure JSON: a layout without data
-    raise FormatError(f"{p}: not a checkpoint tenplex reads (no ptc.json, .metadata, *.safetensors, "
-                      "latest_checkpointed_iteration.txt, iter_*/, DeepSpeed's latest or mp_rank_00_model_states.pt, "
-                      "or rank_map.json)")  # fmt: skip
-
-
-def _is_deepspeed(p: Path) -> bool:
-    """A DeepSpeed root or tag directory (ZeRO or universal), possibly half-written: the reader
-    then names what is missing."""
-    marks = ("latest", "latest_universal", "mp_rank_00_model_states.pt", "zero/optimizer_state.pt")
-    return any((p / m).is_file() for m in marks) or any(p.glob("*zero_pp_rank_*_optim_states.pt"))
 
 
 def read(path: str | os.PathLike, fmt: str, *, trust_pickles: bool = False) -> tuple[PTC, dict, dict, Any]:
@@ -165,9 +99,13 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
     if src_fmt == "structure":
         raise FormatError(f"{src_dir} is a structure directory (shapes only, no data): use it as a PTC "
                           "(tenplex compile/inspect), not as a checkpoint to reshard")  # fmt: skip
+    if src_fmt == "megatron" and detect(src_dir) == "megatron-dist":
+        src_fmt = "megatron-dist"  # `--from megatron` names the framework; the files tell the format
     fmt = fmt or src_fmt
     if Path(out_dir).exists():
         raise FormatError(f"{out_dir}: already exists (refusing to overwrite)")
+    if fmt == "megatron-dist" or src_fmt == "megatron-dist":
+        return _convert_megatron_dist(src_dir, to, out_dir, src_fmt, fmt, workers, trust_pickles)
     if fmt == "megatron":
         if src_fmt != "megatron" or "=" not in to or to.endswith(".json"):
             raise FormatError(f"Megatron output needs a Megatron source and a layout like tp=4,pp=1 (got {src_fmt} "
@@ -193,6 +131,18 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         seconds = {"total": sum(d.seconds.values()), **d.seconds}
         return Converted(src_dir, src_fmt, out_dir, fmt, workers, d.bytes_moved, seconds, d.summary())
     return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers, trust_pickles)
+
+
+def _convert_megatron_dist(src_dir: str, to: str, out_dir: str, src_fmt: str, fmt: str, workers: int,
+                           trust_pickles: bool) -> Converted:  # fmt: skip
+    if src_fmt != fmt or "=" not in to or to.endswith(".json"):
+        raise FormatError(f"Megatron torch_dist reshards into torch_dist, to a layout like tp=4,pp=1 (got {src_fmt} "
+                          f"{src_dir} into {fmt}, {to!r}): args and keys come from the source")  # fmt: skip
+    from tenplex.frameworks.megatron_dist.reshard import reshard_megatron_dist
+
+    r = reshard_megatron_dist(src_dir, to, out_dir, workers, trust_pickles=trust_pickles)
+    seconds = {"total": sum(r.seconds.values()), **r.seconds}
+    return Converted(src_dir, src_fmt, out_dir, fmt, workers, r.bytes_moved, seconds, r.summary())
 
 
 def _convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], src_fmt: str, fmt: str,
@@ -231,54 +181,3 @@ def _write(fmt: str, dst: PTC, arrays: Mapping, values: dict, out_dir: str, max_
         from tenplex.runtime.checkpoint.directory import write_checkpoint_dir
 
         write_checkpoint_dir(dst, arrays, values, Path(out_dir))
-
-
-def inspect(path: str, *, trust_pickles: bool = False) -> list[str]:
-    """Plain-words findings about a checkpoint directory of any format.
-
-    Raises the format reader's error (a TenplexError naming the file) when the checkpoint
-    cannot be read; findings that do not stop it from being read are lines of the result."""
-    fmt, findings, ptc = inspect_report(path, trust_pickles=trust_pickles)
-    if fmt != "tenplex":
-        return findings
-    from tenplex.compiler.emit.describe import describe
-
-    return [*findings, *describe(ptc).splitlines()]
-
-
-def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list[str], PTC]:
-    """(format, findings, the PTC of the layout) of a checkpoint directory; `inspect` prints
-    the findings (and, for a tenplex directory, the PTC's description). Raises like `inspect`."""
-    fmt = detect(path)
-    if fmt == "structure":
-        from tenplex.frameworks.structure.read import inspect_structure, read_structure
-
-        return fmt, inspect_structure(path), read_structure(path)[0]
-    if fmt == "megatron":
-        from tenplex.frameworks.megatron.read import read_megatron
-        from tenplex.frameworks.megatron.reshard import megatron_findings
-
-        ckpt = read_megatron(path, trust_pickles=trust_pickles)
-        return fmt, megatron_findings(ckpt), ckpt.ptc
-    if fmt == "deepspeed":
-        from tenplex.frameworks.deepspeed.read import read_deepspeed
-        from tenplex.frameworks.deepspeed.reshard import deepspeed_findings
-
-        ptc, _, _, meta = read_deepspeed(path, trust_pickles=trust_pickles)
-        return fmt, deepspeed_findings(path, meta, ptc), ptc
-    if fmt == "dcp":
-        from tenplex.frameworks.dcp.read import ptc_of_index, read_index
-        from tenplex.frameworks.dcp.reshard import inspect_dcp
-
-        index = read_index(path, trust_pickles=trust_pickles)  # once: a trusted pickle may do anything
-        return fmt, inspect_dcp(path, index=index), ptc_of_index(index)
-    if fmt == "hf":
-        from tenplex.frameworks.hf.inspect import inspect_hf
-        from tenplex.frameworks.hf.read import ptc_of_index as hf_ptc
-        from tenplex.frameworks.hf.read import read_index as hf_index
-
-        hf = hf_index(path)
-        return fmt, inspect_hf(path, hf), hf_ptc(hf)
-    from tenplex.runtime.checkpoint.directory import read_checkpoint
-
-    return fmt, [f"tenplex checkpoint directory {path}"], read_checkpoint(path)[0]
