@@ -6,7 +6,7 @@ src_tag, dst_tag)` then:
 
 1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan;
    `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`);
-2. gathers the src values that value ops copy from other hosts;
+2. passes the src values that value ops copy from other hosts (read by their hosts in `prepare`);
 3. has every agent run all its rounds (`run`: one call, no barrier between rounds; agents wait
    only on the messages they receive) and waits for all of them;
 4. commits on every agent (a store rename of staging to the dst tag) only if every agent
@@ -200,9 +200,9 @@ class Runtime:
         total = slices[hosts[0]]["rounds"] if hosts else 0
         progress = client.Progress(hosts, total, on_round)
         try:
-            self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
-                                       "slice": slices[h]}) for h in hosts})  # fmt: skip
-            values = self._gather_values(slices, job, src_tag)
+            prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag,
+                                                  "meta": dict(meta or {}), "slice": slices[h]}) for h in hosts})  # fmt: skip
+            values = self._values(slices, prepared)
             clock.lap("prepare")
             runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
             sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
@@ -255,14 +255,13 @@ class Runtime:
         with contextlib.suppress(AgentFailures):
             self._all({h: ("delete_tag", {"job": job, "tag": tag}) for h in live}, min(self.round_timeout, 60.0))
 
-    def _gather_values(self, slices: Mapping[str, dict], job: str, src_tag: str) -> dict[str, dict[int, Any]]:
-        """{dst host: {op id: value}} for value ops that copy a src value (each slice's `gives`)."""
-        calls = {h: ("values", {"job": job, "tag": src_tag, "wanted": [g[:4] for g in sl["gives"]]})
-                 for h, sl in slices.items() if sl["gives"]}  # fmt: skip
+    @staticmethod
+    def _values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
+        """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
         dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
         out: dict[str, dict[int, Any]] = {}
-        for part in self._all(calls).values() if calls else ():
-            for i, v in part.items():
+        for got in prepared.values():
+            for i, v in got["gives"].items():
                 out.setdefault(dst_host[i], {})[i] = v
         return out
 

@@ -4,9 +4,8 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
-host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `values`,
-`run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
-`stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
+host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `run`,
+`commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`, `stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
 socket (`runtime.shm`: training programs save into it and load from it through shared memory).
 
 Store layout: `store.layout`. Execution (`rounds`): `prepare` decodes this host's slice of the
@@ -121,10 +120,10 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
-    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None) -> int:
+    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None) -> dict[str, Any]:
         """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
         does not, create its dst arrays (in one shared arena) and the tag's `meta` records under
-        staging; returns dst bytes."""
+        staging; returns {"dst_bytes": n, "gives": {op id: src value other hosts' value ops copy}}."""
         self._finish()
         ex = Execution(self.host, job, src_tag, dst_tag, slice)
         if self.store.exists(tag_path(job, dst_tag)):
@@ -144,10 +143,11 @@ class Agent:
         for i, (side, sid, device, _, shape) in enumerate(ex.meta):
             path = array_path(job, ex.staging, device, sid)
             ex.arrays.append(sources[i] if side == "src" else self.store.read(path, Box.from_shape(shape), writable=True))
+        gives = self._values(job, src_tag, [g[:4] for g in slice["gives"]])
         self.execution = ex
-        return sum(a.nbytes for a, (side, *_) in zip(ex.arrays, ex.meta) if side == "dst")
+        return {"dst_bytes": sum(a.nbytes for a, (side, *_) in zip(ex.arrays, ex.meta) if side == "dst"), "gives": gives}
 
-    def values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
+    def _values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
         """{op id: value} for (op id, partition, device, name) of values this host holds."""
         out = {}
         for op_id, pid, device, name in wanted:
