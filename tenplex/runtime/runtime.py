@@ -173,6 +173,11 @@ class Runtime:
         """Stop using the agents of `hosts` (lost ones): later calls and plans leave them out."""
         client.close_all({h: self.agents.pop(h) for h in list(hosts) if h in self.agents}, 1.0)
 
+    def reserve(self, nbytes: int) -> dict[str, int]:
+        """Have every agent fault in `nbytes` for later dst arrays now, off the clock of an execute
+        (`Agent.reserve`); returns the bytes each pooled."""
+        return self._all({h: ("reserve", {"nbytes": nbytes}) for h in self.agents})
+
     def exists(self, job: str, tag: str) -> dict[str, bool]:
         """Whether `/job/<job>/<tag>` exists, per host."""
         return {h: self.call(h, "exists", path=tag_path(job, tag)) for h in self.agents}

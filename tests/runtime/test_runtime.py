@@ -86,6 +86,13 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         with pytest.raises(ExecutionError, match="already exists"):  # no silent overwrite of a tag
             rt.execute(plan, src, dst, JOB, "v0", "v1")
         assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
+        # again on the same agents: v1's arenas (its old bytes in them) are recycled for v2, and
+        # progress is reported for every round
+        rt.drop(JOB, "v1")
+        rounds: list[tuple[int, int]] = []
+        assert rt.execute(plan, src, dst, JOB, "v0", "v2", on_round=lambda *r: rounds.append(r)) == sent
+        assert rounds == [(r + 1, plan.stats.rounds) for r in range(plan.stats.rounds)]
+        assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v2")[0]) > 0
 
 
 @pytest.mark.timeout(60)

@@ -4,8 +4,9 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
-host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `run`,
-`commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`, `stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
+host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `reserve`, `prepare`,
+`run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
+`stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
 socket (`runtime.shm`: training programs save into it and load from it through shared memory).
 
 Store layout: `store.layout`. Execution (`rounds`): `prepare` decodes this host's slice of the
@@ -62,6 +63,8 @@ class Agent:
         self.endpoints: dict[str, Any] = {}
         self.execution: Execution | None = None
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
+        # dst arenas of dropped tags, pages kept for the next execution (none under a memory budget)
+        self.pool = shared.ArenaPool() if memory_budget is None else None
         self.rest: Any = None
         self.local = StoreServer(self.store, local, host).start() if local else None
 
@@ -139,13 +142,20 @@ class Agent:
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}")
+        shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool)  # every byte is written by the plan
         for i, (side, sid, device, _, shape) in enumerate(ex.meta):
             path = array_path(job, ex.staging, device, sid)
             ex.arrays.append(sources[i] if side == "src" else self.store.read(path, Box.from_shape(shape), writable=True))
         gives = self._values(job, src_tag, [g[:4] for g in slice["gives"]])
         self.execution = ex
         return {"dst_bytes": sum(a.nbytes for a, (side, *_) in zip(ex.arrays, ex.meta) if side == "dst"), "gives": gives}
+
+    def reserve(self, nbytes: int) -> int:
+        """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
+        if self.pool is None:
+            return 0
+        self.pool.reserve(nbytes)
+        return self.pool.nbytes
 
     def _values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
         """{op id: value} for (op id, partition, device, name) of values this host holds."""
@@ -260,6 +270,8 @@ class Agent:
             self.local.stop()
         self._finish()
         self.scratch.release()
+        if self.pool is not None:
+            self.pool.clear()
         if self.rest is not None:
             self.rest.stop()
         if self.peer is not None:
