@@ -25,12 +25,12 @@ host] of those copying a src value this host holds (the runtime gathers them for
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tenplex.compiler.ops import CopyOp, FillOp, Op, ValueOp
+from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Message, Plan
 from tenplex.ir.box import Box
 from tenplex.ir.errors import IRError
@@ -45,7 +45,8 @@ TABLES = {"regions": None, "fills": 2, "copies": 5, "parts": 8, "part_regions": 
 __all__ = ["FORMAT", "SINGLE_MIN", "TABLES", "c_contiguous", "host_slices", "region_of"]
 
 
-def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=4096)
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, n = [], 1
     for e in reversed(shape):
         out.append(n)
@@ -58,11 +59,10 @@ def region_of(local_shape: Sequence[int], piece: Piece, box: Box) -> tuple[int, 
     local array of `local_shape`: the view `arrays.region` takes, as numbers."""
     if not piece.global_box.contains(box):
         raise IRError(f"region {box} is outside piece {piece.global_box}")
-    local = c_strides(local_shape)
+    local = c_strides(tuple(local_shape))
     base = sum(a * s for a, s in zip(piece.local_box.start, local))
     strides = c_strides(piece.global_box.shape) if piece.flat else local
-    rel = box.relative_to(piece.global_box.start)
-    return base + sum(a * s for a, s in zip(rel.start, strides)), box.shape, strides
+    return base + sum((a - g) * s for a, g, s in zip(box.start, piece.global_box.start, strides)), box.shape, strides
 
 
 def c_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -158,23 +158,21 @@ def host_slices(plan: Plan, src: PTC, dst: PTC, hosts: Iterable[str]) -> dict[st
                 _of(slices, host_of(op.src_device), f"value op {i}").gives.append([i, op.src_partition, op.src_device, op.name, s.host])
     tag = 0
     for m in sorted(plan.messages, key=lambda m: m.id):
-        ops = [(i, plan.ops[i]) for i in m.ops]
-        a, b = _of(slices, m.src_host, f"message {m.id}"), _of(slices, m.dst_host, f"message {m.id}")
+        a, b = slices.get(m.src_host), slices.get(m.dst_host)
+        if a is None or b is None:
+            _of(slices, m.src_host if a is None else m.dst_host, f"message {m.id}")
+        regions = _regions(m, plan, a, b, src, dst)
         if m.src_host == m.dst_host:
-            for i, op in ops:
-                with _naming(m, i, op):
-                    a.tables["copies"] += (m.round, m.id, i, _src_region(a, op, src, dst), _dst_region(a, op, dst))
+            a.tables["copies"] += [x for i, _, sr, dr in regions for x in (m.round, m.id, i, sr, dr)]
             continue
-        for part in _parts(m, ops, src, dst):
+        for part in _parts(regions, a, b, dst.itemsizes):
             if tag >= MAX_PARTS:
                 raise IRError(f"the plan has more than {MAX_PARTS} network parts; split it")
-            nbytes = sum(op.box.volume * dst.itemsizes[op.tensor] for _, op in part)
+            nbytes = sum(op.box.volume * dst.itemsizes[op.tensor] for _, op, _, _ in part)
             for s, outgoing, other in ((a, 1, m.dst_host), (b, 0, m.src_host)):
-                rows = s.tables["part_regions"]
-                first = len(rows) // 2
-                for i, op in part:
-                    with _naming(m, i, op):
-                        rows += (_src_region(s, op, src, dst) if outgoing else _dst_region(s, op, dst), i)
+                first = len(s.tables["part_regions"]) // 2
+                for i, _, sr, dr in part:
+                    s.tables["part_regions"] += (sr if outgoing else dr, i)
                 s.tables["parts"] += (m.round, s.peer(other), outgoing, tag, nbytes, first, len(part), m.id)
             tag += 1
     rounds = max((m.round for m in plan.messages), default=0) + 1
@@ -196,36 +194,34 @@ def _dst_region(s: _Slice, op: CopyOp, dst: PTC) -> int:
     return s.region("dst", dst, dst.subtensor_map[op.dst_subtensor], op.dst_device, op.dst_piece, op.box)
 
 
-def _contiguous(ptc: PTC, sid: str, piece: int, box: Box) -> bool:
-    st = ptc.subtensor_map[sid]
-    _, shape, strides = region_of(st.shape, st.pieces[piece], box)
-    return c_contiguous(shape, strides)
-
-
-def _parts(m: Message, ops: list[tuple[int, Op]], src: PTC, dst: PTC) -> list[list[tuple[int, CopyOp]]]:
-    """A message's parts: big ops contiguous on a side alone, in op order, then the packed rest."""
+def _parts(ops: list[tuple[int, CopyOp, int, int]], a: _Slice, b: _Slice, itemsizes: dict[str, int]) -> list[list]:
+    """A message's parts, from (op id, op, src region on `a`, dst region on `b`): big ops
+    contiguous on a side alone, in op order, then the packed rest."""
     singles, packed = [], []
-    for i, op in ops:
-        with _naming(m, i, op):
-            if not isinstance(op, CopyOp):
-                raise IRError(f"a message lists a {type(op).__name__}; only copies travel")
-            sptc = src if op.src_side == "src" else dst
-            big = op.box.volume * sptc.itemsizes[op.tensor] >= SINGLE_MIN
-            if big and (_contiguous(sptc, op.src_subtensor, op.src_piece, op.box)
-                        or _contiguous(dst, op.dst_subtensor, op.dst_piece, op.box)):  # fmt: skip
-                singles.append([(i, op)])
-            else:
-                packed.append((i, op))
+    for item in ops:
+        _, op, sr, dr = item
+        (_, _, shape, src_strides), (_, _, _, dst_strides) = a.regions[sr], b.regions[dr]
+        big = op.box.volume * itemsizes[op.tensor] >= SINGLE_MIN
+        if big and (c_contiguous(shape, src_strides) or c_contiguous(shape, dst_strides)):
+            singles.append([item])
+        else:
+            packed.append(item)
     return singles + ([packed] if packed else [])
 
 
-@contextlib.contextmanager
-def _naming(m: Message, i: int, op: Op) -> Iterator[None]:
-    """An IRError (or a lookup of a name the PTCs lack) in the block, re-raised naming the op."""
+def _regions(m: Message, plan: Plan, a: _Slice, b: _Slice, src: PTC, dst: PTC) -> list[tuple[int, CopyOp, int, int]]:
+    """(op id, op, src region on `a`, dst region on `b`) of each op of `m`. Raises: IRError naming
+    the message and the op whose regions do not exist (or that is no copy)."""
+    out = []
     try:
-        yield
+        for i in m.ops:
+            op = plan.ops[i]
+            if not isinstance(op, CopyOp):
+                raise IRError(f"a message lists a {type(op).__name__}; only copies travel")
+            out.append((i, op, _src_region(a, op, src, dst), _dst_region(b, op, dst)))
     except (IRError, KeyError, IndexError) as e:
         what = (f"copy of {op.tensor!r} box {op.box}, device {op.src_device} -> {op.dst_device}"
                 if isinstance(op, CopyOp) else type(op).__name__)  # fmt: skip
         raise IRError(f"message {m.id} ({m.src_host} -> {m.dst_host}, round {m.round}), op {i} ({what}): "
                       f"{type(e).__name__ + ': ' if not isinstance(e, IRError) else ''}{e}") from e  # fmt: skip
+    return out
