@@ -1,11 +1,13 @@
 """`python -m bench --only agents,execute`: agents on one host against memcpy, and the fixed cost of an execute.
 
 `agents`: 2 agent processes (`Runtime.local`), the runtime table's TP2 → PP2 reshard. Fresh: the
-first `Runtime.execute` of new agents (every dst page faulted in by the move); repeated: the
-next executes on the same agents (dst tag dropped in between). Each execute alternates with a
+first `Runtime.execute` of new agents (every dst page faulted in by the move); fresh, pool
+reserved: the same after `Runtime.reserve` faulted each agent's arena pool in (off the clock, as
+long-lived agents do while idle); repeated: the next executes on the same agents (dst tag dropped
+in between, its arenas recycled). Each execute alternates with a
 warm `np.copyto` of the same bytes in the bench process (the anchor); ratio = memcpy s /
 execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥ 0.9×). The dst of
-the first and the last execute is fetched and checked byte for byte against the source oracle.
+the first and the last execute of the first agents is checked byte for byte against the source.
 
 `execute`: a small plan (gpt-tiny, 328 ops) executed repeatedly on the same 2 agents: ms per
 `Runtime.execute` (prepare, rounds, commit) and ms of its prepare, min/median/max (goal ≤ 5 ms),
@@ -16,6 +18,7 @@ bench/results/{agents,execute}.{md,json}.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -51,6 +54,16 @@ def _case(model: str) -> tuple[Any, Any, Any, int]:
     return src, dst, plan, st.network_bytes + st.host_bytes + st.device_bytes
 
 
+def _arena_bytes(placed: Any, host: str) -> int:
+    """Bytes of the arena an agent makes for its dst arrays (`store.shared.layout`)."""
+    from tenplex.runtime.arrays import np_dtype
+    from tenplex.runtime.store.shared import layout
+
+    sizes = [math.prod(st.shape) * np_dtype(placed.tensor_map[st.tensor].dtype).itemsize
+             for st in placed.subtensors for d in placed.devices_of_subtensor(st.id) if placed.topology.host_of(d) == host]  # fmt: skip
+    return layout(sizes)[1]
+
+
 def measure_agents(model: str, repeats: int) -> dict[str, Any]:
     from demo.agents import memcpy_seconds
     from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
@@ -59,21 +72,27 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
 
     src, dst, plan, moved = _case(model)
     tensors, placed = arange_tensors(src), dst.with_allocation(plan.allocation)
-    fresh, repeated, checked = [], [], 0
+    dst_bytes = max(_arena_bytes(placed, h) for h in placed.topology.hosts)
+    ratios: dict[str, list[float]] = {"fresh": [], "reserved": [], "repeated": []}
+    checked = 0
     for k in range(repeats):
-        with Runtime.local([f"w{i}" for i in range(WORKERS)], timeout=120.0, start_timeout=120.0) as rt:
-            rt.load("bench", "src", src, materialize_all(src, tensors), arange_values(src))
-            runs = 1 if k else repeats + 1  # the first agents also run the repeated executes
-            for j in range(runs):
-                anchor = memcpy_seconds(moved)
-                t0 = time.perf_counter()
-                rt.execute(plan, src, dst, "bench", "src", "dst")
-                (fresh if j == 0 else repeated).append(anchor / (time.perf_counter() - t0))
-                if (k, j) in ((0, 0), (0, runs - 1)):
-                    checked += check_state(placed, tensors, rt.fetch("bench", "dst")[0])
-                rt.drop("bench", "dst")
-    return {"moved_bytes": moved, "ops": len(plan.ops), "fresh": spread(fresh), "repeated": spread(repeated),
-            "fresh_all": fresh, "repeated_all": repeated, "checked_bytes": checked}  # fmt: skip
+        for reserve in (k % 2 == 1, k % 2 == 0):  # alternate which kind of fresh agents goes first
+            with Runtime.local([f"w{i}" for i in range(WORKERS)], timeout=120.0, start_timeout=120.0) as rt:
+                rt.load("bench", "src", src, materialize_all(src, tensors), arange_values(src))
+                if reserve:
+                    rt.reserve(dst_bytes)  # the pool faulted in before the clock starts
+                runs = repeats + 1 if (k, reserve) == (0, False) else 1  # these agents also run the repeated executes
+                for j in range(runs):
+                    anchor = memcpy_seconds(moved)
+                    t0 = time.perf_counter()
+                    rt.execute(plan, src, dst, "bench", "src", "dst")
+                    kind = "repeated" if j else "reserved" if reserve else "fresh"
+                    ratios[kind].append(anchor / (time.perf_counter() - t0))
+                    if j in (0, runs - 1) and k == 0:
+                        checked += check_state(placed, tensors, rt.fetch("bench", "dst")[0])
+                    rt.drop("bench", "dst")
+    return {"moved_bytes": moved, "ops": len(plan.ops), **{k: spread(v) for k, v in ratios.items()},
+            "all": ratios, "checked_bytes": checked}  # fmt: skip
 
 
 def measure_execute(model: str, repeats: int) -> dict[str, Any]:
@@ -108,9 +127,9 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
     row = run_json(["bench.execute", kind, model, str(repeats)], {"name": f"{model} {MOVE[0]} -> {MOVE[1]}"}, timeout_s)
     progress(row, row["name"])
     if kind == "agents":
-        headers = ["case", "status", "moved", "fresh / memcpy", "repeated / memcpy", "checked"]
-        cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["repeated"]),
-                 fmt_bytes(row["checked_bytes"])] if row["status"] == "ok" else ["", "", "", row.get("error", "")[:80]])]  # fmt: skip
+        headers = ["case", "status", "moved", "fresh / memcpy", "fresh, pool reserved / memcpy", "repeated / memcpy", "checked"]
+        cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["reserved"]), fmt(row["repeated"]),
+                 fmt_bytes(row["checked_bytes"])] if row["status"] == "ok" else ["", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
         what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
                 f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×).")
     else:
