@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
@@ -37,7 +36,7 @@ from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import Instance, array_path, meta_path, parse_leaf, staging_tag, tag_path, value_path
-from tenplex.runtime.store.tree import TensorStore
+from tenplex.runtime.store.tree import StoreError, TensorStore
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
 
@@ -142,10 +141,8 @@ class Agent:
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool)  # every byte is written by the plan
-        for i, (side, sid, device, _, shape) in enumerate(ex.meta):
-            path = array_path(job, ex.staging, device, sid)
-            ex.arrays.append(sources[i] if side == "src" else self.store.read(path, Box.from_shape(shape), writable=True))
+        made = iter(shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool))  # the plan writes every byte
+        ex.arrays = [sources[i] if side == "src" else next(made) for i, (side, *_) in enumerate(ex.meta)]
         gives = self._values(job, src_tag, [g[:4] for g in slice["gives"]])
         self.execution = ex
         return {"dst_bytes": sum(a.nbytes for a, (side, *_) in zip(ex.arrays, ex.meta) if side == "dst"), "gives": gives}
@@ -286,9 +283,10 @@ class Agent:
 
     def _source(self, path: str, shape: list[int], dtype: str) -> np.ndarray:
         """The src array at `path`, checked against the slice's shape and dtype."""
-        if not self.store.exists(path):
-            raise ExecutionError(f"src array {path} is missing")
-        got = self.store.get(path)
+        try:
+            got = self.store.get(path)
+        except StoreError:
+            raise ExecutionError(f"src array {path} is missing") from None
         if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != np_dtype(dtype):
             what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
             raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")

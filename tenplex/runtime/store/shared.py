@@ -167,11 +167,12 @@ class ArenaPool:
 
 
 def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
-                    pool: ArenaPool | None = None) -> None:  # fmt: skip
+                    pool: ArenaPool | None = None) -> list[np.ndarray]:  # fmt: skip
     """Arrays at (path, shape, dtype name) in one arena that `store` (a `TensorStore`) adopts:
     a new zero-filled one, or from `pool` (then holding old bytes: for arrays that will be
     written whole); one by one with `store.create` (zero-filled) where the arena would not fit
-    the store's memory budget (so that they may spill)."""
+    the store's memory budget (so that they may spill). Returns writable views of them, in order."""
+    from tenplex.ir.box import Box
     from tenplex.runtime.arrays import np_dtype
 
     dtypes = [np_dtype(d) for _, _, d in items]
@@ -180,6 +181,7 @@ def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]],
     if budget is not None and store.resident_nbytes + size > budget:
         for path, shape, dtype in items:
             store.create(path, shape, dtype)
-        return
+        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items]
     arena = pool.take(size, name) if pool is not None else Arena.create(size, name)
     store.put_shared(arena, [(p, at, tuple(s), dt) for (p, s, _), at, dt in zip(items, offsets, dtypes)])
+    return [arena.array(at, tuple(s), dt) for (_, s, _), at, dt in zip(items, offsets, dtypes)]
