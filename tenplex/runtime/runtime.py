@@ -202,17 +202,23 @@ class Runtime:
         what = f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)})"
         slices = self._slices(plan, src, dst, hosts, what)
         self._epoch += 1
-        total = slices[hosts[0]]["rounds"] if hosts else 0
-        progress = client.Progress(hosts, total, on_round)
+        progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         try:
-            prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag,
-                                                  "meta": dict(meta or {}), "slice": slices[h]}) for h in hosts})  # fmt: skip
-            values = self._values(slices, prepared)
+            direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
+            prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
+                                                  "slice": slices[h], "run": {"epoch": self._epoch} if direct else None})
+                                  for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             clock.lap("prepare")
-            runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
-            sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
+            if direct:  # the agents' own prepare seconds, the rest is rounds
+                clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
+                clock.phases["prepare"] -= clock.phases["rounds"]
+                sent = {h: p["sent"] for h, p in prepared.items()}
+            else:
+                values = client.passed_values(slices, prepared)
+                runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
+                sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
+                clock.lap("rounds")
             progress.finish()
-            clock.lap("rounds")
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
             clock.lap("commit")
         except AgentFailures as e:
@@ -259,16 +265,6 @@ class Runtime:
         live = [h for h, a in self.agents.items() if a.dead is None]
         with contextlib.suppress(AgentFailures):
             self._all({h: ("delete_tag", {"job": job, "tag": tag}) for h in live}, min(self.round_timeout, 60.0))
-
-    @staticmethod
-    def _values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
-        """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
-        dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
-        out: dict[str, dict[int, Any]] = {}
-        for got in prepared.values():
-            for i, v in got["gives"].items():
-                out.setdefault(dst_host[i], {})[i] = v
-        return out
 
     def _abort(self, job: str, dst_tag: str) -> None:
         live = [h for h, a in self.agents.items() if a.dead is None]

@@ -18,9 +18,10 @@ A network message becomes *parts*, each one UCX message with no header: an op of
 src view or into the dst view where contiguous), the other ops packed back to back in op order
 in one part. Sender and receiver get the same part list (same order, tags, bytes) because both
 slices come from this one pass; a part's tag is its index in the plan's parts (< 2**28).
-Value ops stay as records: `values` [op id, dst device, dst partition, name, src partition,
-literal] of those whose dst is on this host; `gives` [op id, src partition, src device, name, dst
-host] of those copying a src value this host holds (the runtime gathers them for `values`).
+Value ops stay as records: `values` [op id, dst device, dst partition, name, src partition, src
+device, literal] of those whose dst is on this host (a src value on this host is read here);
+`gives` [op id, src partition, src device, name, dst host] of those copying a src value this host
+holds to another host (the runtime passes those on).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def host_slices(plan: Plan, src: PTC, dst: PTC, hosts: Iterable[str]) -> dict[st
             s.fill_values.append(op.value)
         elif isinstance(op, ValueOp):
             s = _of(slices, host_of(op.dst_device), f"value op {i}")
-            s.values.append([i, op.dst_device, op.dst_partition, op.name, op.src_partition, op.value])
-            if op.src_partition is not None:
+            s.values.append([i, op.dst_device, op.dst_partition, op.name, op.src_partition, op.src_device, op.value])
+            if op.src_partition is not None and host_of(op.src_device) != s.host:
                 _of(slices, host_of(op.src_device), f"value op {i}").gives.append([i, op.src_partition, op.src_device, op.name, s.host])
     tag = 0
     for m in sorted(plan.messages, key=lambda m: m.id):

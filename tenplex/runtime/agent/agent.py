@@ -24,6 +24,7 @@ src tag is only ever read.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,11 +33,10 @@ import numpy as np
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
-from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import Instance, array_path, meta_path, parse_leaf, staging_tag, tag_path, value_path
-from tenplex.runtime.store.tree import StoreError, TensorStore
+from tenplex.runtime.store.tree import TensorStore
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
 
@@ -122,10 +122,14 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
-    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None) -> dict[str, Any]:
+    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
+                run: dict | None = None) -> dict[str, Any]:  # fmt: skip
         """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
         does not, create its dst arrays (in one shared arena) and the tag's `meta` records under
-        staging; returns {"dst_bytes": n, "gives": {op id: src value other hosts' value ops copy}}."""
+        staging; then `run(**run)` if given (one command less when no host waits for values).
+        Returns {"gives": {op id: src value other hosts' value ops copy}, "prepare_s": seconds,
+        "sent": bytes (after a run)}."""
+        t0 = time.perf_counter()
         self._finish()
         ex = Execution(self.host, job, src_tag, dst_tag, slice)
         if self.store.exists(tag_path(job, dst_tag)):
@@ -135,7 +139,7 @@ class Agent:
         sources = {}
         for i, (side, sid, device, dtype, shape) in enumerate(ex.meta):
             if side == "src":
-                sources[i] = self._source(array_path(job, src_tag, device, sid), shape, dtype)
+                sources[i] = rounds.source(self.store, array_path(job, src_tag, device, sid), shape, dtype)
         created = [(array_path(job, ex.staging, d, sid), shape, dtype) for side, sid, d, dtype, shape in ex.meta if side == "dst"]
         devices = sorted({d for side, _, d, _, _ in ex.meta if side == "dst"})
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
@@ -143,9 +147,12 @@ class Agent:
             self.store.put(meta_path(job, ex.staging, name), value)
         made = iter(shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool))  # the plan writes every byte
         ex.arrays = [sources[i] if side == "src" else next(made) for i, (side, *_) in enumerate(ex.meta)]
-        gives = self._values(job, src_tag, [g[:4] for g in slice["gives"]])
+        out = {"gives": rounds.src_values(self.store, job, src_tag, [g[:4] for g in slice["gives"]])}
         self.execution = ex
-        return {"dst_bytes": sum(a.nbytes for a, (side, *_) in zip(ex.arrays, ex.meta) if side == "dst"), "gives": gives}
+        out["prepare_s"] = time.perf_counter() - t0
+        if run is not None:
+            out["sent"] = self.run(**run)
+        return out
 
     def reserve(self, nbytes: int) -> int:
         """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
@@ -153,16 +160,6 @@ class Agent:
             return 0
         self.pool.reserve(nbytes)
         return self.pool.nbytes
-
-    def _values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
-        """{op id: value} for (op id, partition, device, name) of values this host holds."""
-        out = {}
-        for op_id, pid, device, name in wanted:
-            path = value_path(job, tag, device, pid, name)
-            if not self.store.exists(path):
-                raise ExecutionError(f"value op {op_id}: src value {path} is missing")
-            out[op_id] = self.store.get(path)
-        return out
 
     def run(self, values: Mapping[int, Any] | None = None, epoch: int = 0) -> int:
         """Run every round of the prepared slice (`values`: {op id: src value} of value ops that
@@ -280,17 +277,6 @@ class Agent:
         if self.execution is None:
             raise ExecutionError("no prepared execution (prepare first)")
         return self.execution
-
-    def _source(self, path: str, shape: list[int], dtype: str) -> np.ndarray:
-        """The src array at `path`, checked against the slice's shape and dtype."""
-        try:
-            got = self.store.get(path)
-        except StoreError:
-            raise ExecutionError(f"src array {path} is missing") from None
-        if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != np_dtype(dtype):
-            what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
-            raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")
-        return got
 
     def _endpoint(self, host: str) -> Any:
         if host not in self.endpoints:

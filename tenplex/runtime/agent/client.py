@@ -24,7 +24,8 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial
 from tenplex.runtime.agent.wire import WireError
 
-__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "call_all", "close_all", "connect"]
+__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "call_all", "close_all", "connect",
+           "passed_values"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
@@ -139,6 +140,16 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
     if failures:
         raise AgentFailures(failures)
     return results
+
+
+def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
+    """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
+    dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
+    out: dict[str, dict[int, Any]] = {}
+    for got in prepared.values():
+        for i, v in got["gives"].items():
+            out.setdefault(dst_host[i], {})[i] = v
+    return out
 
 
 class Clock:

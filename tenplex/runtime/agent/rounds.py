@@ -23,8 +23,9 @@ import numpy as np
 from tenplex.compiler.emit.slices import FORMAT, TABLES
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import parts
+from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.store.layout import staging_tag, value_path
-from tenplex.runtime.store.tree import TensorStore
+from tenplex.runtime.store.tree import StoreError, TensorStore
 
 EPOCH_SHIFT = 28  # a part's UCX tag: the execution's epoch (8 bits) above the part's plan-wide index
 
@@ -80,6 +81,29 @@ def _table(sl: Mapping[str, Any], name: str, width: int) -> list[list[int]]:
     return np.frombuffer(raw, "<i8").reshape(-1, width).tolist()
 
 
+def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.ndarray:
+    """The src array at `path`, checked against the slice's shape and dtype."""
+    try:
+        got = store.get(path)
+    except StoreError:
+        raise ExecutionError(f"src array {path} is missing") from None
+    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != np_dtype(dtype):
+        what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
+        raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")
+    return got
+
+
+def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
+    """{op id: value} for (op id, partition, device, name) of values this host holds."""
+    out = {}
+    for op_id, pid, device, name in wanted:
+        path = value_path(job, tag, device, pid, name)
+        if not store.exists(path):
+            raise ExecutionError(f"value op {op_id}: src value {path} is missing")
+        out[op_id] = store.get(path)
+    return out
+
+
 def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Callable[[], Any],
         endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int) -> int:  # fmt: skip
     """Every round of this host's slice, in order; returns the bytes it sent."""
@@ -97,13 +121,17 @@ def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Call
 
 
 def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
-    """This host's fill ops, and its value ops (`values`: {op id: src value} gathered by the runtime)."""
+    """This host's fill ops, and its value ops (`values`: {op id: src value} of other hosts,
+    passed on by the runtime; src values on this host are read here)."""
     for region, k in ex.fills:
         with _named(f"fill of region {region} with {ex.fill_values[k]!r}"):
             ex.view(region)[...] = ex.fill_values[k]
-    for op_id, device, partition, name, src_partition, literal in ex.values:
+    for op_id, device, partition, name, src_partition, src_device, literal in ex.values:
         with _named(f"op {op_id} (ValueOp on device {device})"):
-            value = literal if src_partition is None else values[op_id]
+            if src_partition is None:
+                value = literal
+            else:
+                value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
             store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
 
 
