@@ -142,3 +142,23 @@ def test_missing_agent_for_a_host_is_rejected_before_anything_runs(case):
     rt = Runtime({}, round_timeout=1.0)
     with pytest.raises(ExecutionError, match=r"no agent for host\(s\) \['h0', 'h1'\]"):
         rt.execute(plan, src, dst, JOB, "v0", "v1")
+
+
+@pytest.mark.timeout(60)
+def test_values_another_host_holds_are_passed_on():
+    """DP 1 -> 2 onto a second host: h1's value ops copy values only h0 holds (prepare, then run)."""
+    from tenplex.compiler.emit.slices import host_slices
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec("gpt-tiny:tp1,pp1,dp1@1x1"), ptc_from_spec("gpt-tiny:tp1,pp1,dp2@2x1")
+    plan = compile_plan(src, dst)
+    assert host_slices(plan, src, dst, HOSTS)["h0"]["gives"]  # the runtime must pass them on
+    tensors, values = arange_tensors(src), arange_values(src)
+    with _runtime(src, materialize_all(src, tensors), values) as rt:
+        rt.execute(plan, src, dst, JOB, "v0", "v1")
+        got, got_values = rt.fetch(JOB, "v1")
+    assert check_state(dst.with_allocation(plan.allocation), tensors, got) > 0
+    copied = [op for op in plan.ops if isinstance(op, ValueOp) and op.src_partition is not None]
+    assert {dst.topology.host_of(op.dst_device) for op in copied} == {"h0", "h1"}
+    for op in copied:
+        assert got_values[(op.dst_partition, op.dst_device)][op.name] == values[(op.src_partition, op.src_device)][op.name]
