@@ -133,3 +133,18 @@ def test_a_dropped_tags_arena_is_recycled_only_when_nothing_maps_it(served):
     assert taken.size == 1 << 20 and pool.nbytes == 0
     del taken  # unused again: back to the pool
     assert pool.nbytes == 1 << 20
+
+
+def test_populating_an_arena_never_changes_a_byte():
+    import threading
+
+    from tenplex.runtime.store.shared import populate
+
+    arena = Arena.create(3 << 20)
+    view = arena.array(0, (3 << 20,), np.uint8)
+    view[::4096] = 7  # written before: kept
+    populate(arena, chunk=1 << 20)
+    view[1::4096] = 9  # written while it may run: kept
+    for t in [t for t in threading.enumerate() if t.name == "tenplex-populate"]:
+        t.join(10)
+    assert (view[::4096] == 7).all() and (view[1::4096] == 9).all() and not view[2::4096].any()
