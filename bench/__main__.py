@@ -26,6 +26,10 @@ TABLES: dict[str, str] = {
     "compile": "bench.compiler:run_compile",  # compile + verify CPU seconds
     "bytes": "bench.compiler:run_bytes",  # plan network bytes vs the lower bound and the reference
     "runtime": "bench.runtime:run",  # agents on one host vs numpy memcpy
+    "agents": "bench.execute:run_agents",  # fresh and repeated executes on one host vs a warm memcpy
+    "execute": "bench.execute:run_execute",  # fixed cost per execute, small plan
+    "slices": "bench.slices:run",  # per-agent prepare at 1024 GPUs (CPU s) vs parsing the whole plan
+    "ucx": "bench.ucx_raw:run",  # UcxPeer vs raw ucxx between two processes
     "fuse": "bench.fuse:run",  # FUSE view reads vs tmpfs reads
     "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
     "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads

@@ -4,10 +4,11 @@
 UCX worker addresses and connects every agent to every other. `execute(plan, src, dst, job,
 src_tag, dst_tag)` then:
 
-1. sends every agent the plan and both PTCs once (`prepare`: checks, zeroed dst arrays under
-   the staging tag `/job/<job>/.staging-<dst_tag>`);
-2. gathers the src values that value ops copy from other hosts;
-3. runs each round on all agents in parallel and waits for all of them (a barrier per round);
+1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan;
+   `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`);
+2. passes the src values that value ops copy from other hosts (read by their hosts in `prepare`);
+3. has every agent run all its rounds (`run`: one call, no barrier between rounds; agents wait
+   only on the messages they receive) and waits for all of them;
 4. commits on every agent (a store rename of staging to the dst tag) only if every agent
    finished every round.
 
@@ -18,7 +19,7 @@ usually peers timing out on it. An agent that misses a deadline, or sends no hea
 `liveness` seconds (stopped or hung), is killed: its reply would arrive out of order. Every
 call to an agent has a deadline, and `close` returns within seconds whatever the agents do, so
 Ctrl-C ends a runtime promptly. Device -> host comes from the PTCs' topology; every host there
-needs an agent. The control connection carries typed frames, never pickles (`agent.wire`).
+needs an agent. The control wire carries typed frames, never pickles (`agent.wire`).
 """
 
 from __future__ import annotations
@@ -27,36 +28,21 @@ import contextlib
 import multiprocessing as mp
 import os
 import socket
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from tenplex.compiler.central import CentralPlan
-from tenplex.compiler.ops import ValueOp
-from tenplex.compiler.plan import Plan, plan_to_json
-from tenplex.ir.errors import ExecutionError
+from tenplex.compiler.emit.slices import host_slices
+from tenplex.compiler.plan import Plan
+from tenplex.ir.errors import ExecutionError, IRError
 from tenplex.ir.ptc import PTC
-from tenplex.ir.serialize import ptc_to_json
+from tenplex.runtime.agent import client
 from tenplex.runtime.agent.channel import Channel
-from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle, agent_of, call_all, close_all, connect
+from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle, Clock
 from tenplex.runtime.agent.server import TOKEN_ENV, serve
 from tenplex.runtime.store.layout import Instance, staging_tag, tag_path
-
-
-class Clock:
-    """Adds the seconds since the previous lap to `phases[name]` (a given dict is cleared first)."""
-
-    def __init__(self, phases: dict[str, float] | None = None):
-        self.phases = {} if phases is None else phases
-        self.phases.clear()
-        self.t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
-        self.t = now
 
 
 class Runtime:
@@ -67,6 +53,8 @@ class Runtime:
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
+        self._sliced: tuple[tuple, dict[str, dict], tuple] | None = None  # the last plan's slices
+        self._epoch = 0  # executions so far: tells one execution's UCX tags from the last one's
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
@@ -104,7 +92,7 @@ class Runtime:
         with rt._closed_on_error("connecting to agents"):
             names = {}
             for host, address in agents.items():
-                channel, names[host] = connect(address, token, start_timeout)
+                channel, names[host] = client.connect(address, token, start_timeout)
                 rt.agents[host] = AgentHandle(host, None, channel)
             wrong = {h: n for h, n in names.items() if n != h}
             if wrong:
@@ -183,7 +171,12 @@ class Runtime:
 
     def forget(self, hosts: Iterable[str]) -> None:
         """Stop using the agents of `hosts` (lost ones): later calls and plans leave them out."""
-        close_all({h: self.agents.pop(h) for h in list(hosts) if h in self.agents}, 1.0)
+        client.close_all({h: self.agents.pop(h) for h in list(hosts) if h in self.agents}, 1.0)
+
+    def reserve(self, nbytes: int) -> dict[str, int]:
+        """Have every agent fault in `nbytes` for later dst arrays now, off the clock of an execute
+        (`Agent.reserve`); returns the bytes each pooled."""
+        return self._all({h: ("reserve", {"nbytes": nbytes}) for h in self.agents})
 
     def exists(self, job: str, tag: str) -> dict[str, bool]:
         """Whether `/job/<job>/<tag>` exists, per host."""
@@ -200,35 +193,48 @@ class Runtime:
         dst tag or its staging tag and the src tag is unchanged.
         """
         topology = src.topology.union(dst.topology)
-        host_of = topology.host_of
         needed = set(topology.hosts) | {h for m in plan.messages for h in (m.src_host, m.dst_host)}
         missing = sorted(needed - set(self.agents))
         if missing:
             raise ExecutionError(f"no agent for host(s) {missing} (agents: {sorted(self.agents)})")
         hosts = sorted(self.agents)
-        docs = {"plan": plan_to_json(plan), "src": ptc_to_json(src), "dst": ptc_to_json(dst)}
-        sent = dict.fromkeys(hosts, 0)
         clock = Clock(self.phases)
+        what = f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)})"
+        slices = self._slices(plan, src, dst, hosts, what)
+        self._epoch += 1
+        progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         try:
-            self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}), **docs})
-                       for h in hosts})  # fmt: skip
-            values = self._gather_values(plan, host_of, job, src_tag)
+            direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
+            prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
+                                                  "slice": slices[h], "run": {"epoch": self._epoch} if direct else None})
+                                  for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             clock.lap("prepare")
-            rounds = range(max((m.round for m in plan.messages), default=0) + 1)
-            for r in rounds:
-                kwargs = {h: {"round": r, "values": values.get(h, {}) if r == 0 else None} for h in hosts}
-                for h, n in self._all({h: ("run_round", kwargs[h]) for h in hosts}).items():
-                    sent[h] += n
-                if on_round is not None:
-                    on_round(r + 1, len(rounds))
-            clock.lap("rounds")
+            if direct:  # the agents' own prepare seconds, the rest is rounds
+                clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
+                clock.phases["prepare"] -= clock.phases["rounds"]
+                sent = {h: p["sent"] for h, p in prepared.items()}
+            else:
+                values = client.passed_values(slices, prepared)
+                runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
+                sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
+                clock.lap("rounds")
+            progress.finish()
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
             clock.lap("commit")
         except AgentFailures as e:
             self._abort(job, dst_tag)
-            raise ExecutionError(f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)}) failed "
-                                 f"and nothing was committed: {e}") from None  # fmt: skip
+            raise ExecutionError(f"{what} failed and nothing was committed: {e}") from None
         return sent
+
+    def _slices(self, plan: Plan, src: PTC, dst: PTC, hosts: list[str], what: str) -> dict[str, dict]:
+        """Each host's slice of `plan`; the last plan's are kept, so executing it again slices nothing."""
+        key = (id(plan), id(src), id(dst), tuple(hosts))
+        if self._sliced is None or self._sliced[0] != key:
+            try:  # the objects are kept with their slices, so their ids stay theirs
+                self._sliced = (key, host_slices(plan, src, dst, hosts), (plan, src, dst))
+            except IRError as e:
+                raise ExecutionError(f"{what} failed before anything ran (nothing was committed): {e}") from None
+        return self._sliced[1]
 
     def execute_central(self, central: CentralPlan, src: PTC, dst: PTC, job: str, src_tag: str,
                         dst_tag: str) -> dict[str, int]:  # fmt: skip
@@ -260,36 +266,24 @@ class Runtime:
         with contextlib.suppress(AgentFailures):
             self._all({h: ("delete_tag", {"job": job, "tag": tag}) for h in live}, min(self.round_timeout, 60.0))
 
-    def _gather_values(self, plan: Plan, host_of: Any, job: str, src_tag: str) -> dict[str, dict[int, Any]]:
-        """{dst host: {op id: value}} for value ops that copy a src value."""
-        wanted: dict[str, list] = {}
-        for i, op in enumerate(plan.ops):
-            if isinstance(op, ValueOp) and op.src_partition is not None:
-                wanted.setdefault(host_of(op.src_device), []).append((i, op.src_partition, op.src_device, op.name))
-        calls = {h: ("values", {"job": job, "tag": src_tag, "wanted": w}) for h, w in wanted.items()}
-        got = {i: v for part in (self._all(calls).values() if calls else ()) for i, v in part.items()}
-        out: dict[str, dict[int, Any]] = {}
-        for i, v in got.items():
-            out.setdefault(host_of(plan.ops[i].dst_device), {})[i] = v
-        return out
-
     def _abort(self, job: str, dst_tag: str) -> None:
         live = [h for h, a in self.agents.items() if a.dead is None]
         with contextlib.suppress(AgentFailures):  # agents that cannot abort were killed by `_all`, staging with them
             self._all({h: ("abort", {"job": job, "dst_tag": dst_tag}) for h in live}, min(self.round_timeout, 30.0))
 
     # ---- calls to agents --------------------------------------------------------------
-    def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None) -> dict[str, Any]:
+    def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None,
+             on_beat: Callable[[str, dict], None] | None = None) -> dict[str, Any]:  # fmt: skip
         """`call_all` with the round timeout by default (raises AgentFailures)."""
-        return call_all(self.agents, calls, self.round_timeout if timeout is None else timeout, self.liveness)
+        return client.call_all(self.agents, calls, self.round_timeout if timeout is None else timeout, self.liveness, on_beat)
 
     def _host(self, host: str) -> str:
-        return agent_of(self.agents, host).host
+        return client.agent_of(self.agents, host).host
 
     # ---- shutdown ----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         """Stop every agent (asking first, killing after `timeout`). Idempotent."""
-        close_all(self.agents, timeout)
+        client.close_all(self.agents, timeout)
 
     def __enter__(self) -> Runtime:
         return self

@@ -1,15 +1,17 @@
-"""Message parts: shape-only contiguity equals numpy's flag; the scratch pool; the prefaulter."""
-
-import time
+"""Plan slices and message parts: regions as numbers equal numpy's views, both ends of every part
+agree, every copy runs exactly once; packing; the scratch pool."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tenplex.compiler.emit.slices import FORMAT, SINGLE_MIN, c_contiguous, host_slices, region_of
 from tenplex.ir.box import Box
+from tenplex.ir.errors import ExecutionError
 from tenplex.ir.tensor import Piece
-from tenplex.runtime.agent.parts import Prefaulter, Scratch, contiguous
+from tenplex.runtime.agent.parts import Scratch, pack, unpack
+from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.arrays import region
 
 
@@ -21,32 +23,60 @@ def shapes_and_boxes(draw):
     return shape, Box(start, stop)
 
 
-@given(shapes_and_boxes(), st.integers(0, 3))
-def test_contiguity_of_equal_extent_pieces_matches_numpy(case, offset):
+def _numbers(array: np.ndarray, view: np.ndarray) -> tuple[int, tuple, tuple]:
+    item = array.itemsize
+    offset = (view.__array_interface__["data"][0] - array.__array_interface__["data"][0]) // item
+    return offset, view.shape, tuple(s // item for s in view.strides)
+
+
+def _same(numbers: tuple, array: np.ndarray, view: np.ndarray) -> None:
+    at, shape, strides = numbers
+    assert (at, tuple(shape)) == _numbers(array, view)[:2]
+    assert all(a == b for a, b, e in zip(strides, _numbers(array, view)[2], shape) if e > 1)  # numpy may pick any stride for extent 1
+    assert c_contiguous(shape, strides) == view.flags.c_contiguous
+
+
+@given(shapes_and_boxes(), st.integers(0, 3), st.integers(0, 2))
+def test_regions_of_equal_extent_pieces_are_numpys_views(case, offset, pad):
     shape, box = case
-    piece = Piece(Box.from_shape(shape).translate((offset,) * len(shape)), Box.from_shape(shape))
-    array = np.zeros(shape, dtype=np.float32)
+    local = tuple(s + pad for s in shape)
+    piece = Piece(Box.from_shape(shape).translate((offset,) * len(shape)), Box.from_shape(shape).translate((pad,) * len(shape)))
+    array = np.zeros(local, dtype=np.float32)
     global_box = box.translate((offset,) * len(shape))
-    assert contiguous(shape, piece, global_box) == region(array, piece, global_box).flags.c_contiguous
+    _same(region_of(local, piece, global_box), array, region(array, piece, global_box))
 
 
 @given(shapes_and_boxes(), st.integers(0, 3))
-def test_contiguity_of_flat_pieces_matches_numpy(case, lead):
+def test_regions_of_flat_pieces_are_numpys_views(case, lead):
     shape, box = case
     n = int(np.prod(shape))
-    if len(shape) < 2 and n > 0:
+    if len(shape) < 2:
         shape, box = (1, *shape), Box((0, *box.start), (1, *box.stop))
     piece = Piece(Box.from_shape(shape), Box((lead,), (lead + n,)))
     array = np.zeros(lead + n + 2, dtype=np.int16)
-    assert contiguous((lead + n + 2,), piece, box) == region(array, piece, box).flags.c_contiguous
+    _same(region_of((lead + n + 2,), piece, box), array, region(array, piece, box))
 
 
-def test_row_major_cases():
-    piece = Piece(Box.from_shape((4, 6)), Box.from_shape((4, 6)))
-    assert contiguous((4, 6), piece, Box((1, 0), (3, 6)))  # whole rows
-    assert contiguous((4, 6), piece, Box((2, 1), (3, 5)))  # part of one row
-    assert not contiguous((4, 6), piece, Box((0, 0), (4, 3)))  # a column half
-    assert contiguous((4, 6), piece, Box((0, 0), (0, 6)))  # empty
+def test_contiguity_cases():
+    assert c_contiguous((2, 6), (6, 1))  # whole rows
+    assert c_contiguous((1, 4), (6, 1))  # part of one row
+    assert not c_contiguous((4, 3), (6, 1))  # a column half
+    assert c_contiguous((), ())
+
+
+@given(st.lists(shapes_and_boxes(), min_size=1, max_size=4))
+def test_pack_then_unpack_restores_every_view(cases):
+    arrays = [np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape) + 100 * k for k, (shape, _) in enumerate(cases)]
+    views = [a[b.to_slices() + (Ellipsis,)] for a, (_, b) in zip(arrays, cases)]
+    buffer = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
+    pack(views, buffer)
+    expected = [v.copy() for v in views]
+    for v in views:
+        v[...] = -1
+    unpack(views, buffer)
+    assert all(np.array_equal(v, e) for v, e in zip(views, expected))
+    with pytest.raises(ExecutionError, match="but the views take"):
+        pack(views, np.empty(buffer.nbytes + 1, dtype=np.uint8))
 
 
 def test_scratch_hands_out_disjoint_slices_and_reuses_its_pages():
@@ -62,53 +92,45 @@ def test_scratch_hands_out_disjoint_slices_and_reuses_its_pages():
     assert pool.nbytes == 0
 
 
-def test_prefaulter_never_writes_a_claimed_array():
-    arrays = [(k, np.full(3 << 20, 7, dtype=np.uint8)) for k in range(8)]
-    pf = Prefaulter(arrays)
-    pf.claim([5, 6, 7])
-    # after the claim returns, claimed arrays are ours: data written now must survive
-    for k in (5, 6, 7):
-        arrays[k][1][...] = 9
-    time.sleep(0.05)
-    pf.stop()
-    for k in (5, 6, 7):
-        assert (arrays[k][1] == 9).all()
-    touched = [k for k, a in arrays[:5] if (a == 0).all()]
-    assert touched == list(range(len(touched)))  # in order, and only unclaimed ones
-
-
-def test_prefaulter_claim_waits_for_a_chunk_in_progress():
-    big = np.ones(64 << 20, dtype=np.uint8)
-    pf = Prefaulter([("big", big)])
-    pf.claim(["big"])
-    pf.stop()
-    # every chunk is either all zero (touched before the claim) or all one (never touched)
-    chunks = big.reshape(-1, Prefaulter.CHUNK)
-    assert all(c.min() == c.max() for c in chunks)
-
-
-def test_split_agrees_with_the_views_and_keeps_every_op_once():
+def test_slices_give_both_ends_of_every_part_and_every_copy_once():
     from tenplex.compiler import CopyOp, compile_plan
     from tenplex.frontends.spec import ptc_from_spec
-    from tenplex.runtime.agent.parts import SINGLE_MIN, split
-    from tenplex.runtime.arrays import empty_local
-    from tenplex.runtime.executor import source_region, target_region
 
     src = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp2,pp1,dp1@2x1")
     dst = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp1,pp2,dp1@2x1")
     plan = compile_plan(src, dst)
-    placed = dst.with_allocation(plan.allocation)
-    src_arrays = {(s.id, d): empty_local(src, s) for s in src.subtensors for d in src.devices_of_subtensor(s.id)}
-    dst_arrays = {(s.id, d): empty_local(placed, s) for s in placed.subtensors for d in placed.devices_of_subtensor(s.id)}
-    kinds = set()
-    for m in plan.messages:
-        ops = [(i, plan.ops[i]) for i in m.ops if isinstance(plan.ops[i], CopyOp)]
-        singles, packed = split(ops, src, placed)
-        assert len(singles) + len(packed) == len(ops)
-        for sg in singles:
-            s_view = source_region(sg.op, src, placed, src_arrays, dst_arrays)
-            t_view = target_region(sg.op, placed, dst_arrays)
-            assert (sg.src_contiguous, sg.dst_contiguous) == (s_view.flags.c_contiguous, t_view.flags.c_contiguous)
-            assert sg.nbytes == s_view.nbytes >= SINGLE_MIN and (sg.src_contiguous or sg.dst_contiguous)
-            kinds.add((sg.src_contiguous, sg.dst_contiguous))
-    assert (True, True) in kinds and (True, False) in kinds  # whole rows, and column halves of row-parallel weights
+    slices = host_slices(plan, src, dst, ["h0", "h1"])
+    ends: dict[int, list] = {}
+    seen: list[int] = []
+    for host, sl in slices.items():
+        assert (sl["format"], sl["host"]) == (FORMAT, host)
+        ex = Execution(host, "j", "a", "b", sl)
+        for rows in ex.copies.values():
+            seen += [op for _, _, op, _, _ in rows]
+        for rows in ex.parts.values():
+            for r, peer, outgoing, tag, nbytes, first, count, message in rows:
+                ops = [op for _, op in ex.part_regions[first : first + count]]
+                ends.setdefault(tag, []).append((host, ex.peers[peer], outgoing, nbytes, message, r, ops))
+                if outgoing:
+                    seen += ops
+    for tag, (a, b) in ((t, sorted(e, key=lambda x: -x[2])) for t, e in ends.items()):
+        assert a[0] == b[1] and a[1] == b[0] and (a[2], b[2]) == (1, 0), tag  # one sender, one receiver
+        assert a[3:] == b[3:], tag  # same bytes, message, round and ops in the same order
+        assert a[3] == sum(plan.ops[i].box.volume * dst.itemsizes[plan.ops[i].tensor] for i in a[6])
+    singles = [e for e in ends.values() if len(e[0][6]) == 1 and e[0][3] >= SINGLE_MIN]
+    assert singles and len(ends) > len(singles)  # big contiguous ops alone, the rest packed
+    copies = [i for i, op in enumerate(plan.ops) if isinstance(op, CopyOp)]
+    assert sorted(seen) == copies  # every copy exactly once
+
+
+def test_a_slice_for_another_host_or_a_torn_table_is_refused():
+    from tenplex.compiler import compile_plan
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp2,pp1,dp1@2x1")
+    dst = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp1,pp2,dp1@2x1")
+    sl = host_slices(compile_plan(src, dst), src, dst, ["h0", "h1"])["h0"]
+    with pytest.raises(ExecutionError, match="expected a tenplex.slice/1 slice for 'h1'"):
+        Execution("h1", "j", "a", "b", sl)
+    with pytest.raises(ExecutionError, match="slice field 'parts' is not int64 rows of 8"):
+        Execution("h0", "j", "a", "b", {**sl, "parts": sl["parts"][:-8] + b"\0"})

@@ -11,7 +11,7 @@ import pytest
 
 from tenplex.runtime.shm import ShmError, StoreClient, StoreServer
 from tenplex.runtime.shm.wire import HEADER, recv, send
-from tenplex.runtime.store.shared import Arena, create_in_arena
+from tenplex.runtime.store.shared import Arena, ArenaPool, create_in_arena
 from tenplex.runtime.store.tree import TensorStore
 
 
@@ -106,3 +106,45 @@ def test_frames_over_the_limits_are_refused(tmp_path):
     assert recv(b) is None
     with pytest.raises(ShmError, match="cannot reach"):
         StoreClient(tmp_path / "nobody.store")
+
+
+def test_a_dropped_tags_arena_is_recycled_only_when_nothing_maps_it(served):
+    store, path = served
+    pool = ArenaPool()
+    items = [(f"/job/j/t/0/{n}", (1000,), "float32") for n in "ab"]
+    create_in_arena(store, items, "dst", pool)
+    store.read("/job/j/t/0/a", __import__("tenplex.ir.box", fromlist=["Box"]).Box.from_shape((1000,)), writable=True)[...] = 7
+    store.delete("/job/j/t")
+    assert pool.nbytes >= 8000  # no leaf and no view: its pages wait for the next take
+    create_in_arena(store, [("/job/j/u/0/a", (1000,), "float32")], "dst", pool)
+    assert pool.nbytes == 0 and (store.get("/job/j/u/0/a") == 7).all()  # the same pages, not zeroed
+    view = store.get("/job/j/u/0/a")
+    store.delete("/job/j/u")
+    assert pool.nbytes == 0  # a view still maps it: closed as usual, never handed out again
+    assert (view == 7).all()
+    create_in_arena(store, items, "dst", pool)
+    with StoreClient(path) as client:
+        client.get(["/job/j/t/0/a"])  # its descriptor goes to another process
+    store.delete("/job/j/t")
+    assert pool.nbytes == 0
+    pool.reserve(1 << 20)  # faulted in ahead, kept for a take
+    assert pool.nbytes == 1 << 20
+    taken = pool.take(1 << 19)
+    assert taken.size == 1 << 20 and pool.nbytes == 0
+    del taken  # unused again: back to the pool
+    assert pool.nbytes == 1 << 20
+
+
+def test_populating_an_arena_never_changes_a_byte():
+    import threading
+
+    from tenplex.runtime.store.shared import populate
+
+    arena = Arena.create(3 << 20)
+    view = arena.array(0, (3 << 20,), np.uint8)
+    view[::4096] = 7  # written before: kept
+    populate(arena, chunk=1 << 20)
+    view[1::4096] = 9  # written while it may run: kept
+    for t in [t for t in threading.enumerate() if t.name == "tenplex-populate"]:
+        t.join(10)
+    assert (view[::4096] == 7).all() and (view[1::4096] == 9).all() and not view[2::4096].any()

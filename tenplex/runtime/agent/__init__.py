@@ -1,8 +1,8 @@
 """One agent per host: it owns the host's `TensorStore` and UCX worker and runs its share of a plan.
 
-- agent.py: `Agent`, the commands a runtime sends (load, prepare, run_round, commit, abort, ...);
-- rounds.py: one host's share of a plan, round by round; parts.py: how a network message
-  travels (zero-copy parts, packed remainders, a scratch pool, the prefaulter);
+- agent.py: `Agent`, the commands a runtime sends (load, prepare, run, commit, abort, ...);
+- rounds.py: one host's slice of a plan, run round by round; parts.py: how a network part's
+  bytes are staged (packing, unpacking, a scratch pool);
 - server.py: the agent process (`tenplex agent`, or a child of `Runtime.local`) and its control
   connection; client.py: the runtime's end (`AgentHandle`, the all-hosts barrier);
 - fleet.py: real agent processes on this machine, optionally one per emulated host.

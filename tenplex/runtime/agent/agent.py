@@ -4,35 +4,33 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
-host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `prepare`, `values`,
-`run_round`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
+host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `reserve`, `prepare`,
+`run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
 `stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
 socket (`runtime.shm`: training programs save into it and load from it through shared memory).
 
-Store layout: `store.layout`. Execution (`rounds`):
-`prepare` parses the plan and PTCs (JSON), checks the src instances this host reads exist and the
-dst tag does not, creates zeroed dst arrays under the staging tag and starts the prefaulter.
-`run_round(r)` runs fills and values first (round 0), then the round's messages touching this
-host: local ones region to region, then every network message of the round posted at once to
-all peers (`UcxPeer.exchange`: no ordering between them, so no deadlock and every link busy),
-direct parts zero-copy and the rest through the scratch pool (`parts`). The plan's schedule
-bounds a round's bytes per host, and so the scratch pool. `commit` renames staging to the dst
-tag in one store step; `abort` deletes staging. The src tag is only ever read.
+Store layout: `store.layout`. Execution (`rounds`): `prepare` decodes this host's slice of the
+plan (`compiler.emit.slices`: only its arrays, regions and parts, no plan or PTC to parse),
+checks the src arrays it reads exist and the dst tag does not, and creates the dst arrays under
+the staging tag. `run` runs every round in order, without a barrier between rounds: fills and
+values first, then per round the local copies (region to region) overlapping every network part
+of the round, posted at once to all peers (`UcxPeer.exchange`: no headers, no ordering between
+them, so no deadlock and every link busy), contiguous parts zero-copy and the rest through the
+scratch pool (`parts`). The plan's schedule bounds a round's bytes per host, and so the scratch
+pool. `commit` renames staging to the dst tag in one store step; `abort` deletes staging. The
+src tag is only ever read.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from tenplex.compiler.ops import CopyOp
-from tenplex.compiler.plan import plan_from_json
-from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
-from tenplex.ir.serialize import ptc_from_json
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.shm.server import StoreServer
@@ -64,6 +62,8 @@ class Agent:
         self.endpoints: dict[str, Any] = {}
         self.execution: Execution | None = None
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
+        # dst arenas of dropped tags, pages kept for the next execution (none under a memory budget)
+        self.pool = shared.ArenaPool() if memory_budget is None else None
         self.rest: Any = None
         self.local = StoreServer(self.store, local, host).start() if local else None
 
@@ -122,69 +122,53 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
-    def prepare(self, job: str, src_tag: str, dst_tag: str, plan: dict, src: dict, dst: dict, meta: dict | None = None) -> int:
-        """Parse the plan, check inputs, create zeroed dst arrays (in one shared arena) and the
-        tag's `meta` records under staging; returns dst bytes."""
+    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
+                run: dict | None = None) -> dict[str, Any]:  # fmt: skip
+        """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
+        does not, create its dst arrays (in one shared arena) and the tag's `meta` records under
+        staging; then `run(**run)` if given (one command less when no host waits for values).
+        Returns {"gives": {op id: src value other hosts' value ops copy}, "prepare_s": seconds,
+        "sent": bytes (after a run)}."""
+        t0 = time.perf_counter()
         self._finish()
-        ex = Execution(self.host, job, src_tag, dst_tag, plan_from_json(plan), ptc_from_json(src), ptc_from_json(dst))
+        ex = Execution(self.host, job, src_tag, dst_tag, slice)
         if self.store.exists(tag_path(job, dst_tag)):
             raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
         if self.store.exists(tag_path(job, ex.staging)):
             self.store.delete(tag_path(job, ex.staging))
-        mine = set(ex.topology.devices_on(self.host))
-        for i, op in enumerate(ex.plan.ops):
-            if isinstance(op, CopyOp) and op.src_side == "src" and op.src_device in mine:
-                key = (op.src_subtensor, op.src_device)
-                if key not in ex.src_arrays:
-                    path = array_path(job, src_tag, op.src_device, op.src_subtensor)
-                    if not self.store.exists(path):
-                        raise ExecutionError(f"op {i}: src array {path} is missing")
-                    ex.src_arrays[key] = self.store.get(path)
-        devices = sorted(d for d in ex.dst.allocation.devices if d in mine)
+        sources = {}
+        for i, (side, sid, device, dtype, shape) in enumerate(ex.meta):
+            if side == "src":
+                sources[i] = rounds.source(self.store, array_path(job, src_tag, device, sid), shape, dtype)
+        created = [(array_path(job, ex.staging, d, sid), shape, dtype) for side, sid, d, dtype, shape in ex.meta if side == "dst"]
+        devices = sorted({d for side, _, d, _, _ in ex.meta if side == "dst"})
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        wanted = [(st, d) for st in ex.dst.subtensors for d in ex.dst.devices_of_subtensor(st.id) if d in mine]
-        paths = [array_path(job, ex.staging, d, st.id) for st, d in wanted]
-        shared.create_in_arena(self.store, [(p, st.shape, ex.dst.tensor_map[st.tensor].dtype) for p, (st, _) in zip(paths, wanted)],
-                               f"tenplex-{dst_tag}")  # fmt: skip
-        for path, (st, d) in zip(paths, wanted):
-            ex.dst_arrays[(st.id, d)] = self.store.read(path, Box.from_shape(st.shape), writable=True)
-        ex.first_round = rounds.first_rounds(ex)
-        # UCX writing into untouched pages is ~2x slower: fault them in ahead of their round
-        ordered = sorted(ex.dst_arrays, key=lambda k: ex.first_round.get(k, 0))
-        ex.prefaulter = parts.Prefaulter([(k, ex.dst_arrays[k]) for k in ordered])
+        made = iter(shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool))  # the plan writes every byte
+        ex.arrays = [sources[i] if side == "src" else next(made) for i, (side, *_) in enumerate(ex.meta)]
+        out = {"gives": rounds.src_values(self.store, job, src_tag, [g[:4] for g in slice["gives"]])}
         self.execution = ex
-        return sum(a.nbytes for a in ex.dst_arrays.values())
-
-    def values(self, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
-        """{op id: value} for (op id, partition, device, name) of values this host holds."""
-        out = {}
-        for op_id, pid, device, name in wanted:
-            path = value_path(job, tag, device, pid, name)
-            if not self.store.exists(path):
-                raise ExecutionError(f"value op {op_id}: src value {path} is missing")
-            out[op_id] = self.store.get(path)
+        out["prepare_s"] = time.perf_counter() - t0
+        if run is not None:
+            out["sent"] = self.run(**run)
         return out
 
-    def run_round(self, round: int, values: Mapping[int, Any] | None = None) -> int:
-        """Run this host's share of round `round`; returns the bytes it sent."""
+    def reserve(self, nbytes: int) -> int:
+        """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
+        if self.pool is None:
+            return 0
+        self.pool.reserve(nbytes)
+        return self.pool.nbytes
+
+    def run(self, values: Mapping[int, Any] | None = None, epoch: int = 0) -> int:
+        """Run every round of the prepared slice (`values`: {op id: src value} of value ops that
+        copy from other hosts; `epoch` tells this execution's UCX tags from earlier ones');
+        returns the bytes this host sent."""
         ex = self._execution()
-        if round in ex.rounds_done:
-            raise ExecutionError(f"round {round} already ran")
-        if ex.prefaulter is not None:
-            ex.prefaulter.claim(k for k, r in ex.first_round.items() if r <= round)
-        if round == 0:
-            rounds.fills_and_values(ex, self.store, values or {})
-        messages = sorted((m for m in ex.plan.messages if m.round == round), key=lambda m: m.id)
-        local = rounds.local(ex, [m for m in messages if m.src_host == m.dst_host == self.host])
-        remote = [m for m in messages if m.src_host != m.dst_host and self.host in (m.src_host, m.dst_host)]
-        if remote:
-            sent = rounds.network(ex, remote, self._ucx(), self._endpoint, self.scratch, work=local)
-        else:
-            sent = sum(0 for _ in local)
-        ex.rounds_done.add(round)
-        return sent
+        if ex.done:
+            raise ExecutionError("the prepared execution already ran")
+        return rounds.run(ex, self.store, values or {}, self._ucx, self._endpoint, self.scratch, epoch % 256)
 
     def commit(self, job: str, dst_tag: str) -> dict[str, float]:
         """Make the dst tag visible (rename staging); returns the execution's seconds per activity."""
@@ -205,10 +189,8 @@ class Agent:
         return False
 
     def _finish(self) -> None:
-        """Forget the current execution and stop its prefaulter. The scratch pool (at most one
-        round's packed bytes) is kept for the next execution: its pages are already touched."""
-        if self.execution is not None and self.execution.prefaulter is not None:
-            self.execution.prefaulter.stop()
+        """Forget the current execution. The scratch pool (at most one round's packed bytes) is
+        kept for the next execution: its pages are already touched."""
         self.execution = None
 
     def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
@@ -282,6 +264,8 @@ class Agent:
             self.local.stop()
         self._finish()
         self.scratch.release()
+        if self.pool is not None:
+            self.pool.clear()
         if self.rest is not None:
             self.rest.stop()
         if self.peer is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -24,7 +24,8 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial
 from tenplex.runtime.agent.wire import WireError
 
-__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "agent_of", "call_all", "close_all", "connect"]
+__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "call_all", "close_all", "connect",
+           "passed_values"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
@@ -74,8 +75,9 @@ def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
 
 
 def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, dict]], timeout: float,
-             liveness: float = LIVENESS_S) -> dict[str, Any]:  # fmt: skip
-    """Send each host its command, wait for every reply (or death, silence, or the deadline).
+             liveness: float = LIVENESS_S, on_beat: Callable[[str, dict], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Send each host its command, wait for every reply (or death, silence, or the deadline);
+    `on_beat(host, beat)` sees each heartbeat (`{"beat": n, "done": rounds done}`).
 
     Raises AgentFailures with (host, reason) in arrival order if any host failed; hosts that
     missed the deadline or went silent are killed.
@@ -127,6 +129,8 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
                 continue
             seen[agent.host] = time.monotonic()
             if isinstance(message, dict) and "beat" in message:
+                if on_beat is not None:
+                    on_beat(agent.host, message)
                 continue
             del waiting[agent.channel]
             if isinstance(message, dict) and "ok" in message:
@@ -136,6 +140,50 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
     if failures:
         raise AgentFailures(failures)
     return results
+
+
+def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
+    """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
+    dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
+    out: dict[str, dict[int, Any]] = {}
+    for got in prepared.values():
+        for i, v in got["gives"].items():
+            out.setdefault(dst_host[i], {})[i] = v
+    return out
+
+
+class Clock:
+    """Adds the seconds since the previous lap to `phases[name]` (a given dict is cleared first)."""
+
+    def __init__(self, phases: dict[str, float] | None = None):
+        self.phases = {} if phases is None else phases
+        self.phases.clear()
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+class Progress:
+    """Calls `on_round(done, total)` as the slowest host finishes rounds (from its heartbeats)."""
+
+    def __init__(self, hosts: list[str], total: int, on_round: Callable[[int, int], None] | None):
+        self.done, self.total, self.on_round, self.reported = dict.fromkeys(hosts, 0), total, on_round, 0
+
+    def beat(self, host: str, beat: dict) -> None:
+        if isinstance(beat.get("done"), int) and host in self.done:
+            self.done[host] = beat["done"]
+            self._report(min(self.done.values()))
+
+    def finish(self) -> None:
+        self._report(self.total)
+
+    def _report(self, done: int) -> None:
+        while self.on_round is not None and self.reported < min(done, self.total):
+            self.reported += 1
+            self.on_round(self.reported, self.total)
 
 
 def close_all(agents: Mapping[str, AgentHandle], timeout: float = 5.0) -> None:

@@ -39,7 +39,7 @@ from tenplex.runtime.agent.agent import Agent
 from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
 from tenplex.runtime.agent.wire import WireError
 
-COMMANDS = ("name", "address", "connect", "load", "rename_tag", "prepare", "values", "run_round", "commit", "abort", "fetch",
+COMMANDS = ("name", "address", "connect", "load", "rename_tag", "reserve", "prepare", "run", "commit", "abort", "fetch",
             "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
@@ -71,7 +71,7 @@ def handle(agent: Agent, channel: Channel) -> bool:
             with contextlib.suppress(ChannelError):
                 channel.send({"ok": None}, REPLY_IDLE_S)
             return True
-        with _Heartbeat(channel):
+        with _Heartbeat(channel, agent):
             reply = _run(agent, name, kwargs)
         try:
             _reply(channel, name, reply)
@@ -107,10 +107,11 @@ def _reply(channel: Channel, name: str, reply: dict) -> None:
 
 
 class _Heartbeat:
-    """Sends `{"beat": n}` every BEAT_S seconds from a thread while the block runs."""
+    """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds from a
+    thread while the block runs."""
 
-    def __init__(self, channel: Channel):
-        self.channel, self.done = channel, threading.Event()
+    def __init__(self, channel: Channel, agent: Agent):
+        self.channel, self.agent, self.done = channel, agent, threading.Event()
         self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
@@ -126,7 +127,8 @@ class _Heartbeat:
         while not self.done.wait(BEAT_S):
             n += 1
             try:
-                self.channel.send({"beat": n}, REPLY_IDLE_S)
+                ex = self.agent.execution
+                self.channel.send({"beat": n, "done": ex.done if ex is not None else 0}, REPLY_IDLE_S)
             except ChannelError:
                 return
 

@@ -107,6 +107,8 @@ class StoreServer:
                     return
                 request, fds = got
                 reply, out = self._run(request, fds)
+                for a in out:
+                    a.exported = True  # another process maps it now: never recycled
                 try:
                     send(conn, reply, [a.fd for a in out])
                 except ShmError:

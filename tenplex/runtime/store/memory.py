@@ -116,13 +116,14 @@ class Memory:
             self.lru.move_to_end(leaf)
 
     def forget(self, leaf: Leaf) -> None:
-        leaf.shared = None  # the arena closes once no leaf or view holds it
         if leaf in self.lru:
             del self.lru[leaf]
             self.resident -= leaf.nbytes
         if leaf.spill_file is not None:
             self.spill.remove(leaf.spill_file)
             leaf.spill_file = None
+        # the array before the arena: an arena that no leaf or view holds closes, or is recycled
+        leaf.array, leaf.shared = None, None
 
     def close(self) -> None:
         if self.spill is not None:

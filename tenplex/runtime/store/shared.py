@@ -13,15 +13,21 @@ Invariants:
 - `array(offset, shape, dtype)` views lie inside the arena;
 - `fd` is open exactly as long as the arena object lives (closed by `close` or at collection),
   and is close-on-exec;
-- a read-only arena's views are read-only.
+- a read-only arena's views are read-only;
+- an arena goes back to its `ArenaPool` (pages kept, not zeroed) only when no leaf, no view and
+  no other process holds it: one whose descriptor was sent to another process (`exported`) or
+  that a view still maps is closed as usual.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import mmap
 import os
+import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,11 +53,13 @@ def layout(sizes: Iterable[int]) -> tuple[list[int], int]:
 class Arena:
     """One shared memory file, mapped (see the module docstring)."""
 
-    def __init__(self, fd: int, size: int, writable: bool):
+    def __init__(self, fd: int, size: int, writable: bool, mapped: mmap.mmap | None = None):
         self.fd, self.size, self.writable = fd, size, writable
+        self.pool: ArenaPool | None = None  # where it goes once unused (see the module docstring)
+        self.exported = False  # its descriptor went to another process: never pooled
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         # mmap of 0 bytes is an error; an arena of empty arrays maps one page it never uses
-        self.map = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, prot) if size or writable else None
+        self.map = mapped or (mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, prot) if size or writable else None)
 
     @classmethod
     def create(cls, size: int, name: str = "tenplex") -> Arena:
@@ -103,14 +111,95 @@ class Arena:
             self.fd = -1
 
     def __del__(self) -> None:
+        # no leaf holds it; 2 references to the map (ours, getrefcount's) mean no view maps it either
+        if self.pool is not None and not self.exported and self.fd >= 0 and sys.getrefcount(self.map) == 2:
+            self.pool.give(self.fd, self.size, self.map)
+            self.fd, self.map = -1, None
+            return
         with contextlib.suppress(OSError):
             self.close()
 
 
-def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str) -> None:
-    """Zero-filled arrays at (path, shape, dtype name) in one new arena that `store` (a
-    `TensorStore`) adopts; one by one with `store.create` where the arena would not fit the
-    store's memory budget (so that they may spill)."""
+class ArenaPool:
+    """Arenas whose pages this process already touched, kept for the next `take` instead of
+    faulting fresh memory in (first touch runs at a fraction of memcpy speed on VMs). Holds at
+    most `limit` bytes (None: the largest arena taken so far, one execution's dst)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit, self.largest = limit, 0
+        self.free: list[tuple[int, int, mmap.mmap]] = []  # (size, fd, map)
+        self.lock = threading.RLock()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(size for size, _, _ in self.free)
+
+    def take(self, size: int, name: str = "tenplex") -> Arena:
+        """The smallest pooled arena of at least `size` bytes (its old bytes still in it), else a
+        new one whose pages a thread faults in meanwhile (`populate`)."""
+        with self.lock:  # reentrant: a collection inside may give an arena back
+            self.largest = max(self.largest, size)
+            got = min((x for x in self.free if x[0] >= size), default=None, key=lambda x: x[0])
+            if got is not None:
+                self.free.remove(got)
+        arena = Arena(got[1], got[0], True, got[2]) if got else populate(Arena.create(size, name))
+        arena.pool = self
+        return arena
+
+    def reserve(self, size: int) -> None:
+        """Pool an arena of `size` bytes with every page touched now (ahead of an execution)."""
+        arena = self.take(size, "tenplex-pool")
+        if arena.map is not None:
+            np.frombuffer(arena.map, np.uint8, size)[::mmap.PAGESIZE] = 0  # one write per page
+        del arena  # unused: back to the pool
+
+    def give(self, fd: int, size: int, mapped: mmap.mmap) -> None:
+        with self.lock:
+            limit = self.largest if self.limit is None else self.limit
+            if self.nbytes + size <= limit:
+                self.free.append((size, fd, mapped))
+                return
+        os.close(fd)
+
+    def clear(self) -> None:
+        with self.lock:
+            free, self.free = self.free, []
+        for _, fd, _ in free:
+            os.close(fd)
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable without writing a byte
+
+
+def populate(arena: Arena, chunk: int = 16 << 20) -> Arena:
+    """Fault `arena`'s pages in from a daemon thread, front to back, overlapping whatever fills
+    them next. MADV_POPULATE_WRITE writes no byte, so it never races a writer (unlike touching
+    pages), and populating a range that is no longer this arena's changes nothing either; libc's
+    madvise through ctypes runs without the GIL. Best effort: stops at the first error (an older
+    kernel, an unmapped range). Returns `arena`."""
+    if arena.map is None or not arena.size:
+        return arena
+    view = np.frombuffer(arena.map, np.uint8, arena.size)
+    start, size = view.ctypes.data, arena.size
+    del view  # the thread holds no reference: a range unmapped meanwhile just ends it (ENOMEM)
+
+    def run() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for at in range(0, size, chunk):
+            if libc.madvise(ctypes.c_void_p(start + at), ctypes.c_size_t(min(chunk, size - at)), MADV_POPULATE_WRITE):
+                return
+
+    threading.Thread(target=run, name="tenplex-populate", daemon=True).start()
+    return arena
+
+
+def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
+                    pool: ArenaPool | None = None) -> list[np.ndarray]:  # fmt: skip
+    """Arrays at (path, shape, dtype name) in one arena that `store` (a `TensorStore`) adopts:
+    a new zero-filled one, or from `pool` (then holding old bytes: for arrays that will be
+    written whole); one by one with `store.create` (zero-filled) where the arena would not fit
+    the store's memory budget (so that they may spill). Returns writable views of them, in order."""
+    from tenplex.ir.box import Box
     from tenplex.runtime.arrays import np_dtype
 
     dtypes = [np_dtype(d) for _, _, d in items]
@@ -119,6 +208,7 @@ def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]],
     if budget is not None and store.resident_nbytes + size > budget:
         for path, shape, dtype in items:
             store.create(path, shape, dtype)
-        return
-    arena = Arena.create(size, name)
+        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items]
+    arena = pool.take(size, name) if pool is not None else Arena.create(size, name)
     store.put_shared(arena, [(p, at, tuple(s), dt) for (p, s, _), at, dt in zip(items, offsets, dtypes)])
+    return [arena.array(at, tuple(s), dt) for (_, s, _), at, dt in zip(items, offsets, dtypes)]

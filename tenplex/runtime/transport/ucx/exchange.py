@@ -1,10 +1,12 @@
 """`UcxPeer.exchange`: a batch of sends and receives posted at once and progressed together.
 
-Sends post the 40-byte header (tag HDR | sender | message id) and the payload (tag DATA |
-sender | sequence) at once. Receives post the header first; when a header arrives, the payload
-receive is posted straight into the caller's buffer (checked against the header's size). The
-batch ends when every request completed; on a timeout or a failure every in-flight request is
-cancelled and its buffers are kept alive (never freed under UCX).
+No headers: both sides know every message of the batch (its id and exact size, from the plan),
+so a send goes out as one tagged payload (tag MSG | sender | message id) and a receive is posted
+straight into the caller's buffer under the same tag, with no extra one-way hop. A message
+longer than its receive buffer fails the receive (UCX truncation), named by message id; the
+caller must give each receive exactly the message's size. The batch ends when every request
+completed; on a timeout or a failure every in-flight request is cancelled and its buffers are
+kept alive (never freed under UCX).
 """
 
 from __future__ import annotations
@@ -12,19 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
-from tenplex.runtime.transport.ucx.wire import (
-    DATA,
-    FULL_MASK,
-    HDR,
-    HEADER_SIZE,
-    TransportError,
-    check_user_tag,
-    make_tag,
-    pack_header,
-    unpack_header,
-)
+from tenplex.runtime.transport.ucx.wire import FULL_MASK, MSG, TransportError, check_user_tag, make_tag
 from tenplex.runtime.transport.ucx.worker import Received, Timeout, UcxEndpoint, Worker, as_bytes
 
 
@@ -33,84 +23,49 @@ class Exchange:
         self.peer, self.deadline = peer, peer._deadline(timeout)
         self.A, self.T, self.M = peer._Array, peer._api.UCXXTag, peer._api.UCXXTagMask
         self.keep: list = []  # buffers UCX may still use
-        self.reqs: list = []
-        self.pending: list[list] = []  # [header request, header, ep, out, message id] until the payload is posted
-        self.results: list[Received | None] = []
+        self.reqs: list = []  # (request, what) of every send and receive
 
     def run(self, sends: list[tuple[UcxEndpoint, Any, int]], recvs: list[tuple[UcxEndpoint, Any, int]],
             work: Iterable[Any] | None) -> list[Received]:  # fmt: skip
+        results = []
+        for ep, out, message_id in recvs:  # receives first: a payload that arrives finds its buffer
+            results.append(self._post(ep, out, message_id, False))
         for ep, buffer, message_id in sends:
-            self._send(ep, buffer, message_id)
-        for ep, out, message_id in recvs:
-            self._post_header(ep, out, message_id)
-        self.results = [None] * len(recvs)
+            self._post(ep, buffer, message_id, True)
         what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
+        reqs = [r for r, _ in self.reqs]
         try:
-            self.peer._progress_until(self._post_payloads, self.deadline, what, iter(work) if work is not None else None)
+            self.peer._progress_until(lambda: all(r.completed for r in reqs), self.deadline, what,
+                                      iter(work) if work is not None else None)  # fmt: skip
         except TransportError as e:
-            self.peer._abandon(self.keep + self.reqs)
+            self.peer._abandon(self.keep + reqs)
             if not isinstance(e, Timeout):
                 raise
-            waiting = [item[4] for item in self.pending if item[0] is not None]
-            raise TransportError(f"{what}: timed out (peer {self.peer.name!r}); headers still missing for messages "
-                                 f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
+            waiting = [name for r, name in self.reqs if not r.completed]
+            raise TransportError(f"{what}: timed out (peer {self.peer.name!r}); still waiting for "
+                                 f"{', '.join(waiting[:8])}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
         except BaseException:  # the caller's work failed: UCX may still use the buffers
-            self.peer._abandon(self.keep + self.reqs)
+            self.peer._abandon(self.keep + reqs)
             raise
-        for r in self.reqs:
+        for r, name in self.reqs:
             try:
                 r.check_error()
             except Exception as e:
-                raise TransportError(f"{what} failed: {type(e).__name__}: {e}") from e
-        return self.results  # type: ignore[return-value]
+                raise TransportError(f"{name} failed: {type(e).__name__}: {e}") from e
+        return results
 
-    def _send(self, ep: UcxEndpoint, buffer: Any, message_id: int) -> None:
-        A, T, peer = self.A, self.T, self.peer
-        check_user_tag(message_id)
-        peer._check_open(ep)
-        arr = A(as_bytes(buffer, False, f"send of message {message_id} to {ep.remote_name!r}"))
-        seq = peer._next_seq()
-        header = np.frombuffer(pack_header(peer.id, message_id, arr.nbytes, seq), dtype=np.uint8).copy()
-        self.keep += [arr, header]
-        self.reqs.append(ep._ep.tag_send(A(header), T(make_tag(HDR, peer.id, message_id))))
-        if arr.nbytes:
-            self.reqs.append(ep._ep.tag_send(arr, T(make_tag(DATA, peer.id, seq))))
-
-    def _post_header(self, ep: UcxEndpoint, out: Any, message_id: int) -> None:
+    def _post(self, ep: UcxEndpoint, buffer: Any, message_id: int, outgoing: bool) -> Received:
         check_user_tag(message_id)
         self.peer._check_open(ep)
-        header = np.zeros(HEADER_SIZE, dtype=np.uint8)
-        tag = self.T(make_tag(HDR, ep.remote_id, message_id))
-        req = self.peer._worker.tag_recv(self.A(header), tag, self.M(FULL_MASK))
-        self.keep.append(header)
-        self.pending.append([req, header, ep, out, message_id])
-
-    def _post_payloads(self) -> bool:
-        """Post the payload receive of every header that arrived; True once everything completed."""
-        for i, item in enumerate(self.pending):
-            req, header, ep, out, message_id = item
-            if req is None or not req.completed:
-                continue
-            try:
-                req.check_error()
-            except Exception as e:
-                raise TransportError(f"recv of message {message_id} from peer {ep.remote_name!r} failed: "
-                                     f"{type(e).__name__}: {e}") from e  # fmt: skip
-            self.results[i] = self._post_payload(header, ep, out, message_id)
-            item[0] = None
-        return all(item[0] is None for item in self.pending) and all(r.completed for r in self.reqs)
-
-    def _post_payload(self, header: np.ndarray, ep: UcxEndpoint, out: Any, message_id: int) -> Received:
-        A = self.A
-        _, got_id, nbytes, seq = unpack_header(header.tobytes())
-        view = as_bytes(out, True, f"recv of message {message_id} from {ep.remote_name!r}")
-        if got_id != message_id or nbytes > A(view).nbytes:
-            raise TransportError(f"message {got_id} of {nbytes} B from peer {ep.remote_name!r} does not fit "
-                                 f"the receive of message {message_id} ({A(view).nbytes} B)")  # fmt: skip
-        if isinstance(view, np.ndarray):
-            view = view[:nbytes]
-        if nbytes:
-            arr = A(view)
-            self.keep.append(arr)
-            self.reqs.append(self.peer._worker.tag_recv(arr, self.T(make_tag(DATA, ep.remote_id, seq)), self.M(FULL_MASK)))
+        direction = "to" if outgoing else "from"
+        name = f"{'send' if outgoing else 'recv'} of message {message_id} {direction} peer {ep.remote_name!r}"
+        view = as_bytes(buffer, not outgoing, name)
+        arr = self.A(view)
+        name += f" ({arr.nbytes} B)"
+        if outgoing:
+            req = ep._ep.tag_send(arr, self.T(make_tag(MSG, self.peer.id, message_id)))
+        else:
+            req = self.peer._worker.tag_recv(arr, self.T(make_tag(MSG, ep.remote_id, message_id)), self.M(FULL_MASK))
+        self.keep += [arr, view]
+        self.reqs.append((req, name))
         return Received(message_id, view, ep.remote_name)

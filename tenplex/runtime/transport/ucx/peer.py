@@ -168,8 +168,9 @@ class UcxPeer(Worker):
         consumed between progress calls so that it overlaps the transfers; always consumed fully.
 
         The message id is also the tag: each receive matches exactly the send with the same id
-        from that peer. Returns the receives in order. Sends and receives overlap with each
-        other and across peers, so a host exchanging with several peers keeps every link busy.
+        from that peer, and must be exactly its size (no header travels: `exchange`). Returns the
+        receives in order, each the whole out buffer. Sends and receives overlap with each other
+        and across peers, so a host exchanging with several peers keeps every link busy.
         """
         return Exchange(self, timeout).run(sends, recvs, work)
 

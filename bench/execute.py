@@ -1,0 +1,160 @@
+"""`python -m bench --only agents,execute`: agents on one host against memcpy, and the fixed cost of an execute.
+
+`agents`: 2 agent processes (`Runtime.local`), the runtime table's TP2 → PP2 reshard. Fresh: the
+first `Runtime.execute` of new agents (every dst page faulted in by the move); fresh, pool
+reserved: the same after `Runtime.reserve` faulted each agent's arena pool in (off the clock, as
+long-lived agents do while idle); repeated: the next executes on the same agents (dst tag dropped
+in between, its arenas recycled). Each execute alternates with a
+warm `np.copyto` of the same bytes in the bench process (the anchor); ratio = memcpy s /
+execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥ 0.9×). The dst of
+the first and the last execute of the first agents is checked byte for byte against the source.
+
+`execute`: a small plan (gpt-tiny, 328 ops) executed repeatedly on the same 2 agents: ms per
+`Runtime.execute` (prepare, rounds, commit) and ms of its prepare, min/median/max (goal ≤ 5 ms),
+as a ratio to the goal. Each case runs in a fresh subprocess; results in
+bench/results/{agents,execute}.{md,json}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.runtime import MODEL, QUICK_MODEL
+
+WORKERS = 2
+MOVE = ("tp2,pp1,dp1@1x2", "tp1,pp2,dp1@1x2")
+SMALL = "gpt-tiny"  # 328 ops for MOVE
+GOAL_FRESH, GOAL_REPEATED, GOAL_MS = 0.8, 0.9, 5.0
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def fmt(s: dict[str, float], unit: str = "x", scale: float = 1.0) -> str:
+    return f"{s['min'] * scale:.2f} / {s['median'] * scale:.2f} / {s['max'] * scale:.2f}{unit}"
+
+
+def _case(model: str) -> tuple[Any, Any, Any, int]:
+    from demo.agents import on_workers
+    from tenplex.compiler import compile_plan
+    from tenplex.frontends.spec import ptc_from_spec
+
+    sep = "," if ":" in model else ":"
+    src = on_workers(ptc_from_spec(f"{model}{sep}{MOVE[0]}"), WORKERS)
+    dst = on_workers(ptc_from_spec(f"{model}{sep}{MOVE[1]}"), WORKERS)
+    plan = compile_plan(src, dst)
+    st = plan.stats
+    return src, dst, plan, st.network_bytes + st.host_bytes + st.device_bytes
+
+
+def _arena_bytes(placed: Any, host: str) -> int:
+    """Bytes of the arena an agent makes for its dst arrays (`store.shared.layout`)."""
+    from tenplex.runtime.arrays import np_dtype
+    from tenplex.runtime.store.shared import layout
+
+    sizes = [math.prod(st.shape) * np_dtype(placed.tensor_map[st.tensor].dtype).itemsize
+             for st in placed.subtensors for d in placed.devices_of_subtensor(st.id) if placed.topology.host_of(d) == host]  # fmt: skip
+    return layout(sizes)[1]
+
+
+def measure_agents(model: str, repeats: int) -> dict[str, Any]:
+    from demo.agents import memcpy_seconds
+    from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+    from tenplex.runtime.oracle import check_state
+    from tenplex.runtime.runtime import Runtime
+
+    src, dst, plan, moved = _case(model)
+    tensors, placed = arange_tensors(src), dst.with_allocation(plan.allocation)
+    dst_bytes = max(_arena_bytes(placed, h) for h in placed.topology.hosts)
+    ratios: dict[str, list[float]] = {"fresh": [], "reserved": [], "repeated": []}
+    checked = 0
+    for k in range(repeats):
+        for reserve in (k % 2 == 1, k % 2 == 0):  # alternate which kind of fresh agents goes first
+            with Runtime.local([f"w{i}" for i in range(WORKERS)], timeout=120.0, start_timeout=120.0) as rt:
+                rt.load("bench", "src", src, materialize_all(src, tensors), arange_values(src))
+                if reserve:
+                    rt.reserve(dst_bytes)  # the pool faulted in before the clock starts
+                runs = repeats + 1 if (k, reserve) == (0, False) else 1  # these agents also run the repeated executes
+                for j in range(runs):
+                    anchor = memcpy_seconds(moved)
+                    t0 = time.perf_counter()
+                    rt.execute(plan, src, dst, "bench", "src", "dst")
+                    kind = "repeated" if j else "reserved" if reserve else "fresh"
+                    ratios[kind].append(anchor / (time.perf_counter() - t0))
+                    if j in (0, runs - 1) and k == 0:
+                        checked += check_state(placed, tensors, rt.fetch("bench", "dst")[0])
+                    rt.drop("bench", "dst")
+    return {"moved_bytes": moved, "ops": len(plan.ops), **{k: spread(v) for k, v in ratios.items()},
+            "all": ratios, "checked_bytes": checked}  # fmt: skip
+
+
+def measure_execute(model: str, repeats: int) -> dict[str, Any]:
+    from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+    from tenplex.runtime.oracle import check_state
+    from tenplex.runtime.runtime import Runtime
+
+    src, dst, plan, moved = _case(model)
+    tensors = arange_tensors(src)
+    total, prepare = [], []
+    with Runtime.local([f"w{i}" for i in range(WORKERS)]) as rt:
+        rt.load("bench", "src", src, materialize_all(src, tensors), arange_values(src))
+        for _ in range(repeats + 1):  # the first one slices the plan and warms the agents up
+            t0 = time.perf_counter()
+            rt.execute(plan, src, dst, "bench", "src", "dst")
+            total.append(time.perf_counter() - t0)
+            prepare.append(rt.phases["prepare"])
+            rt.drop("bench", "dst")
+        rt.execute(plan, src, dst, "bench", "src", "dst")
+        checked = check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch("bench", "dst")[0])
+    return {"ops": len(plan.ops), "moved_bytes": moved, "first_ms": total[0] * 1e3, "ms": spread([t * 1e3 for t in total[1:]]),
+            "prepare_ms": spread([t * 1e3 for t in prepare[1:]]), "checked_bytes": checked}  # fmt: skip
+
+
+# ---- the driver --------------------------------------------------------------------------
+def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
+    from bench.report import fmt_bytes, md_table, text_table, write_results
+    from bench.runner import progress, run_json
+
+    model = SMALL if kind == "execute" else (QUICK_MODEL if quick else MODEL)
+    repeats = 3 if quick else 5
+    row = run_json(["bench.execute", kind, model, str(repeats)], {"name": f"{model} {MOVE[0]} -> {MOVE[1]}"}, timeout_s)
+    progress(row, row["name"])
+    if kind == "agents":
+        headers = ["case", "status", "moved", "fresh / memcpy", "fresh, pool reserved / memcpy", "repeated / memcpy", "checked"]
+        cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["reserved"]), fmt(row["repeated"]),
+                 fmt_bytes(row["checked_bytes"])] if row["status"] == "ok" else ["", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+        what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
+                f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×).")
+    else:
+        headers = ["case", "status", "ops", "execute ms", "prepare ms", "execute / goal", "checked"]
+        ok = row["status"] == "ok"
+        cells = [row["name"], row["status"], *([str(row["ops"]), fmt(row["ms"], ""), fmt(row["prepare_ms"], ""),
+                 fmt(row["ms"], "x", 1 / GOAL_MS), fmt_bytes(row["checked_bytes"])] if ok else ["", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+        what = (f"Fixed cost of `Runtime.execute` on {WORKERS} warm agents, small plan, min / median / max over {repeats} "
+                f"repeats (goal ≤ {GOAL_MS} ms).")
+    print(f"\n{what}\n" + text_table(headers, [cells]) + "\n", flush=True)
+    md = "\n".join([f"# `python -m bench --only {kind}`", "",
+                    f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
+                    what, "", md_table(headers, [cells]), ""])  # fmt: skip
+    stem = f"{kind}-quick" if quick else kind
+    return [row], write_results(out_dir, stem, {"machine": info, kind: [row]}, md)
+
+
+def run_agents(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
+    return _table("agents", quick, timeout_s, out_dir, info)
+
+
+def run_execute(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:
+    return _table("execute", quick, timeout_s, out_dir, info)
+
+
+if __name__ == "__main__":
+    kind, model, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print(json.dumps((measure_agents if kind == "agents" else measure_execute)(model, repeats)))
