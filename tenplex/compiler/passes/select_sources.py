@@ -15,6 +15,7 @@ locality and no deduplication. Such plans still verify; they only move more byte
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
 
 import attrs
@@ -72,6 +73,7 @@ class _State:
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
+        self.heaps: dict[int, list[tuple[int, int, str]]] = {}  # id(holders by host) -> (sent, rank, host)
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
         return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
@@ -152,8 +154,21 @@ class _State:
             self.holder_hosts[key] = out
         return self.holder_hosts[key]
 
+    def least(self, hosts: dict[str, list[Holder]]) -> str:
+        """The holder host that has sent the fewest bytes (first in host order on ties), from a
+        heap per holder set (`by_host` caches the sets). Sent bytes only grow, so an entry whose
+        count is stale is too small: it surfaces first and is pushed back with its count."""
+        heap = self.heaps.get(id(hosts))
+        if heap is None:
+            heap = self.heaps[id(hosts)] = [(self.sent_host[h], self.host_rank[h], h) for h in hosts]
+            heapq.heapify(heap)
+        while heap[0][0] != self.sent_host[heap[0][2]]:
+            _, rank, h = heap[0]
+            heapq.heapreplace(heap, (self.sent_host[h], rank, h))
+        return heap[0][2]
+
     def network(self, out: OpGraph, box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
-        host = _least(hosts, self.sent_host, self.host_rank)
+        host = self.least(hosts)
         on_host = hosts[host]
         holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
         nbytes = box.volume * self.size[wants[0][0].tensor]
@@ -164,16 +179,6 @@ class _State:
         for n, d in rest:
             fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
             out.add_edge(first, out.add(fwd))
-
-
-def _least(hosts: dict[str, list[Holder]], sent: Counter[str], rank: dict[str, int]) -> str:
-    """The holder host that has sent the fewest bytes (first in host order on ties)."""
-    best, best_key = "", None
-    for h in hosts:
-        key = (sent[h], rank[h])
-        if best_key is None or key < best_key:
-            best, best_key = h, key
-    return best
 
 
 def _want_order(w: Want) -> tuple:
