@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 import attrs
 
@@ -69,11 +70,10 @@ class _State:
         self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
-        self.sent_host: Counter[str] = Counter()
+        self.sent_host = LeastSent(self.host_rank)
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
-        self.heaps: dict[int, list[tuple[int, int, str]]] = {}  # id(holders by host) -> (sent, rank, host)
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
         return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
@@ -154,31 +154,46 @@ class _State:
             self.holder_hosts[key] = out
         return self.holder_hosts[key]
 
-    def least(self, hosts: dict[str, list[Holder]]) -> str:
-        """The holder host that has sent the fewest bytes (first in host order on ties), from a
-        heap per holder set (`by_host` caches the sets). Sent bytes only grow, so an entry whose
-        count is stale is too small: it surfaces first and is pushed back with its count."""
-        heap = self.heaps.get(id(hosts))
-        if heap is None:
-            heap = self.heaps[id(hosts)] = [(self.sent_host[h], self.host_rank[h], h) for h in hosts]
-            heapq.heapify(heap)
-        while heap[0][0] != self.sent_host[heap[0][2]]:
-            _, rank, h = heap[0]
-            heapq.heapreplace(heap, (self.sent_host[h], rank, h))
-        return heap[0][2]
-
     def network(self, out: OpGraph, box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
-        host = self.least(hosts)
+        host = self.sent_host.least(hosts)
         on_host = hosts[host]
         holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
         nbytes = box.volume * self.size[wants[0][0].tensor]
-        self.sent_host[host] += nbytes
+        self.sent_host.add(host, nbytes)
         self.sent_device[holder.device] += nbytes
         (landing, at), *rest = wants
         first = out.add(self.copy(landing, at, holder, box))
         for n, d in rest:
             fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
             out.add_edge(first, out.add(fwd))
+
+
+class LeastSent:
+    """Bytes sent per host, and the host of a holder set that has sent the fewest (first in
+    `rank` order on ties), from one heap per set: O(log n) a choice instead of a scan of all
+    holder hosts (which grow with DP). Counts only grow, so a heap entry whose count is stale
+    is too small: it surfaces first and is pushed back with its count."""
+
+    def __init__(self, rank: dict[str, int]):
+        self.rank = rank
+        self.sent: Counter[str] = Counter()
+        self.heaps: dict[int, tuple[object, list[tuple[int, int, str]]]] = {}  # id(set) -> (set, heap)
+
+    def add(self, host: str, nbytes: int) -> None:
+        self.sent[host] += nbytes
+
+    def least(self, hosts: Iterable[str]) -> str:
+        """`hosts` must not change while it is used here (the heap is kept by its id)."""
+        entry = self.heaps.get(id(hosts))
+        if entry is None:
+            heap = [(self.sent[h], self.rank[h], h) for h in hosts]
+            heapq.heapify(heap)
+            entry = self.heaps[id(hosts)] = (hosts, heap)  # keeps `hosts` alive for id()
+        heap, sent = entry[1], self.sent
+        while heap[0][0] != sent[heap[0][2]]:
+            _, rank, h = heap[0]
+            heapq.heapreplace(heap, (sent[h], rank, h))
+        return heap[0][2]
 
 
 def _want_order(w: Want) -> tuple:
