@@ -73,7 +73,7 @@ def test_schedule_places_every_message_in_the_round_the_rescanning_filler_does(n
 def test_least_sent_host_is_the_minimum_over_the_set(choices):
     """Holder sets are reused (as `by_host` caches them); each choice sends some bytes."""
     rank = {h: i for i, h in enumerate(HOSTS)}
-    sets = {tuple(hs): list(hs) for hs, _ in choices}  # one object per distinct set
+    sets = {tuple(hs): list(hs) for hs, _ in choices}  # one object per distinct list, equal sets apart
     least, sent = LeastSent(rank), defaultdict(int)
     for hs, nbytes in choices:
         hosts = sets[tuple(hs)]

@@ -178,6 +178,7 @@ class LeastSent:
         self.rank = rank
         self.sent: Counter[str] = Counter()
         self.heaps: dict[int, tuple[object, list[tuple[int, int, str]]]] = {}  # id(set) -> (set, heap)
+        self.shared: dict[tuple[str, ...], list[tuple[int, int, str]]] = {}  # equal sets share a heap
 
     def add(self, host: str, nbytes: int) -> None:
         self.sent[host] += nbytes
@@ -186,9 +187,11 @@ class LeastSent:
         """`hosts` must not change while it is used here (the heap is kept by its id)."""
         entry = self.heaps.get(id(hosts))
         if entry is None:
-            heap = [(self.sent[h], self.rank[h], h) for h in hosts]
-            heapq.heapify(heap)
-            entry = self.heaps[id(hosts)] = (hosts, heap)  # keeps `hosts` alive for id()
+            key = tuple(sorted(hosts))
+            if key not in self.shared:  # one heap per distinct set: a count goes stale in few heaps
+                self.shared[key] = [(self.sent[h], self.rank[h], h) for h in key]
+                heapq.heapify(self.shared[key])
+            entry = self.heaps[id(hosts)] = (hosts, self.shared[key])  # keeps `hosts` alive for id()
         heap, sent = entry[1], self.sent
         while heap[0][0] != sent[heap[0][2]]:
             _, rank, h = heap[0]
