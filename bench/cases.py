@@ -18,6 +18,8 @@ class Case:
     name: str
     src: str
     dst: str
+    goal_s: tuple[float | None, float | None] | None = None  # compile and check CPU seconds to stay within
+    gpus: int | None = None  # set on the cases of the scaling series (the same change at growing size)
 
 
 def _spec(model: str, tpd: tuple[int, int, int], extra: str = "") -> str:
@@ -50,13 +52,22 @@ def paper_cases(models: tuple[str, ...] = PAPER_MODELS, extra: str = "") -> list
     ]
 
 
+def _scaled(n: int, goal_s: tuple[float | None, float | None] | None = None) -> Case:
+    """GPT-3 175B, pp16 -> pp12 at TP8 and DP 8n: 1024n -> 768n GPUs, 8 per host."""
+    src, dst = f"gpt-175b:tp8,pp16,dp{8 * n}@{128 * n}x8", f"gpt-175b:tp8,pp12,dp{8 * n}@{96 * n}x8"
+    return Case(f"gpt-175b pp16→pp12, {1024 * n}→{768 * n} GPUs", src, dst, goal_s, 1024 * n)
+
+
+# Goals of issue 16: compile <= 1 s and check <= 1 s at 1024 GPUs; compile <= 5 s at 4096, growing linearly.
 COMPILE_CASES = [
-    Case("gpt-175b pp16→pp12, 1024→768 GPUs", "gpt-175b:tp8,pp16,dp8@128x8", "gpt-175b:tp8,pp12,dp8@96x8"),
+    _scaled(1, (1.0, 1.0)),
+    _scaled(2),
+    _scaled(4, (5.0, None)),
     Case("gpt-6.7b tp8→tp4, 32 GPUs", "gpt-6.7b:tp8,pp2,dp2@4x8", "gpt-6.7b:tp4,pp2,dp4@4x8"),
 ]
 QUICK_COMPILE_CASES = [
-    Case("gpt-1.3b pp4→pp2, 32→16 GPUs", "gpt-1.3b:tp4,pp4,dp2@8x4", "gpt-1.3b:tp4,pp2,dp2@4x4"),
-    Case("gpt-1.3b tp4→tp2, 16 GPUs", "gpt-1.3b:tp4,pp2,dp2@4x4", "gpt-1.3b:tp2,pp2,dp4@4x4"),
+    Case("gpt-1.3b pp4→pp2, 32→16 GPUs", "gpt-1.3b:tp4,pp4,dp2@8x4", "gpt-1.3b:tp4,pp2,dp2@4x4", gpus=32),
+    Case("gpt-1.3b pp4→pp2, 64→32 GPUs", "gpt-1.3b:tp4,pp4,dp4@16x4", "gpt-1.3b:tp4,pp2,dp4@8x4", gpus=64),
 ]
 
 

@@ -1,7 +1,7 @@
 """In-process measurements of one case; `bench.worker` runs them in a fresh process.
 
-`measure_compile` times the three phases separately (build the PTCs, compile, verify) and
-reads the process's peak RSS; `measure_bytes` compiles the Tenplex plan and the reference
+`measure_compile` times the three phases separately in CPU seconds of this process
+(`time.process_time`: build the PTCs, compile, verify) and reads the process's peak RSS; `measure_bytes` compiles the Tenplex plan and the reference
 baseline and compares their network bytes with the lower bound. Both return JSON-ready dicts.
 """
 
@@ -30,10 +30,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
+def _timed(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> tuple[Any, float]:
+    start = clock()
     out = fn()
-    return out, time.perf_counter() - start
+    return out, clock() - start
+
+
+def _cpu(fn: Callable[[], Any]) -> tuple[Any, float]:
+    return _timed(fn, time.process_time)
 
 
 def _compile_unchecked(src: PTC, dst: PTC, options: CompileOptions) -> Plan | None:
@@ -59,16 +63,16 @@ def ptc_counts(ptc: PTC) -> dict[str, int]:
 
 
 def measure_compile(src_spec: str, dst_spec: str) -> dict[str, Any]:
-    """Seconds to build the PTCs, compile (without the check) and check; peak RSS; op counts."""
+    """CPU seconds to build the PTCs, compile (without the check) and check; peak RSS; op counts."""
     rss_start = peak_rss_bytes()
-    (src, dst), build_s = _timed(lambda: (ptc_from_spec(src_spec), ptc_from_spec(dst_spec)))
+    (src, dst), build_s = _cpu(lambda: (ptc_from_spec(src_spec), ptc_from_spec(dst_spec)))
     options = CompileOptions()
-    plan, compile_s = _timed(lambda: _compile_unchecked(src, dst, options))
+    plan, compile_s = _cpu(lambda: _compile_unchecked(src, dst, options))
     method = "run_passes+freeze"
     if plan is None:
-        plan, compile_s = _timed(lambda: compile_plan(src, dst, options))
+        plan, compile_s = _cpu(lambda: compile_plan(src, dst, options))
         method = "compile_plan-check_plan"
-    _, check_s = _timed(lambda: check_plan(plan, src, dst))
+    _, check_s = _cpu(lambda: check_plan(plan, src, dst))
     if method == "compile_plan-check_plan":
         compile_s -= check_s
     return {

@@ -58,3 +58,18 @@ def run_cases(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, cases))
+
+
+def run_repeated(
+    kind: str, cases: list[Case], timeout_s: float, repeats: int, on_done: Callable[[dict], None] | None = None
+) -> list[list[dict[str, Any]]]:
+    """Each case `repeats` times, one at a time, cases taking turns (A B C A B C ...) so that a
+    noisy spell of the machine spreads over all of them; per case, its runs in order."""
+    runs: list[list[dict[str, Any]]] = [[] for _ in cases]
+    for _ in range(repeats):
+        for i, case in enumerate(cases):
+            row = run_case(kind, case, timeout_s)
+            runs[i].append(row)
+            if on_done:
+                on_done(row)
+    return runs

@@ -25,41 +25,65 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     return sum(a[i].overlap_volume(b[j]) for i, j in overlapping_pairs(a, b))
 
 
-Held = dict[tuple[str, str], set[Box]]
+Held = dict[frozenset[str], dict[str, set[Box]]]  # src partitions of a host -> tensor -> boxes they hold
 
 
-def held_by_host(ptc: PTC, host: dict[int, str]) -> Held:
-    """(host, tensor) -> global boxes the PTC's devices on that host hold."""
-    have: Held = defaultdict(set)
-    for st in ptc.subtensors:
-        boxes = [p.global_box for p in st.pieces]
-        for h in {host[d] for d in ptc.devices_of_subtensor(st.id)}:
-            have[(h, st.tensor)].update(boxes)
-    return have
+def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for pid, devs in allocation.items:
+        for d in devs:
+            out[host[d]].add(pid)
+    return {h: frozenset(ps) for h, ps in out.items()}
+
+
+def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str]) -> dict[str, set[Box]]:
+    """tensor -> global boxes that the sub-tensors of `partitions` hold."""
+    out: dict[str, set[Box]] = defaultdict(set)
+    for pid in partitions:
+        for sid in ptc.partition_map[pid].subtensors:
+            st = ptc.subtensor_map[sid]
+            out[st.tensor].update(p.global_box for p in st.pieces)
+    return out
 
 
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
-    """Per dst host: bytes it must receive over the network (at least). `held` (from
-    `held_by_host(src, ...)`) may be passed to share it between calls."""
+    """Per dst host: bytes it must receive over the network (at least). A host's figure depends
+    only on the dst partitions it gets and the src partitions it has, so hosts alike in both
+    (DP replicas of one stage) are computed once. `held` (any dict, filled here) may be passed
+    to share the src side between calls."""
     allocation = allocation or dst.allocation
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
-    need: Held = defaultdict(set)
-    for st in dst.subtensors:
-        boxes = [p.global_box for p in st.pieces]
-        for h in {host[d] for d in allocation.devices_of(dst.partition_of[st.id])}:
-            need[(h, st.tensor)].update(boxes)
-    have = held if held is not None else held_by_host(src, host)
-    out: dict[str, int] = defaultdict(int)
-    for (host, tensor), boxes in sorted(need.items()):
-        held_boxes = have.get((host, tensor), set())
+    held = {} if held is None else held
+    src_on = _partitions_by_host(src.allocation, host)
+    memo: dict[tuple[frozenset[str], frozenset[str]], int | None] = {}
+    out: dict[str, int] = {}
+    for h, parts in sorted(_partitions_by_host(allocation, host).items()):
+        key = (parts, src_on.get(h, frozenset()))
+        if key not in memo:
+            memo[key] = _missing_bytes(src, dst, *key, held)
+        if memo[key] is not None:
+            out[h] = memo[key]
+    return out
+
+
+def _missing_bytes(src: PTC, dst: PTC, parts: frozenset[str], src_parts: frozenset[str], held: Held) -> int | None:
+    """Bytes of `parts` (dst) that `src_parts` (src) lack, each element once; None when `parts`
+    hold no sub-tensor (such a host receives nothing and has no figure)."""
+    need = _boxes_by_tensor(dst, parts)
+    if not need:
+        return None
+    if src_parts not in held:
+        held[src_parts] = _boxes_by_tensor(src, src_parts)
+    have = held[src_parts]
+    total = 0
+    for tensor, boxes in need.items():
+        held_boxes = have.get(tensor, set())
         if boxes <= held_boxes:  # every needed box is held as is: nothing to receive
-            out[host] += 0
             continue
         needed = disjoint_union(boxes)
-        held = disjoint_union(held_boxes)
-        missing = sum(b.volume for b in needed) - _overlap_volume(needed, held)
-        out[host] += missing * dst.itemsize(tensor)
-    return dict(out)
+        missing = sum(b.volume for b in needed) - _overlap_volume(needed, disjoint_union(held_boxes))
+        total += missing * dst.itemsize(tensor)
+    return total
 
 
 def network_lower_bound(src: PTC, dst: PTC, allocation=None) -> int:

@@ -82,7 +82,9 @@ class _Checker:
     def __init__(self, plan: Plan, src: PTC, dst: PTC):
         self.plan, self.src, self.dst = plan, src, dst
         self.topology = src.topology.union(dst.topology)
-        self.writes: dict[tuple[str, int, int], list[tuple[int, Box]]] = defaultdict(list)
+        self.writes: dict[tuple[str, int, int], list[Box]] = defaultdict(list)
+        self.pieces: dict[tuple[str, str, int, int], tuple[str, Box]] = {}  # checked (side, sid, device, piece) -> (tensor, global box)
+        self.same_meta: set[str] = set()  # tensors whose src and dst shape and dtype were compared
         self.fills: dict[tuple[str, int], list[Box]] = defaultdict(list)
         self.preds: dict[int, list[int]] = defaultdict(list)
         for a, b in plan.edges:
@@ -107,24 +109,36 @@ class _Checker:
                 raise self.fail(f"order edge {a} -> {b} does not go from an op to an op in a later round (so the plan may have a cycle)")
 
     def copy(self, i: int, op: CopyOp) -> None:
-        dst_st = self.piece_owner(self.dst, op.dst_subtensor, op.dst_device, op.dst_piece, f"op {i} writes")
-        if dst_st.tensor != op.tensor:
-            raise self.fail(f"op {i} writes tensor {op.tensor!r} into dst sub-tensor {dst_st.id!r} of tensor {dst_st.tensor!r}")
-        meta = self.dst.tensor_map[op.tensor]
-        if op.box.ndim != len(meta.shape):
-            raise self.fail(f"op {i} copies {op.tensor!r} box {op.box} of {op.box.ndim} dims, but the tensor has {len(meta.shape)} (shape {meta.shape})")
-        if not dst_st.pieces[op.dst_piece].global_box.contains(op.box):
-            raise self.fail(f"op {i} writes {op.tensor!r} box {op.box} outside dst piece {dst_st.pieces[op.dst_piece].global_box} of {dst_st.id!r}")
+        tensor, box = op.tensor, op.box
+        dst_tensor, dst_box = self.piece(self.dst, "dst", op.dst_subtensor, op.dst_device, op.dst_piece, f"op {i} writes")
+        if dst_tensor != tensor:
+            raise self.fail(f"op {i} writes tensor {tensor!r} into dst sub-tensor {op.dst_subtensor!r} of tensor {dst_tensor!r}")
+        meta = self.dst.tensor_map[tensor]
+        if len(box.start) != len(meta.shape):
+            raise self.fail(f"op {i} copies {tensor!r} box {box} of {box.ndim} dims, but the tensor has {len(meta.shape)} (shape {meta.shape})")
+        if not dst_box.contains(box):
+            raise self.fail(f"op {i} writes {tensor!r} box {box} outside dst piece {dst_box} of {op.dst_subtensor!r}")
         side = self.src if op.src_side == "src" else self.dst
-        src_st = self.piece_owner(side, op.src_subtensor, op.src_device, op.src_piece, f"op {i} reads {op.src_side}")
-        if src_st.tensor != op.tensor or not src_st.pieces[op.src_piece].global_box.contains(op.box):
-            raise self.fail(f"op {i} reads {op.tensor!r} box {op.box} from {op.src_side} sub-tensor {src_st.id!r} piece {op.src_piece}, which holds {src_st.tensor!r} box {src_st.pieces[op.src_piece].global_box}")
+        src_tensor, src_box = self.piece(side, op.src_side, op.src_subtensor, op.src_device, op.src_piece, f"op {i} reads {op.src_side}")
+        if src_tensor != tensor or not src_box.contains(box):
+            raise self.fail(f"op {i} reads {tensor!r} box {box} from {op.src_side} sub-tensor {op.src_subtensor!r} piece {op.src_piece}, which holds {src_tensor!r} box {src_box}")
         if op.src_side == "dst":
             self.forward(i, op)
-        elif self.src.tensor_map[op.tensor] != meta:
-            have = self.src.tensor_map[op.tensor]
-            raise self.fail(f"op {i} copies tensor {op.tensor!r}, which is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
-        self.writes[(op.dst_subtensor, op.dst_device, op.dst_piece)].append((i, op.box))
+        elif tensor not in self.same_meta:
+            have = self.src.tensor_map[tensor]
+            if have != meta:
+                raise self.fail(f"op {i} copies tensor {tensor!r}, which is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
+            self.same_meta.add(tensor)
+        self.writes[(op.dst_subtensor, op.dst_device, op.dst_piece)].append(box)
+
+    def piece(self, ptc: PTC, side: str, sid: str, device: int, piece: int, what: str) -> tuple[str, Box]:
+        """(tensor, global box) of a piece that `device` holds (checked once per piece and device)."""
+        key = (side, sid, device, piece)
+        found = self.pieces.get(key)
+        if found is None:
+            st = self.piece_owner(ptc, sid, device, piece, what)
+            found = self.pieces[key] = (st.tensor, st.pieces[piece].global_box)
+        return found
 
     def forward(self, i: int, op: CopyOp) -> None:
         for p in self.preds[i]:
@@ -151,15 +165,21 @@ class _Checker:
         self.fills[(op.dst_subtensor, op.dst_device)].append(op.box)
 
     def cover(self) -> None:
+        writes = self.writes
         for st in self.dst.subtensors:
+            pieces = [p.local_box for p in st.pieces]
+            gap = st.volume - sum(b.volume for b in pieces)
             for d in self.dst.devices_of_subtensor(st.id):
                 for j, piece in enumerate(st.pieces):
-                    self.exact(st.tensor, st.id, d, (j, piece.global_box), piece.global_box.volume, [b for _, b in self.writes.get((st.id, d, j), [])])
+                    boxes = writes.get((st.id, d, j), [])
+                    if len(boxes) != 1 or boxes[0].volume != piece.global_box.volume:  # else one write inside fills it
+                        self.exact(st.tensor, st.id, d, (j, piece.global_box), piece.global_box.volume, boxes)
                 fills = self.fills.get((st.id, d), [])
-                pieces = [p.local_box for p in st.pieces]
+                if not fills and not gap:
+                    continue
                 for fi, pi in overlapping_pairs(fills, pieces) if fills else ():
                     raise self.fail(f"fill of {st.id!r} on device {d} local box {fills[fi]} overlaps piece local box {pieces[pi]}")
-                self.exact(st.tensor, st.id, d, st.shape, st.volume - sum(b.volume for b in pieces), fills)
+                self.exact(st.tensor, st.id, d, st.shape, gap, fills)
 
     def exact(self, tensor: str, sid: str, device: int, where: tuple, volume: int, boxes: list[Box]) -> None:
         """`boxes` (already known inside the region) cover it exactly once. `where` is
@@ -203,19 +223,23 @@ class _Checker:
         in_message: Counter[int] = Counter()
         budget = self.plan.options.memory_budget_bytes
         load: dict[tuple[int, str], int] = defaultdict(int)
+        host = {d.id: d.host for d in self.topology.devices}  # ops() checked every copy's devices
+        size = self.dst.itemsizes
+        ops, n = self.plan.ops, len(self.plan.ops)
         for m in self.plan.messages:
             if m.round < 0:
                 raise self.fail(f"message {m.id} has negative round {m.round}")
             total = 0
+            ends = (m.src_host, m.dst_host)
             for i in m.ops:
-                op = self.plan.ops[i] if 0 <= i < len(self.plan.ops) else None
+                op = ops[i] if 0 <= i < n else None
                 if not isinstance(op, CopyOp):
                     raise self.fail(f"message {m.id} lists op {i}, which is not a copy")
-                hosts = (self.topology.host_of(op.src_device), self.topology.host_of(op.dst_device))
-                if hosts != (m.src_host, m.dst_host):
+                hosts = (host[op.src_device], host[op.dst_device])
+                if hosts != ends:
                     raise self.fail(f"message {m.id} goes {m.src_host} -> {m.dst_host} but op {i} goes {hosts[0]} -> {hosts[1]}")
-                in_message[i] += 1
-                total += op.box.volume * self.dst.itemsize(op.tensor)
+                total += op.box.volume * size[op.tensor]
+            in_message.update(m.ops)
             if total != m.bytes:
                 raise self.fail(f"message {m.id} says {m.bytes} bytes but its ops hold {total}")
             if m.src_host != m.dst_host:

@@ -19,7 +19,7 @@ from collections import defaultdict
 import attrs
 import numpy as np
 
-from tenplex.compiler.cost import held_by_host, host_lower_bounds
+from tenplex.compiler.cost import Held, host_lower_bounds
 from tenplex.compiler.program import Program
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
@@ -51,7 +51,7 @@ class PlaceRanks:
             cols = _assign(np.array([[w.on_device(s, e) for e in targets] for s in mine], dtype=float))
             device_map |= {s: targets[c] for s, c in zip(mine, cols)}
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
-        held = held_by_host(src, {d.id: d.host for d in topo.devices})
+        held: Held = {}  # shared by both calls
         keep = host_lower_bounds(src, dst, held=held)
         placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
         in_place = sum(w.on_device(d, d) for d in w.slots), sum(w.on_device(d, device_map[d]) for d in w.slots)

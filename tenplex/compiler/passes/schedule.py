@@ -56,22 +56,25 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
         used: dict[str, int] = defaultdict(int)
         sent: dict[str, int] = defaultdict(int)
         received: dict[str, int] = defaultdict(int)
-        order = sorted(queues, key=lambda p: (-max(left[p[0]], left[p[1]]), p))
-        placed = True
-        while placed:
-            placed = False
-            for pair in order:
-                q = queues.get(pair)
-                if q and _fits(q[-1].bytes, pair, used, sent, received, budget, half):
-                    m = q.pop()
-                    sent[pair[0]] += m.bytes
-                    received[pair[1]] += m.bytes
-                    for h in pair:
-                        used[h] += m.bytes
-                        left[h] -= m.bytes
-                    rounds[m.id] = r
-                    placed = True
-        queues = {p: q for p, q in queues.items() if q}
+        alive = sorted(queues, key=lambda p: (-max(left[p[0]], left[p[1]]), p))
+        while alive:  # a pair whose next message does not fit stays out for the round: loads only grow
+            still = []
+            for pair in alive:
+                q = queues[pair]
+                if not _fits(q[-1].bytes, pair, used, sent, received, budget, half):
+                    continue
+                m = q.pop()
+                sent[pair[0]] += m.bytes
+                received[pair[1]] += m.bytes
+                for h in pair:
+                    used[h] += m.bytes
+                    left[h] -= m.bytes
+                rounds[m.id] = r
+                if q:
+                    still.append(pair)
+                else:
+                    del queues[pair]
+            alive = still
         r += 1
     return rounds
 

@@ -15,7 +15,9 @@ locality and no deduplication. Such plans still verify; they only move more byte
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 import attrs
 
@@ -68,7 +70,7 @@ class _State:
         self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
-        self.sent_host: Counter[str] = Counter()
+        self.sent_host = LeastSent(self.host_rank)
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
@@ -153,11 +155,11 @@ class _State:
         return self.holder_hosts[key]
 
     def network(self, out: OpGraph, box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
-        host = _least(hosts, self.sent_host, self.host_rank)
+        host = self.sent_host.least(hosts)
         on_host = hosts[host]
         holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
         nbytes = box.volume * self.size[wants[0][0].tensor]
-        self.sent_host[host] += nbytes
+        self.sent_host.add(host, nbytes)
         self.sent_device[holder.device] += nbytes
         (landing, at), *rest = wants
         first = out.add(self.copy(landing, at, holder, box))
@@ -166,14 +168,35 @@ class _State:
             out.add_edge(first, out.add(fwd))
 
 
-def _least(hosts: dict[str, list[Holder]], sent: Counter[str], rank: dict[str, int]) -> str:
-    """The holder host that has sent the fewest bytes (first in host order on ties)."""
-    best, best_key = "", None
-    for h in hosts:
-        key = (sent[h], rank[h])
-        if best_key is None or key < best_key:
-            best, best_key = h, key
-    return best
+class LeastSent:
+    """Bytes sent per host, and the host of a holder set that has sent the fewest (first in
+    `rank` order on ties), from one heap per set: O(log n) a choice instead of a scan of all
+    holder hosts (which grow with DP). Counts only grow, so a heap entry whose count is stale
+    is too small: it surfaces first and is pushed back with its count."""
+
+    def __init__(self, rank: dict[str, int]):
+        self.rank = rank
+        self.sent: Counter[str] = Counter()
+        self.heaps: dict[int, tuple[object, list[tuple[int, int, str]]]] = {}  # id(set) -> (set, heap)
+        self.shared: dict[tuple[str, ...], list[tuple[int, int, str]]] = {}  # equal sets share a heap
+
+    def add(self, host: str, nbytes: int) -> None:
+        self.sent[host] += nbytes
+
+    def least(self, hosts: Iterable[str]) -> str:
+        """`hosts` must not change while it is used here (the heap is kept by its id)."""
+        entry = self.heaps.get(id(hosts))
+        if entry is None:
+            key = tuple(sorted(hosts))
+            if key not in self.shared:  # one heap per distinct set: a count goes stale in few heaps
+                self.shared[key] = [(self.sent[h], self.rank[h], h) for h in key]
+                heapq.heapify(self.shared[key])
+            entry = self.heaps[id(hosts)] = (hosts, self.shared[key])  # keeps `hosts` alive for id()
+        heap, sent = entry[1], self.sent
+        while heap[0][0] != sent[heap[0][2]]:
+            _, rank, h = heap[0]
+            heapq.heapreplace(heap, (sent[h], rank, h))
+        return heap[0][2]
 
 
 def _want_order(w: Want) -> tuple:
