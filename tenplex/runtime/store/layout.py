@@ -6,7 +6,9 @@
     /job/<job>/<tag>/.meta/<name>                          records about the tag (its PTC, ...)
     /job/<job>/.staging-<dst tag>/...                      the dst tag being built
 
-Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories.
+Sub-tensor ids contain `/` (`<partition>/<path>`), so they nest as directories; so do value names
+(Megatron's `rng_state/shard_0.0_1.2`). A partition id is one component: its `%` and `/` are
+escaped (`%25`, `%2F`), so a value's path parses back into its partition and name.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ def array_path(job: str, tag: str, device: int, subtensor: str) -> str:
 
 
 def value_path(job: str, tag: str, device: int, partition: str, name: str) -> str:
-    return f"{tag_path(job, tag)}/{device}/.values/{partition}/{name}"
+    return f"{tag_path(job, tag)}/{device}/.values/{_component(partition)}/{name}"
+
+
+def _component(partition: str) -> str:
+    return partition.replace("%", "%25").replace("/", "%2F")
+
+
+def _partition(component: str) -> str:
+    return component.replace("%2F", "/").replace("%25", "%")
 
 
 def meta_path(job: str, tag: str, name: str) -> str:
@@ -43,5 +53,5 @@ def parse_leaf(job: str, tag: str, path: str) -> tuple[str, Any] | None:
         return None
     device = int(rest[0])
     if rest[1] == ".values":
-        return "value", ("/".join(rest[2:-1]), device, rest[-1])
+        return "value", (_partition(rest[2]), device, "/".join(rest[3:]))
     return "array", ("/".join(rest[1:]), device)
