@@ -119,13 +119,18 @@ def _executed(steps: list[Step], src_arrays: dict, values: dict, workers: int, t
     src = steps[0][1]
     src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
     got_arrays, got_values = execute_steps(steps, src_arrays, src_values, workers, timeout, round_timeout, on_round)
-    placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
+    return first_instances(steps[-1][2].with_allocation(steps[-1][0].allocation), got_arrays, got_values)
+
+
+def first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dict]:
+    """Sub-tensor id -> array and partition id -> values of an execution's result
+    ({(id, device): ...}), each from its partition's first device in `placed`."""
     first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
     try:
-        out_arrays = {st.id: got_arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
+        out_arrays = {st.id: arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
     except KeyError as e:
         raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
-    return out_arrays, {pid: got_values.get((pid, d), {}) for pid, d in first.items()}
+    return out_arrays, {pid: values.get((pid, d), {}) for pid, d in first.items()}
 
 
 def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, timeout: float, round_timeout: float,

@@ -35,11 +35,10 @@ from tenplex.frameworks.dcp.read import DcpIndex, ptc_of_index, read_dcp, read_i
 from tenplex.frameworks.dcp.transforms import describe_transforms
 from tenplex.frameworks.dcp.write import write_dcp
 from tenplex.frameworks.dtensor.mesh import MeshLayout, dst_ptc
-from tenplex.ir.errors import ExecutionError
 from tenplex.ir.files import check_regular, confined
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.checkpoint.apply import plan_values
-from tenplex.runtime.reshard import execute_steps, rehome
+from tenplex.runtime.reshard import execute_steps, first_instances, rehome
 
 
 @attrs.frozen
@@ -104,18 +103,8 @@ def reshard_arrays(src: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[s
         return StreamedArrays(plan, src_h, dst_h, src_arrays), plan_values(plan, values), plan
     src_values = {(pid, first_src[pid]): v for pid, v in values.items()}
     got_arrays, got_values = execute_steps([(plan, src_h, dst_h)], src_arrays, src_values, workers, timeout, 600.0, None)
-    out_arrays, out_values = _first_instances(dst_h.with_allocation(plan.allocation), got_arrays, got_values)
+    out_arrays, out_values = first_instances(dst_h.with_allocation(plan.allocation), got_arrays, got_values)
     return out_arrays, out_values, plan
-
-
-def _first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dict]:
-    """Sub-tensor id -> array and partition id -> values, from each partition's first device."""
-    first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
-    try:
-        out_arrays = {st.id: arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
-    except KeyError as e:
-        raise ExecutionError(f"the execution returned no array for dst instance {e}") from None
-    return out_arrays, {pid: values.get((pid, d), {}) for pid, d in first.items()}
 
 
 def inspect_dcp(root: str | os.PathLike, *, trust_pickles: bool = False, index: DcpIndex | None = None) -> list[str]:
