@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import md_table, text_table, write_results
+from bench.report import text_table, write_table
 from bench.runner import ROOT
 
 REPEATS, QUICK_REPEATS = 7, 3
@@ -116,10 +116,7 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
     load.append(os.getloadavg()[0])
     cells = [row_cells(r) for r in rows]
     print(text_table(HEADERS, cells), flush=True)
-    head = __doc__.split("\n\n", 1)[1].strip()
-    md = "\n".join([f"# Command start-up (`python -m bench --only cli{' --quick' if quick else ''}`)", "",
-                    f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs "
-                    f"({info['cpu']}); load average {load[0]:.1f} before, {load[1]:.1f} after", "",
-                    head, "", md_table(HEADERS, cells), ""])  # fmt: skip
+    title = f"Command start-up (`python -m bench --only cli{' --quick' if quick else ''}`)"
+    about = __doc__.split("\n\n", 1)[1].strip()
     stem = "cli-quick" if quick else "cli"
-    return rows, write_results(out_dir, stem, {"machine": info, "load_average": load, "rows": rows}, md)
+    return rows, write_table(out_dir, stem, title, info, load, about, HEADERS, cells, {"rows": rows})

@@ -199,6 +199,17 @@ def write_results(out_dir: Path, stem: str, doc: dict[str, Any], md: str) -> lis
     return paths
 
 
+def write_table(out_dir: Path, stem: str, title: str, info: dict[str, Any], load: list[float], about: str,
+                headers: list[str], cells: list[list[str]], doc: dict[str, Any], facts: str = "") -> list[Path]:
+    """bench/results/<stem>.{md,json} of one table: a title, the machine and the load average
+    before and after the run (plus `facts`), `about` (the module doc's body), the table."""
+    md = "\n".join([f"# {title}", "",
+                    f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs "
+                    f"({info['cpu']}); load average {load[0]:.1f} before, {load[1]:.1f} after{facts}", "",
+                    about, "", md_table(headers, cells), ""])  # fmt: skip
+    return write_results(out_dir, stem, {"machine": info, "load_average": load, **doc}, md)
+
+
 def write(
     out_dir: Path, stem: str, info: dict[str, Any], compile_rows: list[dict], bytes_rows: list[dict]
 ) -> list[Path]:

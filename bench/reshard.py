@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import fmt_bytes, md_table, text_table, write_results
+from bench.report import fmt_bytes, text_table, write_table
 from bench.runner import ROOT
 
 MODEL = "gpt-tiny:layers=6,hidden=960,heads=16,ffn=3840,vocab=8192"  # 1.07 GiB in tp2,pp2
@@ -160,11 +160,8 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
     load.append(os.getloadavg()[0])
     cells = [row_cells(r) for r in rows]
     print(text_table(HEADERS, cells), flush=True)
-    head = __doc__.split("\n\n", 1)[1].strip()
-    md = "\n".join([f"# Offline resharding vs `cp -r` (`python -m bench --only reshard{' --quick' if quick else ''}`)", "",
-                    f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs "
-                    f"({info['cpu']}); load average {load[0]:.1f} before, {load[1]:.1f} after; source {fmt_bytes(nbytes)}", "",
-                    head, "", md_table(HEADERS, cells), ""])  # fmt: skip
+    title = f"Offline resharding vs `cp -r` (`python -m bench --only reshard{' --quick' if quick else ''}`)"
+    about = __doc__.split("\n\n", 1)[1].strip()
     stem = "reshard-quick" if quick else "reshard"
-    doc = {"machine": info, "load_average": load, "source_bytes": nbytes, "rows": rows}
-    return rows, write_results(out_dir, stem, doc, md)
+    doc = {"source_bytes": nbytes, "rows": rows}
+    return rows, write_table(out_dir, stem, title, info, load, about, HEADERS, cells, doc, f"; source {fmt_bytes(nbytes)}")
