@@ -9,8 +9,9 @@ Tenplex-Central baseline), so every byte that changes workers goes through that 
 == 1 runs in-process (the central baseline on the executor and local transport); workers >= 2
 starts one agent process per worker (`Runtime.local`, UCX). The src files are memory-mapped, not read
 (`checkpoint.npy.map_npy`); with one worker each dst file is written once straight from the
-plan's copies (`checkpoint.planned`), with more the dst arrays fetched from the agents are
-written. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
+plan's copies (`checkpoint.planned`). With more, each agent maps the src files of its devices
+itself and writes the dst files of its devices itself (`agent.files`): no array byte crosses
+a control connection, only the bytes that change workers move, over UCX. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
 the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
 also after a crash, and an existing OUT_DIR is an error.
 """
@@ -22,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -95,11 +97,24 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     if workers == 1 and not central:  # one host: each dst file straight from the mapped src
         plan = steps[0][0]
         write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
-    else:
+    elif workers == 1:
         write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round), out)
+    else:
+        files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
+        _on_agents(steps, files, values, workers, (timeout, round_timeout), on_round, lambda w: write_checkpoint_dir(dst, *w, out))
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+
+
+def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays: dict) -> dict:
+    """{(sub-tensor, device): (absolute path, dtype, shape)} of the src arrays' files."""
+    root = Path(src_dir).resolve()
+    out = {}
+    for sid, device in arrays:
+        st = src.subtensor_map[sid]
+        out[(sid, device)] = (str(root / rel[sid]), src.tensor_map[st.tensor].dtype, list(st.shape))
+    return out
 
 
 Step = tuple[Plan, PTC, PTC]  # (plan, its src, its dst)
@@ -122,10 +137,46 @@ def _executed(steps: list[Step], src_arrays: dict, values: dict, workers: int, t
     return first_instances(steps[-1][2].with_allocation(steps[-1][0].allocation), got_arrays, got_values)
 
 
-def first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dict]:
+def _on_agents(steps: list[Step], files: dict, values: dict, workers: int, timeouts: tuple[float, float],
+               on_round: Callable[[int, int], None] | None, write: Callable[[tuple], None]) -> None:  # fmt: skip
+    """Run the steps on `workers` local agents that map the src `files` ({(sid, device): (path,
+    dtype, shape)}) themselves; `write((AgentFiles, dst values))` while they still hold the dst."""
+    from tenplex.runtime.runtime import Runtime
+
+    src = steps[0][1]
+    src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
+    with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeouts[0], round_timeout=timeouts[1],
+                       start_timeout=max(60.0, timeouts[0])) as rt:  # fmt: skip
+        job = _run_steps(rt, steps, lambda: rt.load_files(f"reshard-{os.getpid()}", "src", src, files, src_values), on_round)
+        placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
+        _, got_values = first_instances(placed, {}, rt.fetch(job, "dst", arrays=False)[1], with_arrays=False)
+        write((AgentFiles(rt, job, placed), got_values))
+
+
+class AgentFiles:
+    """The dst arrays of an execution, still on the agents: `write_files(out, files)` has each
+    agent write its sub-tensors' files (`Runtime.write_files`), each from its partition's first
+    device (`checkpoint.directory.write_checkpoint` calls it)."""
+
+    def __init__(self, rt: Any, job: str, placed: PTC):
+        self.rt, self.job, self.placed = rt, job, placed
+
+    def write_files(self, out: Path, files: dict[str, str]) -> None:
+        first = {p.id: self.placed.allocation.devices_of(p.id)[0] for p in self.placed.partitions}
+        per_host: dict[str, list] = {}
+        for sid, rel in files.items():
+            device = first[self.placed.partition_of[sid]]
+            per_host.setdefault(self.placed.topology.host_of(device), []).append((sid, device, str(out / rel)))
+        self.rt.write_files(self.job, "dst", per_host)
+
+
+def first_instances(placed: PTC, arrays: dict, values: dict, *, with_arrays: bool = True) -> tuple[dict, dict]:
     """Sub-tensor id -> array and partition id -> values of an execution's result
-    ({(id, device): ...}), each from its partition's first device in `placed`."""
+    ({(id, device): ...}), each from its partition's first device in `placed` (without
+    `with_arrays`, the values only)."""
     first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
+    if not with_arrays:
+        return {}, {pid: values.get((pid, d), {}) for pid, d in first.items()}
     try:
         out_arrays = {st.id: arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
     except KeyError as e:
@@ -148,19 +199,23 @@ def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, t
         return state.arrays, state.values
     from tenplex.runtime.runtime import Runtime
 
-    job = f"reshard-{os.getpid()}"
-    tags = ["src", *(f".step-{i}" for i in range(1, len(steps))), "dst"]
-    total = sum(plan.stats.rounds for plan, _, _ in steps)
     with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeout, round_timeout=round_timeout,
                        start_timeout=max(60.0, timeout)) as rt:  # fmt: skip
-        rt.load(job, "src", steps[0][1], arrays, values)
-        done = 0
-        for (plan, src, dst), a, b in zip(steps, tags, tags[1:]):
-            progress = None if on_round is None else lambda r, _, done=done: on_round(done + r, total)
-            rt.execute(plan, src, dst, job, a, b, on_round=progress)
-            done += plan.stats.rounds
-            if a != "src":
-                rt.drop(job, a)
+        job = _run_steps(rt, steps, lambda: rt.load(f"reshard-{os.getpid()}", "src", steps[0][1], arrays, values), on_round)
         return rt.fetch(job, "dst")
 
 
+def _run_steps(rt: Any, steps: list[Step], load: Callable[[], None], on_round: Callable[[int, int], None] | None) -> str:
+    """`load()` the src tag, then run the steps on `rt` from tag `src` to `dst`; returns the job."""
+    job = f"reshard-{os.getpid()}"
+    tags = ["src", *(f".step-{i}" for i in range(1, len(steps))), "dst"]
+    total = sum(plan.stats.rounds for plan, _, _ in steps)
+    load()
+    done = 0
+    for (plan, src, dst), a, b in zip(steps, tags, tags[1:]):
+        progress = None if on_round is None else lambda r, _, done=done: on_round(done + r, total)
+        rt.execute(plan, src, dst, job, a, b, on_round=progress)
+        done += plan.stats.rounds
+        if a != "src":
+            rt.drop(job, a)
+    return job

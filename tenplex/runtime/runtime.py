@@ -130,30 +130,57 @@ class Runtime:
         on every host, all or nothing: each host loads into a staging tag, and only when every host
         has it is staging renamed to `tag` (replacing an older `tag`). Raises ExecutionError; then
         no host has any of the new state and an older `tag` is untouched."""
+        per_host = self._per_host(ptc, arrays, values)
+        self._staged(job, tag, {h: ("load", {"arrays": a, "values": v}) for h, (a, v) in per_host.items()})
+
+    def load_files(self, job: str, tag: str, ptc: PTC, files: Mapping[Instance, tuple[str, str, list[int]]],
+                   values: Mapping[tuple[str, int], dict] | None = None) -> None:  # fmt: skip
+        """`load`, each array from a `.npy` file ({(sub-tensor, device): (path, dtype, shape)})
+        that its host maps (`agent.files`: the paths are local to the agents, no array bytes
+        travel). Same guarantees; an error names the file."""
+        per_host = self._per_host(ptc, files, values)
+        calls = {h: ("load_files", {"files": [[sid, d, *f] for (sid, d), f in a.items()], "values": v})
+                 for h, (a, v) in per_host.items()}  # fmt: skip
+        self._staged(job, tag, calls)
+
+    def _per_host(self, ptc: PTC, arrays: Mapping[Instance, Any], values: Mapping | None) -> dict[str, tuple[dict, dict]]:
         host_of = ptc.topology.host_of
         per_host: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in self.agents}
         for (sid, d), a in arrays.items():
             per_host[self._host(host_of(d))][0][(sid, d)] = a
         for (pid, d), v in (values or {}).items():
             per_host[self._host(host_of(d))][1][(pid, d)] = v
+        return per_host
+
+    def _staged(self, job: str, tag: str, calls: Mapping[str, tuple[str, dict]]) -> None:
+        """Run the load `calls` into a staging tag, then rename it to `tag` everywhere (all or nothing)."""
         staging = staging_tag(tag)
-        calls = {h: ("load", {"job": job, "tag": staging, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
         try:
-            self._all(calls, self.round_timeout)
-            self._all({h: ("rename_tag", {"job": job, "src": staging, "dst": tag}) for h in per_host}, self.round_timeout)
+            self._all({h: (name, {"job": job, "tag": staging, **kw}) for h, (name, kw) in calls.items()}, self.round_timeout)
+            self._all({h: ("rename_tag", {"job": job, "src": staging, "dst": tag}) for h in calls}, self.round_timeout)
         except AgentFailures as e:
             self.drop(job, staging)
             raise ExecutionError(f"loading {tag_path(job, tag)} failed; no host kept any of it: {e}") from None
 
-    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
-        """The state under a tag, merged over all agents (copies)."""
-        arrays: dict = {}
+    def fetch(self, job: str, tag: str, arrays: bool = True) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
+        """The state under a tag, merged over all agents (copies); without `arrays` its values only."""
+        got: dict = {}
         values: dict = {}
         for host in self.agents:
-            a, v = self.call(host, "fetch", job=job, tag=tag)
-            arrays.update(a)
+            a, v = self.call(host, "fetch", job=job, tag=tag, arrays=arrays)
+            got.update(a)
             values.update(v)
-        return arrays, values
+        return got, values
+
+    def write_files(self, job: str, tag: str, files: Mapping[str, list[tuple[str, int, str]]]) -> dict[str, int]:
+        """Have each host write arrays of a tag as new `.npy` files ({host: [(sub-tensor, device,
+        path)]}, paths local to it; `agent.files`); returns the bytes each wrote. Raises
+        ExecutionError naming each host that failed (its files may be partly written)."""
+        try:
+            return self._all({h: ("write_files", {"job": job, "tag": tag, "files": [list(f) for f in fs]})
+                              for h, fs in files.items()})  # fmt: skip
+        except AgentFailures as e:
+            raise ExecutionError(f"writing the files of {tag_path(job, tag)} failed: {e}") from None
 
     def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
         """The `.meta` records of a tag ({name: record}), from the first host (by name) that has them."""

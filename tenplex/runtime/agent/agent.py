@@ -4,9 +4,10 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
-host). Commands: `name`, `address`, `connect`, `load`, `rename_tag`, `reserve`, `prepare`,
-`run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`, `tag_meta`,
-`stop`. With `local`, the agent also serves its store to this machine's processes on that Unix
+host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`,
+`prepare`, `run`, `commit`, `abort`, `fetch`, `write_files`, `delete_tag`, `exists`, `memory`,
+`rest_url`, `tag_meta`, `stop` (`load_files`/`write_files`: arrays straight from and to local
+`.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's processes on that Unix
 socket (`runtime.shm`: training programs save into it and load from it through shared memory).
 
 Store layout: `store.layout`. Execution (`rounds`): `prepare` decodes this host's slice of the
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent import files as local_files
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.shm.server import StoreServer
@@ -122,6 +124,15 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
+    def load_files(self, job: str, tag: str, files: list, values: Mapping | None = None) -> int:
+        """`load` from local `.npy` files (`[sub-tensor, device, path, dtype, shape]` rows), mapped, not read."""
+        self.load(job, tag, {}, values)
+        return local_files.map_files(self.store, job, tag, files)
+
+    def write_files(self, job: str, tag: str, files: list) -> int:
+        """Write arrays of a tag as new local `.npy` files (`[sub-tensor, device, path]` rows); returns the bytes."""
+        return local_files.write_files(self.store, job, tag, files)
+
     def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
                 run: dict | None = None) -> dict[str, Any]:  # fmt: skip
         """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
@@ -193,22 +204,23 @@ class Agent:
         kept for the next execution: its pages are already touched."""
         self.execution = None
 
-    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
-        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition, device): values})."""
-        arrays: dict[Instance, np.ndarray] = {}
+    def fetch(self, job: str, tag: str, arrays: bool = True) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
+        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition,
+        device): values}); without `arrays`, the values only (the arrays stay, e.g. for `write_files`)."""
+        got: dict[Instance, np.ndarray] = {}
         values: dict[tuple[str, int], dict[str, Any]] = {}
         if not self.store.exists(tag_path(job, tag)):
-            return arrays, values
+            return got, values
         for path in self.store.walk(tag_path(job, tag)):
             parsed = parse_leaf(job, tag, path)
             if parsed is None:
                 continue
             kind, key = parsed
-            if kind == "array":
-                arrays[key] = np.array(self.store.get(path))
-            else:
+            if kind != "array":
                 values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
-        return arrays, values
+            elif arrays:
+                got[key] = np.array(self.store.get(path))
+        return got, values
 
     def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
         """{name: record} of the tag's `.meta` records (empty when it has none)."""

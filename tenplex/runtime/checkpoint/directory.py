@@ -94,20 +94,24 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
     """Write the directory format into `out_dir` (created; must not exist, or be empty), each
     file once, several at a time (`THREADS`).
 
-    `arrays`: sub-tensor id -> local array, or a plan's `PlannedFiles` (written straight from its
-    src); `values`: partition id -> {name: value}. Raises CheckpointError naming the sub-tensor
+    `arrays`: sub-tensor id -> local array, a plan's `PlannedFiles` (written straight from its
+    src), or an object whose `write_files(out_dir, {sub-tensor id: relative path})` creates
+    every array file itself (agents, `runtime.reshard.AgentFiles`); `values`: partition id -> {name: value}. Raises CheckpointError naming the sub-tensor
     or partition when one is missing or wrong, or the file being written when the system
     refuses a write (full disk, ...)."""
     files = relative_paths(ptc)
     out = Path(out_dir)
     texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
-    write = arrays.write if isinstance(arrays, PlannedFiles) else _array_writer(ptc, arrays)
+    write = arrays.write if isinstance(arrays, PlannedFiles) else None
+    write = write or (None if callable(getattr(arrays, "write_files", None)) else _array_writer(ptc, arrays))
     path = out
     try:
         for path in [out, *sorted({(out / rel).parent for rel in [*files.values(), *texts]})]:
             path.mkdir(parents=True, exist_ok=True)
+        if write is None:  # written elsewhere (agents: `runtime.reshard.AgentFiles`), every file created new
+            arrays.write_files(out, files)
         with ThreadPoolExecutor(THREADS) as pool:
-            for done in [pool.submit(_write_file, out / files[st.id], write, st.id) for st in ptc.subtensors]:
+            for done in [pool.submit(_write_file, out / files[st.id], write, st.id) for st in ptc.subtensors if write]:
                 done.result()
         for rel, text in [*texts.items(), (PTC_FILE, dumps(ptc))]:
             path = out / rel
