@@ -9,12 +9,13 @@ docs/architecture.md. `__version__`: the installed package's version, or pyproje
 source checkout that was never installed.
 
 Names resolve lazily (`tenplex._lazy`), so `import tenplex` — and the `tenplex` command's start,
-which only needs `__version__` — imports neither the compiler (networkx) nor numpy.
+which only needs `__version__` for `--version` — imports neither the compiler nor numpy;
+`__version__` itself is looked up on first use (importlib.metadata).
 """
 
 from tenplex._lazy import lazy
 
-__getattr__, _names = lazy(__name__, {
+_exported, _names = lazy(__name__, {
     "CompileOptions": "compiler", "Plan": "compiler", "check_plan": "compiler", "compile_plan": "compiler",
     "dumps_plan": "compiler", "load_plan": "compiler", "ptc_from_spec": "frontends.spec", "PTC": "ir",
     "TenplexError": "ir", "dumps": "ir", "load_ptc": "ir", "save_ptc": "ir", "SerdeError": "runtime.checkpoint",
@@ -38,5 +39,11 @@ def _version() -> str:
             return "0+unknown"
 
 
-__version__ = _version()
+def __getattr__(name: str) -> object:
+    if name == "__version__":  # computed on first use: importlib.metadata costs every command's start ~40 ms
+        globals()["__version__"] = found = _version()
+        return found
+    return _exported(name)
+
+
 __all__ = ["__version__", *_names]

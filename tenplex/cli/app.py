@@ -28,7 +28,6 @@ from typing import Any
 
 import click
 
-from tenplex import __version__
 from tenplex.cli.agent import agent_cmd
 from tenplex.cli.common import EXIT_INTERNAL, EXIT_USAGE, EXIT_VERIFY, configure_logging, fail, is_verbose
 from tenplex.cli.dataset import dataset
@@ -86,8 +85,18 @@ def _internal(e: Exception) -> None:
     fail(f"internal error: {type(e).__name__}: {e} (this is a bug: please report it{hint})", EXIT_INTERNAL)
 
 
+def _version(ctx: click.Context, _param: object, value: bool) -> None:
+    """`--version`: `tenplex X.Y.Z` (the version is looked up only here: importlib.metadata is slow to import)."""
+    if value and not ctx.resilient_parsing:
+        from tenplex import __version__
+
+        click.echo(f"tenplex {__version__}")
+        ctx.exit()
+
+
 @click.group(name="tenplex", cls=_Tenplex, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", message="tenplex %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit.")  # fmt: skip
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages on stderr, and tracebacks of internal errors.")
 @click.pass_context

@@ -19,11 +19,13 @@ import enum
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from tenplex.compiler.ops import Op
 from tenplex.ir.errors import IRError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 class EdgeKind(enum.Enum):
@@ -86,6 +88,8 @@ class OpGraph:
     @cached_property
     def nx(self) -> nx.DiGraph:
         """The networkx DiGraph (node attr `op`, edge attr `kind`), built in bulk."""
+        import networkx as nx  # only here: compiling needs no graph algorithm, and networkx costs ~0.1 s to import
+
         g = nx.DiGraph()
         g.add_nodes_from((k, {"op": op}) for k, op in self._ops.items())
         g.add_edges_from((a, b, {"kind": k}) for (a, b), k in self._edges.items())
@@ -95,6 +99,8 @@ class OpGraph:
 
     def generations(self) -> list[list[int]]:
         """Nodes by dependency depth (networkx `topological_generations`); raises on a cycle."""
+        import networkx as nx
+
         try:
             return [sorted(g) for g in nx.topological_generations(self.nx)]
         except nx.NetworkXUnfeasible:

@@ -21,8 +21,7 @@ import numpy as np
 from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.files import write_failure
 from tenplex.runtime.arrays import np_dtype
-from tenplex.runtime.checkpoint.npy import as_dtype, map_npy, npy_header
-from tenplex.runtime.checkpoint.planned import pwrite_all
+from tenplex.runtime.checkpoint.npy import as_dtype, map_npy, npy_header, pwrite_all
 from tenplex.runtime.store.layout import array_path
 from tenplex.runtime.store.tree import TensorStore
 

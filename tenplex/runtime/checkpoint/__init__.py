@@ -9,22 +9,15 @@
   loading; the framework readers use it too; a bfloat16 or float8 header names its dtype, and
   the raw bits older versions wrote are still read); paths, regular files, bounded JSON and
   write errors are `tenplex.ir.files`.
+
+Names resolve lazily (`tenplex._lazy`): an agent that only maps and writes `.npy` files
+(`runtime.agent.files`) imports `checkpoint.npy` without the directory writers and the compiler.
 """
 
-from tenplex.runtime.checkpoint.directory import (
-    PTC_FILE,
-    VALUES_FILE,
-    CheckpointError,
-    read_checkpoint,
-    write_checkpoint,
-    write_checkpoint_dir,
-)
-from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, VERSION, SerdeError
-from tenplex.runtime.checkpoint.read import load
-from tenplex.runtime.checkpoint.swap import swap_in
-from tenplex.runtime.checkpoint.write import save
+from tenplex._lazy import lazy
 
-__all__ = [
-    "FORMAT", "MANIFEST", "PTC_FILE", "VALUES_FILE", "VERSION", "CheckpointError", "SerdeError", "load",
-    "read_checkpoint", "save", "swap_in", "write_checkpoint", "write_checkpoint_dir",
-]  # fmt: skip
+__getattr__, __all__ = lazy(__name__, {
+    "PTC_FILE": "directory", "VALUES_FILE": "directory", "CheckpointError": "directory", "read_checkpoint": "directory",
+    "write_checkpoint": "directory", "write_checkpoint_dir": "directory", "FORMAT": "manifest", "MANIFEST": "manifest",
+    "VERSION": "manifest", "SerdeError": "manifest", "load": "read", "swap_in": "swap", "save": "write",
+})  # fmt: skip

@@ -42,7 +42,7 @@ from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import one_line, open_regular, read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
-__all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "write_npy"]
+__all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "pwrite_all", "write_npy"]
 
 NAMED = EXTRA_DTYPES  # no numpy descr: the header names them (`runtime.arrays.npy_descr`)
 _fmt = np.lib.format
@@ -143,3 +143,11 @@ def write_npy(f: BinaryIO, array: np.ndarray) -> None:
     f.write(npy_header(a.dtype, a.shape))
     if a.size:
         f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """All of `data` at `offset` (`os.pwrite` may write less than asked)."""
+    view_ = memoryview(data)
+    while view_.nbytes:
+        n = os.pwrite(fd, view_, offset)
+        view_, offset = view_[n:], offset + n

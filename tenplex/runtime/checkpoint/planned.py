@@ -37,7 +37,7 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype, view
 from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst
-from tenplex.runtime.checkpoint.npy import mapped_file, npy_header
+from tenplex.runtime.checkpoint.npy import mapped_file, npy_header, pwrite_all
 from tenplex.runtime.executor import source_region, target_region
 
 __all__ = ["PlannedFiles", "pwrite_all"]
@@ -132,11 +132,3 @@ def copy_range(path: Path, offset: int, fd: int, at: int, n: int) -> bool:
 
 def _bytes(a: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
-
-
-def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """All of `data` at `offset` (`os.pwrite` may write less than asked)."""
-    view_ = memoryview(data)
-    while view_.nbytes:
-        n = os.pwrite(fd, view_, offset)
-        view_, offset = view_[n:], offset + n

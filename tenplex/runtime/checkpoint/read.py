@@ -14,7 +14,6 @@ torch is imported only when the state holds tensors.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -67,6 +66,8 @@ class _Reader:
                 items = [(self.node(k, where), v) for k, v in node["items"]]
                 items = [(k, self.node(v, f"{where}[{k!r}]")) for k, v in items]
                 if kind == "Namespace":
+                    import argparse  # only here: it costs every `tenplex` command's start ~40 ms
+
                     return argparse.Namespace(**dict(items))
                 out = (dict if kind == "dict" else collections.OrderedDict)(items)
                 if "metadata" in node:

@@ -11,7 +11,6 @@ Invariants (the rest of the format's are in `checkpoint.manifest`):
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -32,7 +31,14 @@ from tenplex.runtime.checkpoint.swap import remove, swap_in, write_fsynced
 __all__ = ["save"]
 
 _SCALARS = (int, bool, float, str, bytes, complex, type(None))
-_DICTS = {dict: "dict", collections.OrderedDict: "OrderedDict", argparse.Namespace: "Namespace"}
+_DICTS = {dict: "dict", collections.OrderedDict: "OrderedDict"}  # and argparse.Namespace (`_dict_kind`)
+
+
+def _dict_kind(kind: type) -> str | None:
+    """The saved type name of a dict-like type, or None. A Namespace exists only once argparse is
+    imported, so it is looked up there (importing argparse costs every `tenplex` command ~40 ms)."""
+    argparse = sys.modules.get("argparse")
+    return "Namespace" if argparse is not None and kind is argparse.Namespace else _DICTS.get(kind)
 
 
 def save(state: Any, path: str | os.PathLike) -> None:
@@ -89,10 +95,10 @@ class _Writer:
             raise SerdeError(f"{where} contains itself (a cycle cannot be saved)")
         sub = dir_rel if key is None else self.claim(dir_rel, _name(key), "")
         active = active | {id(obj)}
-        if kind in _DICTS:
-            items = vars(obj).items() if kind is argparse.Namespace else obj.items()
+        if (name := _dict_kind(kind)) is not None:
+            items = vars(obj).items() if name == "Namespace" else obj.items()
             pairs = [(k, f"{where}[{k!r}]", v) for k, v in items]
-            out = {"type": _DICTS[kind], "items": [[_key(k, at), self.node(v, at, sub, k, active)] for k, at, v in pairs]}
+            out = {"type": name, "items": [[_key(k, at), self.node(v, at, sub, k, active)] for k, at, v in pairs]}
             if kind is collections.OrderedDict and hasattr(obj, "_metadata"):  # torch state_dict() module versions
                 out["metadata"] = self.node(obj._metadata, f"{where}._metadata", sub, "_metadata", active)
             return out
