@@ -18,6 +18,7 @@ also after a crash, and an existing OUT_DIR is an error.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -89,19 +90,21 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
-    relative_paths(dst)  # fail before any work if dst cannot be written
-    src, dst_h = rehome(orig_src, dst, workers)
-    steps = _steps(src, dst_h, central, workers)
-    src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-    if workers == 1 and not central:  # one host: each dst file straight from the mapped src
-        plan = steps[0][0]
-        write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
-    elif workers == 1:
-        write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round), out)
-    else:
-        files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
-        _on_agents(steps, files, values, workers, (timeout, round_timeout), on_round, lambda w: write_checkpoint_dir(dst, *w, out))
+    with _agents(workers, timeout, round_timeout) as rt:  # started first: they start up while the plan compiles
+        orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
+        relative_paths(dst)  # fail before any work if dst cannot be written
+        src, dst_h = rehome(orig_src, dst, workers)
+        steps = _steps(src, dst_h, central, workers)
+        src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
+        if rt is None and not central:  # one host: each dst file straight from the mapped src
+            plan = steps[0][0]
+            write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
+        elif rt is None:
+            write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round), out)
+        else:
+            rt.link(max(60.0, timeout))
+            files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
+            _on_agents(rt, steps, files, values, on_round, lambda w: write_checkpoint_dir(dst, *w, out))
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
@@ -137,20 +140,26 @@ def _executed(steps: list[Step], src_arrays: dict, values: dict, workers: int, t
     return first_instances(steps[-1][2].with_allocation(steps[-1][0].allocation), got_arrays, got_values)
 
 
-def _on_agents(steps: list[Step], files: dict, values: dict, workers: int, timeouts: tuple[float, float],
-               on_round: Callable[[int, int], None] | None, write: Callable[[tuple], None]) -> None:  # fmt: skip
-    """Run the steps on `workers` local agents that map the src `files` ({(sid, device): (path,
-    dtype, shape)}) themselves; `write((AgentFiles, dst values))` while they still hold the dst."""
+def _agents(workers: int, timeout: float, round_timeout: float) -> contextlib.AbstractContextManager:
+    """None for one worker, else `workers` local agent processes, started but not yet linked."""
+    if workers == 1:
+        return contextlib.nullcontext(None)
     from tenplex.runtime.runtime import Runtime
 
+    hosts = [f"w{i}" for i in range(workers)]
+    return Runtime.local(hosts, timeout=timeout, round_timeout=round_timeout, start_timeout=max(60.0, timeout), link=False)
+
+
+def _on_agents(rt: Any, steps: list[Step], files: dict, values: dict, on_round: Callable[[int, int], None] | None,
+               write: Callable[[tuple], None]) -> None:  # fmt: skip
+    """Run the steps on the agents of `rt`, which map the src `files` ({(sid, device): (path,
+    dtype, shape)}) themselves; `write((AgentFiles, dst values))` while they hold the dst."""
     src = steps[0][1]
     src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
-    with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeouts[0], round_timeout=timeouts[1],
-                       start_timeout=max(60.0, timeouts[0])) as rt:  # fmt: skip
-        job = _run_steps(rt, steps, lambda: rt.load_files(f"reshard-{os.getpid()}", "src", src, files, src_values), on_round)
-        placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
-        _, got_values = first_instances(placed, {}, rt.fetch(job, "dst", arrays=False)[1], with_arrays=False)
-        write((AgentFiles(rt, job, placed), got_values))
+    job = _run_steps(rt, steps, lambda job: rt.load_files(job, "src", src, files, src_values), on_round)
+    placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
+    _, got_values = first_instances(placed, {}, rt.fetch(job, "dst", arrays=False)[1], with_arrays=False)
+    write((AgentFiles(rt, job, placed), got_values))
 
 
 class AgentFiles:
@@ -201,16 +210,16 @@ def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, t
 
     with Runtime.local([f"w{i}" for i in range(workers)], timeout=timeout, round_timeout=round_timeout,
                        start_timeout=max(60.0, timeout)) as rt:  # fmt: skip
-        job = _run_steps(rt, steps, lambda: rt.load(f"reshard-{os.getpid()}", "src", steps[0][1], arrays, values), on_round)
+        job = _run_steps(rt, steps, lambda job: rt.load(job, "src", steps[0][1], arrays, values), on_round)
         return rt.fetch(job, "dst")
 
 
-def _run_steps(rt: Any, steps: list[Step], load: Callable[[], None], on_round: Callable[[int, int], None] | None) -> str:
-    """`load()` the src tag, then run the steps on `rt` from tag `src` to `dst`; returns the job."""
+def _run_steps(rt: Any, steps: list[Step], load: Callable[[str], None], on_round: Callable[[int, int], None] | None) -> str:
+    """`load(job)` the src tag, then run the steps on `rt` from tag `src` to `dst`; returns the job."""
     job = f"reshard-{os.getpid()}"
     tags = ["src", *(f".step-{i}" for i in range(1, len(steps))), "dst"]
     total = sum(plan.stats.rounds for plan, _, _ in steps)
-    load()
+    load(job)
     done = 0
     for (plan, src, dst), a, b in zip(steps, tags, tags[1:]):
         progress = None if on_round is None else lambda r, _, done=done: on_round(done + r, total)

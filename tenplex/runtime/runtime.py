@@ -58,11 +58,14 @@ class Runtime:
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
-              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None) -> Runtime:  # fmt: skip
+              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None,
+              link: bool = True) -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
-        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`."""
+        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
+        Without `link`, it returns as soon as the processes are started (they start up while the
+        caller works) and `link()` connects them later."""
         hosts = list(dict.fromkeys(hosts))
         if local_dir:
             os.makedirs(local_dir, exist_ok=True)
@@ -76,7 +79,8 @@ class Runtime:
                 proc.start()
                 theirs.close()
                 rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
-            rt._link(start_timeout)
+            if link:
+                rt._link(start_timeout)
         return rt
 
     @classmethod
@@ -110,6 +114,11 @@ class Runtime:
             if isinstance(e, AgentFailures):
                 raise ExecutionError(f"{what} failed: {e}") from None
             raise
+
+    def link(self, timeout: float = 60.0) -> None:
+        """Connect the agents of `local(..., link=False)` to each other. Raises ExecutionError (agents closed)."""
+        with self._closed_on_error("starting agents"):
+            self._link(timeout)
 
     def _link(self, timeout: float) -> None:
         hosts = list(self.agents)

@@ -51,6 +51,8 @@ log = logging.getLogger("tenplex.agent")
 def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | None = None) -> None:
     """The process target of `Runtime.local`: one agent, one connection (`local`: see `Agent`)."""
     agent = Agent(host, timeout, local=local)
+    with contextlib.suppress(Exception):  # UCX now, while the runtime still works; a failure shows in `address`
+        agent._ucx()
     channel = Channel(sock, "runtime")
     try:
         handle(agent, channel)

@@ -1,0 +1,155 @@
+"""`reshard --workers N` (N >= 2): agents map the src `.npy` files and write the dst files
+themselves (`agent.files`), no array bytes on the control connections; a worker that dies
+leaves no OUT and the src intact, with an error naming it; the one-worker command starts
+without the modules it does not need.
+
+Real agents (`Agent` in-process for the file commands, `Runtime.local` processes for the
+rest), real checkpoint directories written by `write_checkpoint`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tenplex.frontends.spec import ptc_from_spec
+from tenplex.ir.errors import ExecutionError
+from tenplex.ir.serialize import dumps
+from tenplex.runtime.agent import client
+from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.arrays import arange_tensors, materialize
+from tenplex.runtime.checkpoint.directory import read_checkpoint, relative_paths, write_checkpoint
+from tenplex.runtime.checkpoint.npy import load_npy, mapped_file
+from tenplex.runtime.reshard import reshard
+from tenplex.runtime.store.layout import array_path
+from tenplex.runtime.transport.ucx import ucx_available
+
+SRC, DST = "gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,pp1@1x4"
+UCX = pytest.mark.skipif(ucx_available() is not None, reason=f"ucxx cannot be imported: {ucx_available()}")
+FAST = {"timeout": 20.0, "round_timeout": 60.0}
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    src, dst = ptc_from_spec(SRC), ptc_from_spec(DST)
+    tensors = arange_tensors(src)
+    values = {p.id: {n: v.value if v.value is not None else 7 for n, v in p.values} for p in src.partitions}
+    root = tmp_path_factory.mktemp("ckpt")
+    write_checkpoint(src, {st.id: materialize(src, tensors, st) for st in src.subtensors}, values, root / "a")
+    return src, dst, tensors, root / "a"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _rows(src, a: Path) -> list[list]:
+    rel = relative_paths(src)
+    return [[st.id, 0, str(a / rel[st.id]), src.tensor_map[st.tensor].dtype, list(st.shape)] for st in src.subtensors]
+
+
+@pytest.mark.timeout(60)
+def test_agent_maps_src_files_and_writes_new_files(case, tmp_path):
+    src, _, tensors, a = case
+    agent = Agent("h0")
+    try:
+        n = agent.load_files("j", "src", _rows(src, a), {("p", 0): {"iteration": 3}})
+        assert n == sum(materialize(src, tensors, st).nbytes for st in src.subtensors)
+        st = src.subtensors[1]
+        got = agent.store.get(array_path("j", "src", 0, st.id))
+        assert mapped_file(got) is not None  # a view of the file, not a copy
+        assert got.tobytes() == materialize(src, tensors, st).tobytes()
+        assert agent.fetch("j", "src", arrays=False) == ({}, {("p", 0): {"iteration": 3}})
+        out = tmp_path / "x.npy"
+        assert agent.write_files("j", "src", [[st.id, 0, str(out)]]) == got.nbytes
+        assert load_npy(out, "x", ExecutionError).tobytes() == got.tobytes()
+        with pytest.raises(ExecutionError, match=f"{out}.*exists"):  # never replaced
+            agent.write_files("j", "src", [[st.id, 0, str(out)]])
+        with pytest.raises(ExecutionError, match="no array .*y.npy \\(sub-tensor 'nope'\\)"):
+            agent.write_files("j", "src", [["nope", 0, str(tmp_path / "y.npy")]])
+    finally:
+        agent.stop()
+
+
+@pytest.mark.timeout(60)
+def test_agent_refuses_a_src_file_that_is_not_its_row(case, tmp_path):
+    src, _, _, a = case
+    rows = _rows(src, a)
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((3, 3), np.float32))
+    rows[2][2] = str(bad)
+    agent = Agent("h0")
+    try:
+        with pytest.raises(ExecutionError, match=f"{bad}: holds float32\\[3, 3\\].*sub-tensor {rows[2][0]!r}"):
+            agent.load_files("j", "src", rows)
+        rows[2][2] = str(tmp_path / "missing.npy")
+        with pytest.raises(ExecutionError, match="missing.npy"):
+            agent.load_files("j", "src", rows)
+    finally:
+        agent.stop()
+
+
+@UCX
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_two_workers_move_no_array_bytes_over_the_control_connection(case, tmp_path, monkeypatch):
+    _, dst, tensors, a = case
+    calls: list[tuple[str, dict]] = []
+    real = client.call_all
+
+    def recorded(agents, cmds, *args, **kwargs):
+        calls.extend(cmds.values())
+        return real(agents, cmds, *args, **kwargs)
+
+    monkeypatch.setattr(client, "call_all", recorded)
+    reshard(a, dst, tmp_path / "b", workers=2, **FAST)
+    _, arrays, values = read_checkpoint(tmp_path / "b")
+    assert all(arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes() for st in dst.subtensors)
+    assert all(values[p.id]["iteration"] == 7 for p in dst.partitions)
+    names = {name for name, _ in calls}
+    assert {"load_files", "write_files"} <= names and "load" not in names
+    assert all(kw["arrays"] is False for name, kw in calls if name == "fetch")
+
+
+def _kill_on_last_round(name: str):
+    def on_round(done: int, total: int) -> None:
+        if done == total:  # every round ran; the dst is not yet committed nor written
+            for p in multiprocessing.active_children():
+                if p.name == name:
+                    p.kill()
+                    p.join(5)
+
+    return on_round
+
+
+@UCX
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_leaves_no_out_and_the_src_intact(case, tmp_path):
+    _, dst, _, a = case
+    before = _files(a)
+    with pytest.raises(ExecutionError, match="host 'w1'.*agent process died"):
+        reshard(a, dst, tmp_path / "out", workers=2, on_round=_kill_on_last_round("tenplex-agent-w1"), **FAST)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert _files(a) == before
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tenplex-agent-")]
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_reshard_imports_only_what_it_needs(case, tmp_path):
+    _, dst, _, a = case
+    (tmp_path / "dst.json").write_text(dumps(dst))
+    heavy = ["networkx", "scipy", "argparse", "importlib.metadata", "torch", "rich", "aiohttp", "ucxx"]
+    script = (f"import sys; from tenplex.cli.app import cli; cli.main({['reshard', str(a), '--to', str(tmp_path / 'dst.json'), '--out', str(tmp_path / 'b')]!r}, standalone_mode=False); "
+              f"print([m for m in {heavy!r} if m in sys.modules])")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "resharded into" in done.stdout and (tmp_path / "b" / "ptc.json").exists()
