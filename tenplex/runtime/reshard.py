@@ -10,8 +10,10 @@ Tenplex-Central baseline), so every byte that changes workers goes through that 
 starts one agent process per worker (`Runtime.local`, UCX). The src files are memory-mapped, not read
 (`checkpoint.npy.map_npy`); with one worker each dst file is written once straight from the
 plan's copies (`checkpoint.planned`). With more, each agent maps the src files of its devices
-itself and writes the dst files of its devices itself (`agent.files`): no array byte crosses
-a control connection, only the bytes that change workers move, over UCX. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
+itself, and the dst arrays it stores are the dst files themselves (new `.npy` files in OUT_DIR's
+temporary, memory-mapped: `agent.files`), so the plan's copies and receives write the output in
+place; no array byte crosses a control connection, only the bytes that change workers move,
+over UCX. The agents start first, while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
 the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
 also after a crash, and an existing OUT_DIR is an error.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -104,7 +107,7 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
         else:
             rt.link(max(60.0, timeout))
             files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
-            _on_agents(rt, steps, files, values, on_round, lambda w: write_checkpoint_dir(dst, *w, out))
+            _on_agents(rt, steps, files, values, dst, out, on_round)
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
@@ -150,42 +153,40 @@ def _agents(workers: int, timeout: float, round_timeout: float) -> contextlib.Ab
     return Runtime.local(hosts, timeout=timeout, round_timeout=round_timeout, start_timeout=max(60.0, timeout), link=False)
 
 
-def _on_agents(rt: Any, steps: list[Step], files: dict, values: dict, on_round: Callable[[int, int], None] | None,
-               write: Callable[[tuple], None]) -> None:  # fmt: skip
-    """Run the steps on the agents of `rt`, which map the src `files` ({(sid, device): (path,
-    dtype, shape)}) themselves; `write((AgentFiles, dst values))` while they hold the dst."""
+def _on_agents(rt: Any, steps: list[Step], src_files: dict, values: dict, dst: PTC, out: Path,
+               on_round: Callable[[int, int], None] | None) -> None:  # fmt: skip
+    """OUT_DIR from the steps run on the agents of `rt`: they map the `src_files` ({(sid,
+    device): (path, dtype, shape)}) and write the dst files in place (`AgentFiles`)."""
     src = steps[0][1]
     src_values = {(pid, src.allocation.devices_of(pid)[0]): v for pid, v in values.items()}
-    job = _run_steps(rt, steps, lambda job: rt.load_files(job, "src", src, files, src_values), on_round)
-    placed = steps[-1][2].with_allocation(steps[-1][0].allocation)
-    _, got_values = first_instances(placed, {}, rt.fetch(job, "dst", arrays=False)[1], with_arrays=False)
-    write((AgentFiles(rt, job, placed), got_values))
+    dst_values = functools.reduce(lambda v, step: plan_values(step[0], v), steps, values)
+    load = lambda job: rt.load_files(job, "src", src, src_files, src_values)  # noqa: E731
+    write_checkpoint_dir(dst, AgentFiles(rt, steps, load, on_round), dst_values, out)
 
 
 class AgentFiles:
-    """The dst arrays of an execution, still on the agents: `write_files(out, files)` has each
-    agent write its sub-tensors' files (`Runtime.write_files`), each from its partition's first
-    device (`checkpoint.directory.write_checkpoint` calls it)."""
+    """The dst arrays as files the agents write: `write_files(out, files)` (called by
+    `checkpoint.directory.write_checkpoint` once the directories exist) runs the steps, the last
+    one into new memory-mapped files (`Runtime.execute`'s `files`), each sub-tensor from its
+    partition's first device."""
 
-    def __init__(self, rt: Any, job: str, placed: PTC):
-        self.rt, self.job, self.placed = rt, job, placed
+    def __init__(self, rt: Any, steps: list[Step], load: Callable[[str], None], on_round: Callable[[int, int], None] | None):
+        self.rt, self.steps, self.load, self.on_round = rt, steps, load, on_round
 
     def write_files(self, out: Path, files: dict[str, str]) -> None:
-        first = {p.id: self.placed.allocation.devices_of(p.id)[0] for p in self.placed.partitions}
+        placed = self.steps[-1][2].with_allocation(self.steps[-1][0].allocation)
+        first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
         per_host: dict[str, list] = {}
         for sid, rel in files.items():
-            device = first[self.placed.partition_of[sid]]
-            per_host.setdefault(self.placed.topology.host_of(device), []).append((sid, device, str(out / rel)))
-        self.rt.write_files(self.job, "dst", per_host)
+            device = first[placed.partition_of[sid]]
+            per_host.setdefault(placed.topology.host_of(device), []).append((sid, device, str(out / rel)))
+        _run_steps(self.rt, self.steps, self.load, self.on_round, per_host)
 
 
-def first_instances(placed: PTC, arrays: dict, values: dict, *, with_arrays: bool = True) -> tuple[dict, dict]:
+def first_instances(placed: PTC, arrays: dict, values: dict) -> tuple[dict, dict]:
     """Sub-tensor id -> array and partition id -> values of an execution's result
-    ({(id, device): ...}), each from its partition's first device in `placed` (without
-    `with_arrays`, the values only)."""
+    ({(id, device): ...}), each from its partition's first device in `placed`."""
     first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
-    if not with_arrays:
-        return {}, {pid: values.get((pid, d), {}) for pid, d in first.items()}
     try:
         out_arrays = {st.id: arrays[(st.id, first[placed.partition_of[st.id]])] for st in placed.subtensors}
     except KeyError as e:
@@ -214,8 +215,10 @@ def execute_steps(steps: list[Step], arrays: dict, values: dict, workers: int, t
         return rt.fetch(job, "dst")
 
 
-def _run_steps(rt: Any, steps: list[Step], load: Callable[[str], None], on_round: Callable[[int, int], None] | None) -> str:
-    """`load(job)` the src tag, then run the steps on `rt` from tag `src` to `dst`; returns the job."""
+def _run_steps(rt: Any, steps: list[Step], load: Callable[[str], None], on_round: Callable[[int, int], None] | None,
+               files: dict[str, list] | None = None) -> str:  # fmt: skip
+    """`load(job)` the src tag, then run the steps on `rt` from tag `src` to `dst` (the last one
+    into `files`, `Runtime.execute`); returns the job."""
     job = f"reshard-{os.getpid()}"
     tags = ["src", *(f".step-{i}" for i in range(1, len(steps))), "dst"]
     total = sum(plan.stats.rounds for plan, _, _ in steps)
@@ -223,7 +226,7 @@ def _run_steps(rt: Any, steps: list[Step], load: Callable[[str], None], on_round
     done = 0
     for (plan, src, dst), a, b in zip(steps, tags, tags[1:]):
         progress = None if on_round is None else lambda r, _, done=done: on_round(done + r, total)
-        rt.execute(plan, src, dst, job, a, b, on_round=progress)
+        rt.execute(plan, src, dst, job, a, b, on_round=progress, files=files if b == "dst" else None)
         done += plan.stats.rounds
         if a != "src":
             rt.drop(job, a)

@@ -171,25 +171,15 @@ class Runtime:
             self.drop(job, staging)
             raise ExecutionError(f"loading {tag_path(job, tag)} failed; no host kept any of it: {e}") from None
 
-    def fetch(self, job: str, tag: str, arrays: bool = True) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
-        """The state under a tag, merged over all agents (copies); without `arrays` its values only."""
-        got: dict = {}
+    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict]]:
+        """The state under a tag, merged over all agents (copies)."""
+        arrays: dict = {}
         values: dict = {}
         for host in self.agents:
-            a, v = self.call(host, "fetch", job=job, tag=tag, arrays=arrays)
-            got.update(a)
+            a, v = self.call(host, "fetch", job=job, tag=tag)
+            arrays.update(a)
             values.update(v)
-        return got, values
-
-    def write_files(self, job: str, tag: str, files: Mapping[str, list[tuple[str, int, str]]]) -> dict[str, int]:
-        """Have each host write arrays of a tag as new `.npy` files ({host: [(sub-tensor, device,
-        path)]}, paths local to it; `agent.files`); returns the bytes each wrote. Raises
-        ExecutionError naming each host that failed (its files may be partly written)."""
-        try:
-            return self._all({h: ("write_files", {"job": job, "tag": tag, "files": [list(f) for f in fs]})
-                              for h, fs in files.items()})  # fmt: skip
-        except AgentFailures as e:
-            raise ExecutionError(f"writing the files of {tag_path(job, tag)} failed: {e}") from None
+        return arrays, values
 
     def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
         """The `.meta` records of a tag ({name: record}), from the first host (by name) that has them."""
@@ -220,10 +210,13 @@ class Runtime:
 
     # ---- execution ---------------------------------------------------------------------
     def execute(self, plan: Plan, src: PTC, dst: PTC, job: str, src_tag: str, dst_tag: str,
-                on_round: Callable[[int, int], None] | None = None, meta: Mapping[str, Any] | None = None) -> dict[str, int]:  # fmt: skip
+                on_round: Callable[[int, int], None] | None = None, meta: Mapping[str, Any] | None = None,
+                files: Mapping[str, list] | None = None) -> dict[str, int]:  # fmt: skip
         """Run `plan` from `src_tag` to `dst_tag` on all agents; returns bytes sent per host.
         `on_round(done, total)` is called after each round (progress); `meta` ({name: JSON})
-        is committed with the dst tag on every host, as its `.meta/<name>` records.
+        is committed with the dst tag on every host, as its `.meta/<name>` records; `files`
+        ({host: [(sub-tensor, device, path)]}, paths local to the host): dst arrays that are
+        new memory-mapped `.npy` files there (`Agent.prepare`), written in place.
 
         Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
         dst tag or its staging tag and the src tag is unchanged.
@@ -242,7 +235,8 @@ class Runtime:
         try:
             direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
             prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
-                                                  "slice": slices[h], "run": {"epoch": self._epoch} if direct else None})
+                                                  "slice": slices[h], "run": {"epoch": self._epoch} if direct else None,
+                                                  "files": [list(f) for f in (files or {}).get(h, [])]})
                                   for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             clock.lap("prepare")
             if direct:  # the agents' own prepare seconds, the rest is rounds

@@ -1,5 +1,5 @@
-"""`reshard --workers N` (N >= 2): agents map the src `.npy` files and write the dst files
-themselves (`agent.files`), no array bytes on the control connections; a worker that dies
+"""`reshard --workers N` (N >= 2): agents map the src `.npy` files and execute into dst files
+that they create and map themselves (`agent.files`), no array bytes on the control connections; a worker that dies
 leaves no OUT and the src intact, with an error naming it; the one-worker command starts
 without the modules it does not need.
 
@@ -22,6 +22,7 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.ir.serialize import dumps
 from tenplex.runtime.agent import client
 from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.agent.files import create_mapped
 from tenplex.runtime.arrays import arange_tensors, materialize
 from tenplex.runtime.checkpoint.directory import read_checkpoint, relative_paths, write_checkpoint
 from tenplex.runtime.checkpoint.npy import load_npy, mapped_file
@@ -54,7 +55,7 @@ def _rows(src, a: Path) -> list[list]:
 
 
 @pytest.mark.timeout(60)
-def test_agent_maps_src_files_and_writes_new_files(case, tmp_path):
+def test_agent_maps_src_files_and_creates_mapped_dst_files(case, tmp_path):
     src, _, tensors, a = case
     agent = Agent("h0")
     try:
@@ -64,14 +65,17 @@ def test_agent_maps_src_files_and_writes_new_files(case, tmp_path):
         got = agent.store.get(array_path("j", "src", 0, st.id))
         assert mapped_file(got) is not None  # a view of the file, not a copy
         assert got.tobytes() == materialize(src, tensors, st).tobytes()
-        assert agent.fetch("j", "src", arrays=False) == ({}, {("p", 0): {"iteration": 3}})
+        assert agent.fetch("j", "src")[1] == {("p", 0): {"iteration": 3}}
         out = tmp_path / "x.npy"
-        assert agent.write_files("j", "src", [[st.id, 0, str(out)]]) == got.nbytes
-        assert load_npy(out, "x", ExecutionError).tobytes() == got.tobytes()
+        dst = create_mapped(str(out), list(got.shape), src.tensor_map[st.tensor].dtype)
+        dst[...] = got
+        del dst
+        assert load_npy(out, "x", ExecutionError).tobytes() == got.tobytes()  # the file is the array
         with pytest.raises(ExecutionError, match=f"{out}.*exists"):  # never replaced
-            agent.write_files("j", "src", [[st.id, 0, str(out)]])
-        with pytest.raises(ExecutionError, match="no array .*y.npy \\(sub-tensor 'nope'\\)"):
-            agent.write_files("j", "src", [["nope", 0, str(tmp_path / "y.npy")]])
+            create_mapped(str(out), [2], "float32")
+        assert load_npy(out, "x", ExecutionError).tobytes() == got.tobytes()
+        empty = create_mapped(str(tmp_path / "e.npy"), [0, 3], "bfloat16")
+        assert empty.shape == (0, 3) and load_npy(tmp_path / "e.npy", "e", ExecutionError).shape == (0, 3)
     finally:
         agent.stop()
 
@@ -112,8 +116,9 @@ def test_two_workers_move_no_array_bytes_over_the_control_connection(case, tmp_p
     assert all(arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes() for st in dst.subtensors)
     assert all(values[p.id]["iteration"] == 7 for p in dst.partitions)
     names = {name for name, _ in calls}
-    assert {"load_files", "write_files"} <= names and "load" not in names
-    assert all(kw["arrays"] is False for name, kw in calls if name == "fetch")
+    assert "load_files" in names and not names & {"load", "fetch"}
+    written = sorted(row[2] for name, kw in calls if name == "prepare" for row in kw["files"])
+    assert len(written) == len(dst.subtensors) and all(".out" not in w and ".b.tmp-" in w for w in written)
 
 
 def _kill_on_last_round(name: str):

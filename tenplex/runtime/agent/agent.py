@@ -5,10 +5,11 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
 host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`,
-`prepare`, `run`, `commit`, `abort`, `fetch`, `write_files`, `delete_tag`, `exists`, `memory`,
-`rest_url`, `tag_meta`, `stop` (`load_files`/`write_files`: arrays straight from and to local
-`.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's processes on that Unix
-socket (`runtime.shm`: training programs save into it and load from it through shared memory).
+`prepare`, `run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`,
+`tag_meta`, `stop` (`load_files` and `prepare`'s `files`: arrays straight from and into local
+`.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's
+processes on that Unix socket (`runtime.shm`: training programs save into it and load from it
+through shared memory).
 
 Store layout: `store.layout`. Execution (`rounds`): `prepare` decodes this host's slice of the
 plan (`compiler.emit.slices`: only its arrays, regions and parts, no plan or PTC to parse),
@@ -129,16 +130,13 @@ class Agent:
         self.load(job, tag, {}, values)
         return local_files.map_files(self.store, job, tag, files)
 
-    def write_files(self, job: str, tag: str, files: list) -> int:
-        """Write arrays of a tag as new local `.npy` files (`[sub-tensor, device, path]` rows); returns the bytes."""
-        return local_files.write_files(self.store, job, tag, files)
-
     def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
-                run: dict | None = None) -> dict[str, Any]:  # fmt: skip
+                run: dict | None = None, files: list | None = None) -> dict[str, Any]:  # fmt: skip
         """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
-        does not, create its dst arrays (in one shared arena) and the tag's `meta` records under
-        staging; then `run(**run)` if given (one command less when no host waits for values).
-        Returns {"gives": {op id: src value other hosts' value ops copy}, "prepare_s": seconds,
+        does not, create its dst arrays (in one shared arena; those named in `files`, `[sub-tensor,
+        device, path]` rows, as new memory-mapped `.npy` files, `agent.files.create_mapped`) and
+        the tag's `meta` records under staging; then `run(**run)` if given (one command less when
+        no host waits for values). Returns {"gives": {op id: src value other hosts' value ops copy}, "prepare_s": seconds,
         "sent": bytes (after a run)}."""
         t0 = time.perf_counter()
         self._finish()
@@ -151,18 +149,35 @@ class Agent:
         for i, (side, sid, device, dtype, shape) in enumerate(ex.meta):
             if side == "src":
                 sources[i] = rounds.source(self.store, array_path(job, src_tag, device, sid), shape, dtype)
-        created = [(array_path(job, ex.staging, d, sid), shape, dtype) for side, sid, d, dtype, shape in ex.meta if side == "dst"]
         devices = sorted({d for side, _, d, _, _ in ex.meta if side == "dst"})
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        made = iter(shared.create_in_arena(self.store, created, f"tenplex-{dst_tag}", self.pool))  # the plan writes every byte
-        ex.arrays = [sources[i] if side == "src" else next(made) for i, (side, *_) in enumerate(ex.meta)]
+        made = self._dst_arrays(ex, {(sid, d): path for sid, d, path in files or []})
+        ex.arrays = [sources[i] if side == "src" else made[i] for i, (side, *_) in enumerate(ex.meta)]
         out = {"gives": rounds.src_values(self.store, job, src_tag, [g[:4] for g in slice["gives"]])}
         self.execution = ex
         out["prepare_s"] = time.perf_counter() - t0
         if run is not None:
             out["sent"] = self.run(**run)
+        return out
+
+    def _dst_arrays(self, ex: Execution, files: dict[Instance, str]) -> dict[int, np.ndarray]:
+        """{meta index: dst array} under staging: mapped new files for the instances in `files`,
+        the rest in one shared arena (the plan writes every byte, so neither is cleared)."""
+        out, arena = {}, []
+        for i, (side, sid, d, dtype, shape) in enumerate(ex.meta):
+            if side != "dst":
+                continue
+            path = array_path(ex.job, ex.staging, d, sid)
+            if (sid, d) in files:
+                out[i] = local_files.create_mapped(files[(sid, d)], shape, dtype)
+                self.store.put(path, out[i], copy=False)
+            else:
+                arena.append((i, (path, shape, dtype)))
+        if arena:
+            made = shared.create_in_arena(self.store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", self.pool)
+            out.update(zip([i for i, _ in arena], made))
         return out
 
     def reserve(self, nbytes: int) -> int:
@@ -204,23 +219,22 @@ class Agent:
         kept for the next execution: its pages are already touched."""
         self.execution = None
 
-    def fetch(self, job: str, tag: str, arrays: bool = True) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
-        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition,
-        device): values}); without `arrays`, the values only (the arrays stay, e.g. for `write_files`)."""
-        got: dict[Instance, np.ndarray] = {}
+    def fetch(self, job: str, tag: str) -> tuple[dict[Instance, np.ndarray], dict[tuple[str, int], dict[str, Any]]]:
+        """Copies of every array and value under a tag: ({(subtensor, device): array}, {(partition, device): values})."""
+        arrays: dict[Instance, np.ndarray] = {}
         values: dict[tuple[str, int], dict[str, Any]] = {}
         if not self.store.exists(tag_path(job, tag)):
-            return got, values
+            return arrays, values
         for path in self.store.walk(tag_path(job, tag)):
             parsed = parse_leaf(job, tag, path)
             if parsed is None:
                 continue
             kind, key = parsed
-            if kind != "array":
+            if kind == "array":
+                arrays[key] = np.array(self.store.get(path))
+            else:
                 values.setdefault(key[:2], {})[key[2]] = self.store.get(path)
-            elif arrays:
-                got[key] = np.array(self.store.get(path))
-        return got, values
+        return arrays, values
 
     def tag_meta(self, job: str, tag: str) -> dict[str, Any]:
         """{name: record} of the tag's `.meta` records (empty when it has none)."""

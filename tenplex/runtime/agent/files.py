@@ -3,16 +3,20 @@
 `map_files(store, job, tag, files)` puts each src file's array into the store without reading
 it: the leaf is a read-only view of the memory-mapped file (`checkpoint.npy.map_npy`), so the
 plan's copies read the file's pages where they land, and no byte crosses the control connection.
-`write_files(store, job, tag, files)` writes arrays of a tag as new `.npy` files (created, never
-replaced: `O_EXCL`), header then data with `pwrite`; the caller makes them durable and renames
-their directory (`checkpoint.directory.write_checkpoint_dir`), so a file an agent leaves half
-written is never seen.
+`create_mapped(path, shape, dtype)` creates a new `.npy` file (never replacing one: `O_EXCL`),
+header written, data sized, and returns a writable view of its memory-mapped data: a plan's
+dst array that is the file itself, so the execution writes the output where it lands, with no
+copy after it (`Agent.prepare`'s `files`). The caller makes the files durable and renames their
+directory (`checkpoint.directory.write_checkpoint_dir`), so a file an agent leaves half written
+is never seen.
 
 Every failure is an ExecutionError naming the file and the sub-tensor.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from tenplex.runtime.checkpoint.npy import as_dtype, map_npy, npy_header, pwrite
 from tenplex.runtime.store.layout import array_path
 from tenplex.runtime.store.tree import TensorStore
 
-__all__ = ["map_files", "write_files"]
+__all__ = ["create_mapped", "map_files"]
 
 
 def map_files(store: TensorStore, job: str, tag: str, files: list) -> int:
@@ -46,31 +50,23 @@ def map_files(store: TensorStore, job: str, tag: str, files: list) -> int:
     return n
 
 
-def write_files(store: TensorStore, job: str, tag: str, files: list) -> int:
-    """Write the arrays of `[sub-tensor, device, path]` rows under `tag` as new `.npy` files;
-    returns the bytes written. Raises ExecutionError naming the array or the file (and errno)."""
-    n = 0
-    for sid, device, path in files:
-        at = array_path(job, tag, device, sid)
-        if not store.exists(at):
-            raise ExecutionError(f"no array {at} to write to {path} (sub-tensor {sid!r})")
-        a = store.get(at)
-        if not isinstance(a, np.ndarray):
-            raise ExecutionError(f"{at} holds a value, not the array of sub-tensor {sid!r}")
-        try:
-            _write(path, a)
-        except OSError as e:
-            raise ExecutionError(str(write_failure(path, e, ExecutionError))) from None
-        n += a.nbytes
-    return n
-
-
-def _write(path: str, a: np.ndarray) -> None:
-    header = npy_header(a.dtype, a.shape)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+def create_mapped(path: str, shape: list[int], dtype: str) -> np.ndarray:
+    """A writable array of `shape` and `dtype` that is the data of a new `.npy` file at `path`
+    (see the module docstring); its pages are faulted in at once (`MAP_POPULATE`). Raises
+    ExecutionError naming the file (and errno) when it exists or cannot be made."""
+    dt = np_dtype(dtype)
+    header = npy_header(dt, tuple(shape))
+    count = math.prod(shape)
     try:
-        pwrite_all(fd, header, 0)
-        if a.size:
-            pwrite_all(fd, memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)), len(header))
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            pwrite_all(fd, header, 0)
+            if count == 0:
+                return np.empty(shape, dt)
+            os.ftruncate(fd, len(header) + count * dt.itemsize)
+            mapped = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ExecutionError(str(write_failure(path, e, ExecutionError))) from None
+    return np.frombuffer(mapped, dt, count, len(header)).reshape(shape)

@@ -40,7 +40,7 @@ from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen,
 from tenplex.runtime.agent.wire import WireError
 
 COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "reserve", "prepare", "run", "commit", "abort",
-            "fetch", "write_files", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
+            "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
 BEAT_S = 1.0
