@@ -58,14 +58,11 @@ class Runtime:
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
-              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None,
-              link: bool = True) -> Runtime:  # fmt: skip
+              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None) -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
-        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
-        Without `link`, it returns as soon as the processes are started (they start up while the
-        caller works) and `link()` connects them later."""
+        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`."""
         hosts = list(dict.fromkeys(hosts))
         if local_dir:
             os.makedirs(local_dir, exist_ok=True)
@@ -79,8 +76,7 @@ class Runtime:
                 proc.start()
                 theirs.close()
                 rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
-            if link:
-                rt._link(start_timeout)
+            rt._link(start_timeout)
         return rt
 
     @classmethod
@@ -115,11 +111,6 @@ class Runtime:
                 raise ExecutionError(f"{what} failed: {e}") from None
             raise
 
-    def link(self, timeout: float = 60.0) -> None:
-        """Connect the agents of `local(..., link=False)` to each other. Raises ExecutionError (agents closed)."""
-        with self._closed_on_error("starting agents"):
-            self._link(timeout)
-
     def _link(self, timeout: float) -> None:
         hosts = list(self.agents)
         addresses = self._all({h: ("address", {}) for h in hosts}, timeout)
@@ -134,39 +125,24 @@ class Runtime:
             raise ExecutionError(str(e)) from None
 
     def load(self, job: str, tag: str, ptc: PTC, arrays: Mapping[Instance, np.ndarray],
-             values: Mapping[tuple[str, int], dict] | None = None) -> None:  # fmt: skip
+             values: Mapping[tuple[str, int], dict] | None = None, command: str = "load") -> None:  # fmt: skip
         """Split a state by the host of each device (from `ptc.topology`) and load it under `tag`
         on every host, all or nothing: each host loads into a staging tag, and only when every host
         has it is staging renamed to `tag` (replacing an older `tag`). Raises ExecutionError; then
-        no host has any of the new state and an older `tag` is untouched."""
-        per_host = self._per_host(ptc, arrays, values)
-        self._staged(job, tag, {h: ("load", {"arrays": a, "values": v}) for h, (a, v) in per_host.items()})
-
-    def load_files(self, job: str, tag: str, ptc: PTC, files: Mapping[Instance, tuple[str, str, list[int]]],
-                   values: Mapping[tuple[str, int], dict] | None = None) -> None:  # fmt: skip
-        """`load`, each array from a `.npy` file ({(sub-tensor, device): (path, dtype, shape)})
-        that its host maps (`agent.files`: the paths are local to the agents, no array bytes
-        travel). Same guarantees; an error names the file."""
-        per_host = self._per_host(ptc, files, values)
-        calls = {h: ("load_files", {"files": [[sid, d, *f] for (sid, d), f in a.items()], "values": v})
-                 for h, (a, v) in per_host.items()}  # fmt: skip
-        self._staged(job, tag, calls)
-
-    def _per_host(self, ptc: PTC, arrays: Mapping[Instance, Any], values: Mapping | None) -> dict[str, tuple[dict, dict]]:
+        no host has any of the new state and an older `tag` is untouched. With `command="load_files"`
+        `arrays` are `.npy` files ({instance: (path, dtype, shape)}, paths local to the agents) that
+        each host maps (`agent.files`: no array bytes travel); an error names the file."""
         host_of = ptc.topology.host_of
         per_host: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in self.agents}
         for (sid, d), a in arrays.items():
             per_host[self._host(host_of(d))][0][(sid, d)] = a
         for (pid, d), v in (values or {}).items():
             per_host[self._host(host_of(d))][1][(pid, d)] = v
-        return per_host
-
-    def _staged(self, job: str, tag: str, calls: Mapping[str, tuple[str, dict]]) -> None:
-        """Run the load `calls` into a staging tag, then rename it to `tag` everywhere (all or nothing)."""
         staging = staging_tag(tag)
+        calls = {h: (command, {"job": job, "tag": staging, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
         try:
-            self._all({h: (name, {"job": job, "tag": staging, **kw}) for h, (name, kw) in calls.items()}, self.round_timeout)
-            self._all({h: ("rename_tag", {"job": job, "src": staging, "dst": tag}) for h in calls}, self.round_timeout)
+            self._all(calls, self.round_timeout)
+            self._all({h: ("rename_tag", {"job": job, "src": staging, "dst": tag}) for h in per_host}, self.round_timeout)
         except AgentFailures as e:
             self.drop(job, staging)
             raise ExecutionError(f"loading {tag_path(job, tag)} failed; no host kept any of it: {e}") from None

@@ -49,9 +49,9 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _rows(src, a: Path) -> list[list]:
+def _rows(src, a: Path) -> dict[tuple[str, int], list]:
     rel = relative_paths(src)
-    return [[st.id, 0, str(a / rel[st.id]), src.tensor_map[st.tensor].dtype, list(st.shape)] for st in src.subtensors]
+    return {(st.id, 0): [str(a / rel[st.id]), src.tensor_map[st.tensor].dtype, list(st.shape)] for st in src.subtensors}
 
 
 @pytest.mark.timeout(60)
@@ -86,12 +86,13 @@ def test_agent_refuses_a_src_file_that_is_not_its_row(case, tmp_path):
     rows = _rows(src, a)
     bad = tmp_path / "bad.npy"
     np.save(bad, np.zeros((3, 3), np.float32))
-    rows[2][2] = str(bad)
+    victim = src.subtensors[2].id
+    rows[(victim, 0)][0] = str(bad)
     agent = Agent("h0")
     try:
-        with pytest.raises(ExecutionError, match=f"{bad}: holds float32\\[3, 3\\].*sub-tensor {rows[2][0]!r}"):
+        with pytest.raises(ExecutionError, match=f"{bad}: holds float32\\[3, 3\\].*sub-tensor {victim!r}"):
             agent.load_files("j", "src", rows)
-        rows[2][2] = str(tmp_path / "missing.npy")
+        rows[(victim, 0)][0] = str(tmp_path / "missing.npy")
         with pytest.raises(ExecutionError, match="missing.npy"):
             agent.load_files("j", "src", rows)
     finally:

@@ -125,10 +125,10 @@ class Agent:
                 self.store.put(value_path(job, tag, device, pid, name), value)
         return self.store.nbytes(tag_path(job, tag)) if self.store.exists(tag_path(job, tag)) else 0
 
-    def load_files(self, job: str, tag: str, files: list, values: Mapping | None = None) -> int:
-        """`load` from local `.npy` files (`[sub-tensor, device, path, dtype, shape]` rows), mapped, not read."""
+    def load_files(self, job: str, tag: str, arrays: Mapping[Instance, list], values: Mapping | None = None) -> int:
+        """`load` from local `.npy` files ({instance: [path, dtype, shape]}), mapped, not read."""
         self.load(job, tag, {}, values)
-        return local_files.map_files(self.store, job, tag, files)
+        return local_files.map_files(self.store, job, tag, arrays)
 
     def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
                 run: dict | None = None, files: list | None = None) -> dict[str, Any]:  # fmt: skip
@@ -153,31 +153,13 @@ class Agent:
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        made = self._dst_arrays(ex, {(sid, d): path for sid, d, path in files or []})
+        made = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
         ex.arrays = [sources[i] if side == "src" else made[i] for i, (side, *_) in enumerate(ex.meta)]
         out = {"gives": rounds.src_values(self.store, job, src_tag, [g[:4] for g in slice["gives"]])}
         self.execution = ex
         out["prepare_s"] = time.perf_counter() - t0
         if run is not None:
             out["sent"] = self.run(**run)
-        return out
-
-    def _dst_arrays(self, ex: Execution, files: dict[Instance, str]) -> dict[int, np.ndarray]:
-        """{meta index: dst array} under staging: mapped new files for the instances in `files`,
-        the rest in one shared arena (the plan writes every byte, so neither is cleared)."""
-        out, arena = {}, []
-        for i, (side, sid, d, dtype, shape) in enumerate(ex.meta):
-            if side != "dst":
-                continue
-            path = array_path(ex.job, ex.staging, d, sid)
-            if (sid, d) in files:
-                out[i] = local_files.create_mapped(files[(sid, d)], shape, dtype)
-                self.store.put(path, out[i], copy=False)
-            else:
-                arena.append((i, (path, shape, dtype)))
-        if arena:
-            made = shared.create_in_arena(self.store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", self.pool)
-            out.update(zip([i for i, _ in arena], made))
         return out
 
     def reserve(self, nbytes: int) -> int:

@@ -18,25 +18,29 @@ from __future__ import annotations
 import math
 import mmap
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError, TenplexError
 from tenplex.ir.files import write_failure
+from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.npy import as_dtype, map_npy, npy_header, pwrite_all
+from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import array_path
 from tenplex.runtime.store.tree import TensorStore
 
-__all__ = ["create_mapped", "map_files"]
+__all__ = ["create_mapped", "dst_arrays", "map_files"]
 
 
-def map_files(store: TensorStore, job: str, tag: str, files: list) -> int:
-    """Put `[sub-tensor, device, path, dtype, shape]` rows' files under `tag` (mapped, not read);
-    returns their bytes. Raises ExecutionError naming a file that is not the array its row says."""
+def map_files(store: TensorStore, job: str, tag: str, files: Mapping[tuple[str, int], list]) -> int:
+    """Put the files ({(sub-tensor, device): [path, dtype, shape]}) under `tag` (mapped, not
+    read); returns their bytes. Raises ExecutionError naming a file that is not the array it should be."""
     n = 0
-    for sid, device, path, dtype, shape in files:
+    for (sid, device), (path, dtype, shape) in files.items():
         what = f"sub-tensor {sid!r}"
         try:
             mapped = map_npy(Path(path), what, ExecutionError)
@@ -70,3 +74,23 @@ def create_mapped(path: str, shape: list[int], dtype: str) -> np.ndarray:
     except OSError as e:
         raise ExecutionError(str(write_failure(path, e, ExecutionError))) from None
     return np.frombuffer(mapped, dt, count, len(header)).reshape(shape)
+
+
+def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int], str], pool: Any) -> dict[int, np.ndarray]:
+    """{slice array index: dst array} of `ex` under its staging tag (`Agent.prepare`): new mapped
+    files for the instances in `files`, the rest in one shared arena (`pool`: its `ArenaPool`);
+    the plan writes every byte, so neither is cleared."""
+    out, arena = {}, []
+    for i, (side, sid, d, dtype, shape) in enumerate(ex.meta):
+        if side != "dst":
+            continue
+        path = array_path(ex.job, ex.staging, d, sid)
+        if (sid, d) in files:
+            out[i] = create_mapped(files[(sid, d)], shape, dtype)
+            store.put(path, out[i], copy=False)
+        else:
+            arena.append((i, (path, shape, dtype)))
+    if arena:
+        made = shared.create_in_arena(store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", pool)
+        out.update(zip([i for i, _ in arena], made))
+    return out
