@@ -8,8 +8,9 @@ alternating rounds (cp, workers 1, workers 2, cp, ...):
 - `cp -r SRC OUT`: the anchor, the same bytes copied file by file (`copy_file_range`);
 - `tenplex reshard SRC --to tp4,pp1 --out OUT --workers 1`: read, compile, write the new layout
   (in-process plan, each dst file written once from the mapped src);
-- the same with `--workers 2`: two agent processes (`Runtime.local`, UCX), the dst arrays
-  fetched back and written.
+- the same with `--workers 2`: two agent processes (`Runtime.local`, UCX, started while the plan
+  compiles), each mapping its src files and executing straight into its dst files (memory-mapped
+  in OUT's temporary); only the bytes that change workers move between them.
 
 Per side: wall seconds (process start to exit: what a user waits for) min/median/max, the ratio
 to the `cp -r` of the same round min/median/max, and the seconds tenplex reports itself

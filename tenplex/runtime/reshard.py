@@ -104,7 +104,8 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
             plan = steps[0][0]
             write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
         elif starting is None:
-            write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round), out)
+            write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
+                                 out)  # fmt: skip
         else:
             files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
             _on_agents(starting.result(), steps, files, values, dst, out, on_round)
@@ -180,7 +181,8 @@ class AgentFiles:
     one into new memory-mapped files (`Runtime.execute`'s `files`), each sub-tensor from its
     partition's first device."""
 
-    def __init__(self, rt: Any, steps: list[Step], load: Callable[[str], None], on_round: Callable[[int, int], None] | None):
+    def __init__(self, rt: Any, steps: list[Step], load: Callable[[str], None],
+                 on_round: Callable[[int, int], None] | None):  # fmt: skip
         self.rt, self.steps, self.load, self.on_round = rt, steps, load, on_round
 
     def write_files(self, out: Path, files: dict[str, str]) -> None:

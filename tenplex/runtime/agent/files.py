@@ -48,7 +48,7 @@ def map_files(store: TensorStore, job: str, tag: str, files: Mapping[tuple[str, 
             raise ExecutionError(str(e)) from None
         got = as_dtype(mapped, np_dtype(dtype))
         if got is None or got.shape != tuple(shape):
-            raise ExecutionError(f"{path}: holds {mapped.dtype}{list(mapped.shape)}, expected {dtype}{list(shape)} ({what})")
+            raise ExecutionError(f"{path}: holds {mapped.dtype}{list(mapped.shape)}, expected {dtype}{list(shape)} ({what})")  # fmt: skip
         store.put(array_path(job, tag, device, sid), got, copy=False)  # adopted: the store keeps the mapping
         n += got.nbytes
     return n
@@ -76,7 +76,8 @@ def create_mapped(path: str, shape: list[int], dtype: str) -> np.ndarray:
     return np.frombuffer(mapped, dt, count, len(header)).reshape(shape)
 
 
-def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int], str], pool: Any) -> dict[int, np.ndarray]:
+def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int], str],
+               pool: Any) -> dict[int, np.ndarray]:  # fmt: skip
     """{slice array index: dst array} of `ex` under its staging tag (`Agent.prepare`): new mapped
     files for the instances in `files`, the rest in one shared arena (`pool`: its `ArenaPool`);
     the plan writes every byte, so neither is cleared."""
