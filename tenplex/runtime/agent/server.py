@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import traceback
 from typing import Any
@@ -59,6 +60,10 @@ def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | No
     finally:
         channel.close()
         agent.stop()
+    for stream in (sys.stdout, sys.stderr):  # then exit at once: tearing down the interpreter
+        with contextlib.suppress(Exception):  # (numpy, ucxx, ...) only delays the runtime's close
+            stream.flush()
+    os._exit(0)
 
 
 def handle(agent: Agent, channel: Channel) -> bool:
