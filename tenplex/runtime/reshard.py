@@ -13,7 +13,7 @@ plan's copies (`checkpoint.planned`). With more, each agent maps the src files o
 itself, and the dst arrays it stores are the dst files themselves (new `.npy` files in OUT_DIR's
 temporary, memory-mapped: `agent.files`), so the plan's copies and receives write the output in
 place; no array byte crosses a control connection, only the bytes that change workers move,
-over UCX. The agents start (in a thread) while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
+over UCX. The agents start while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
 the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
 also after a crash, and an existing OUT_DIR is an error.
 """
@@ -25,8 +25,7 @@ import copy
 import functools
 import os
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +93,22 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    with _agents(workers, timeout, round_timeout) as starting:  # they start up while the plan compiles
+    with _agents(workers, timeout, round_timeout) as rt:  # they start up while the plan compiles
         orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
         relative_paths(dst)  # fail before any work if dst cannot be written
         src, dst_h = rehome(orig_src, dst, workers)
         steps = _steps(src, dst_h, central, workers)
         src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-        if starting is None and not central:  # one host: each dst file straight from the mapped src
+        if rt is None and not central:  # one host: each dst file straight from the mapped src
             plan = steps[0][0]
             write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
-        elif starting is None:
+        elif rt is None:
             write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
                                  out)  # fmt: skip
         else:
+            rt.link(max(60.0, timeout))
             files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
-            _on_agents(starting.result(), steps, files, values, dst, out, on_round)
+            _on_agents(rt, steps, files, values, dst, out, on_round)
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
@@ -144,24 +144,16 @@ def _executed(steps: list[Step], src_arrays: dict, values: dict, workers: int, t
     return first_instances(steps[-1][2].with_allocation(steps[-1][0].allocation), got_arrays, got_values)
 
 
-@contextlib.contextmanager
-def _agents(workers: int, timeout: float, round_timeout: float) -> Iterator[Future | None]:
-    """None for one worker, else `workers` local agents starting in a thread (`Runtime.local`;
-    the future's result), closed at the end of the block."""
+def _agents(workers: int, timeout: float, round_timeout: float) -> contextlib.AbstractContextManager:
+    """None for one worker, else `workers` local agent processes, started but not yet linked
+    (`Runtime.local(link=False)`): they start up while the caller compiles."""
     if workers == 1:
-        yield None
-        return
+        return contextlib.nullcontext(None)
     from tenplex.runtime.runtime import Runtime
 
     hosts = [f"w{i}" for i in range(workers)]
-    with ThreadPoolExecutor(1) as pool:
-        started = pool.submit(Runtime.local, hosts, timeout=timeout, round_timeout=round_timeout,
-                              start_timeout=max(60.0, timeout))  # fmt: skip
-        try:
-            yield started
-        finally:
-            with contextlib.suppress(Exception):  # a failed start raised in the block already
-                started.result().close()
+    return Runtime.local(hosts, timeout=timeout, round_timeout=round_timeout, start_timeout=max(60.0, timeout),
+                         link=False)  # fmt: skip
 
 
 def _on_agents(rt: Any, steps: list[Step], src_files: dict, values: dict, dst: PTC, out: Path,

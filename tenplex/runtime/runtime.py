@@ -58,11 +58,13 @@ class Runtime:
 
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
-              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None) -> Runtime:  # fmt: skip
+              start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None,
+              link: bool = True) -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
-        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`."""
+        `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
+        `link=False` returns once the processes are started (`link()` connects them later)."""
         hosts = list(dict.fromkeys(hosts))
         if local_dir:
             os.makedirs(local_dir, exist_ok=True)
@@ -76,7 +78,8 @@ class Runtime:
                 proc.start()
                 theirs.close()
                 rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
-            rt._link(start_timeout)
+            if link:
+                rt._link(start_timeout)
         return rt
 
     @classmethod
@@ -111,6 +114,11 @@ class Runtime:
                 raise ExecutionError(f"{what} failed: {e}") from None
             raise
 
+    def link(self, timeout: float = 60.0) -> None:
+        """Connect agents started with `local(link=False)`. Raises ExecutionError (agents closed)."""
+        with self._closed_on_error("starting agents"):
+            self._link(timeout)
+
     def _link(self, timeout: float) -> None:
         hosts = list(self.agents)
         addresses = self._all({h: ("address", {}) for h in hosts}, timeout)
@@ -129,15 +137,9 @@ class Runtime:
         """Split a state by the host of each device (from `ptc.topology`) and load it under `tag`
         on every host, all or nothing: each host loads into a staging tag, and only when every host
         has it is staging renamed to `tag` (replacing an older `tag`). Raises ExecutionError; then
-        no host has any of the new state and an older `tag` is untouched. With `command="load_files"`
-        `arrays` are `.npy` files ({instance: (path, dtype, shape)}, paths local to the agents) that
-        each host maps (`agent.files`: no array bytes travel); an error names the file."""
-        host_of = ptc.topology.host_of
-        per_host: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in self.agents}
-        for (sid, d), a in arrays.items():
-            per_host[self._host(host_of(d))][0][(sid, d)] = a
-        for (pid, d), v in (values or {}).items():
-            per_host[self._host(host_of(d))][1][(pid, d)] = v
+        no host has any of the new state and an older `tag` is untouched. `command="load_files"`: `arrays`
+        are local `.npy` files ({instance: (path, dtype, shape)}) that the hosts map (`agent.files`)."""
+        per_host = client.by_host(self.agents, ptc.topology.host_of, arrays, values or {})
         staging = staging_tag(tag)
         calls = {h: (command, {"job": job, "tag": staging, "arrays": a, "values": v}) for h, (a, v) in per_host.items()}
         try:
@@ -190,9 +192,8 @@ class Runtime:
                 files: Mapping[str, list] | None = None) -> dict[str, int]:  # fmt: skip
         """Run `plan` from `src_tag` to `dst_tag` on all agents; returns bytes sent per host.
         `on_round(done, total)` is called after each round (progress); `meta` ({name: JSON})
-        is committed with the dst tag on every host, as its `.meta/<name>` records; `files`
-        ({host: [(sub-tensor, device, path)]}, paths local to the host): dst arrays that are
-        new memory-mapped `.npy` files there (`Agent.prepare`), written in place.
+        is committed with the dst tag on every host, as its `.meta/<name>` records; `files` ({host:
+        [(sub-tensor, device, path)]}): dst arrays that are new mapped local `.npy` files (`Agent.prepare`).
 
         Raises: ExecutionError naming the failed host(s) and message/op; then no host has the
         dst tag or its staging tag and the src tag is unchanged.

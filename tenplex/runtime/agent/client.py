@@ -24,8 +24,8 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial
 from tenplex.runtime.agent.wire import WireError
 
-__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "call_all", "close_all", "connect",
-           "passed_values"]
+__all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "by_host", "call_all",
+           "close_all", "connect", "passed_values"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
@@ -72,6 +72,16 @@ def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
     if host not in agents:
         raise ExecutionError(f"no agent for host {host!r} (agents: {sorted(agents)})")
     return agents[host]
+
+
+def by_host(agents: Mapping[str, AgentHandle], host_of: Callable[[int], str], arrays: Mapping[tuple[str, int], Any],
+            values: Mapping[tuple[str, int], Any]) -> dict[str, tuple[dict, dict]]:  # fmt: skip
+    """{agent's host: (its arrays, its values)} of a state keyed (id, device), by each device's host."""
+    out: dict[str, tuple[dict, dict]] = {h: ({}, {}) for h in agents}
+    for side, items in enumerate((arrays, values)):
+        for (key, device), item in items.items():
+            out[agent_of(agents, host_of(device)).host][side][(key, device)] = item
+    return out
 
 
 def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, dict]], timeout: float,
