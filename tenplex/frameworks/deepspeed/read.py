@@ -28,7 +28,7 @@ import torch
 
 from tenplex.frameworks.deepspeed.files import MODEL_FILE, DeepSpeedError, Located, load, locate
 from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, build_ptc, pid
-from tenplex.frameworks.deepspeed.tp import INFO, global_shape, splits
+from tenplex.frameworks.deepspeed.tp import INFO, UNKNOWN, global_shape, splits
 from tenplex.frameworks.megatron.tensors import dtype_name, to_numpy
 from tenplex.ir.ptc import PTC
 
@@ -65,7 +65,21 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
             top = _dict(load(files[0], "ZeRO optimizer state of DP rank 0", trust_pickles=trust_pickles), files[0])
             meta = _tp_meta(_meta(loc, model, groups, module, sds[0], top, files[0]), models, loc.tp)
         _read_rank(models[m], sds, files, meta, m, arrays)
+    _check_replicas(meta, arrays, loc)
     return _result(meta, arrays)
+
+
+def _check_replicas(meta: DeepSpeedMeta, arrays: dict, loc: Located) -> None:
+    """Every TP rank's copy of a TP-replicated parameter (module and optimizer state) is the same."""
+    for sid in [s for s in arrays if s.startswith("mp0dp")]:
+        part, rest = sid.split("/", 1)
+        if meta.split.get(rest.split("/", 1)[1], UNKNOWN) is not None:
+            continue
+        for m in range(1, meta.tp):
+            if arrays[f"mp{m}{part[3:]}/{rest}"].tobytes() != arrays[sid].tobytes():
+                file = loc.model_file_of(m) if rest.startswith("module/") else loc.zero_files_of(m)[int(part[5:])]
+                raise DeepSpeedError(f"{file}: {rest} differs from model-parallel rank 0's, but '{INFO}' lists it as "
+                                     "TP-replicated (tp_replicated_parameter_patterns)")  # fmt: skip
 
 
 def _tp_meta(meta: DeepSpeedMeta, models: list[dict], tp: int) -> DeepSpeedMeta:

@@ -87,6 +87,12 @@ def test_tp_layouts_that_do_not_fit_are_refused(tp2, tmp_path):
     assert not (tmp_path / "o").exists()
     src = tmp_path / "ck"
     shutil.copytree(ckpt, src)
+    path = src / TAG / "mp_rank_01_model_states.pt"
+    state = torch.load(path, weights_only=False)
+    state["module"]["norm.weight"][0] += 1
+    torch.save(state, path)
+    with pytest.raises(DeepSpeedError, match="mp_rank_01_model_states.pt: module/norm.weight differs from model-parallel rank 0's"):
+        read_deepspeed(src)
     (src / TAG / "zero_pp_rank_1_mp_rank_01_optim_states.pt").unlink()
     with pytest.raises(
         DeepSpeedError, match=r"optimizer file of DP rank 1 missing \(zero_pp_rank_1_mp_rank_01_optim_states.pt\)"
