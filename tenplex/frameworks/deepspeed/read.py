@@ -43,9 +43,11 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
     models = [_dict(load(loc.model_file_of(m), f"DeepSpeed model states of model-parallel rank {m}", trust_pickles=trust_pickles),
                     loc.model_file_of(m)) for m in range(loc.tp)]  # fmt: skip
     model = models[0]
+    if loc.kind == "universal" and model.get("mp_world_size", 1) != 1:
+        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}: tenplex reads universal "
+                             "checkpoints of one model-parallel rank (reshard the ZeRO checkpoint ds_to_universal read instead)")  # fmt: skip
     if model.get("mp_world_size", 1) != loc.tp:
-        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}, but there are {loc.tp} "
-                             f"model file(s){' (tenplex reads universal checkpoints of one model-parallel rank)' if loc.kind == 'universal' else ''}")  # fmt: skip
+        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}, but there are {loc.tp} model files")
     groups = _groups(model, loc.model_file)
     module = _module(model, loc.model_file)
     if loc.kind == "universal":

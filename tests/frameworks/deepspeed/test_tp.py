@@ -67,6 +67,8 @@ def test_deepspeeds_own_path_agrees_except_the_vocab_padding(tp2, tmp_path):
     vocabulary rows, which DeepSpeed strips and refills with zeros (tenplex keeps them)."""
     ckpt, saved = tp2
     to_universal(ckpt / TAG, tmp_path / "uni")
+    with pytest.raises(DeepSpeedError, match="key 'mp_world_size' is 2: tenplex reads universal checkpoints of one model-parallel rank"):
+        read_deepspeed(tmp_path / "uni")
     got = merge(load_tp(tmp_path / "uni", 1, 1, 2, tmp_path, universal=True))
     for kind, t in got["embed.weight"].items():
         assert torch.equal(t[:V], saved["embed.weight"][kind][:V]) and not t[V:].any(), kind
@@ -91,7 +93,9 @@ def test_tp_layouts_that_do_not_fit_are_refused(tp2, tmp_path):
     state = torch.load(path, weights_only=False)
     state["module"]["norm.weight"][0] += 1
     torch.save(state, path)
-    with pytest.raises(DeepSpeedError, match="mp_rank_01_model_states.pt: module/norm.weight differs from model-parallel rank 0's"):
+    with pytest.raises(
+        DeepSpeedError, match="mp_rank_01_model_states.pt: module/norm.weight differs from model-parallel rank 0's"
+    ):
         read_deepspeed(src)
     (src / TAG / "zero_pp_rank_1_mp_rank_01_optim_states.pt").unlink()
     with pytest.raises(
@@ -101,6 +105,15 @@ def test_tp_layouts_that_do_not_fit_are_refused(tp2, tmp_path):
     (src / TAG / "mp_rank_00_model_states.pt").rename(src / TAG / "mp_rank_02_model_states.pt")
     with pytest.raises(DeepSpeedError, match="mp_rank_00_model_states.pt missing"):
         read_deepspeed(src)
+
+
+def test_cli_reshards_tp(tp2, tmp_path, tenplex):
+    code, out, _ = tenplex(
+        "reshard", str(tp2[0]), "--from", "deepspeed", "--to", "tp=1,dp=3", "--out", str(tmp_path / "o")
+    )
+    assert code == 0 and "TP 2 -> 1, DP 2 -> 3" in out
+    _, _, _, meta = read_deepspeed(tmp_path / "o")
+    assert (meta.tp, meta.dp, meta.why_fixed) == (1, 3, "")
 
 
 def test_inspect_describes_the_tp_split(tp2):
