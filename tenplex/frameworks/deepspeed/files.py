@@ -38,6 +38,7 @@ from tenplex.ir.files import os_error_of, read_text, write_failure
 MODEL_FILE = "mp_rank_{:02d}_model_states.pt"
 _ZERO_FILE = re.compile(r"(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d\d)_optim_states\.pt")
 _MODEL = re.compile(r"mp_rank_(\d\d)_model_states\.pt")
+_LAYER = re.compile(r"layer_(\d+)-model_states\.pt")
 _OTHER = re.compile(r"layer_\d+-model_\d+-model_states\.pt|zero_pp_rank_\d+_mp_rank_\d\d_model_states\.pt")
 
 
@@ -103,10 +104,14 @@ class Located:
     model_file: Path
     zero_files: tuple[Path, ...] = ()
     params: tuple[str, ...] = ()
-    tp: int = 1
+    tp: int = 1  # model-parallel ranks: TP ranks, or pipeline stages when `layers`
+    layers: tuple[int, ...] = ()  # a pipeline checkpoint's layer files (`layer_{i:02d}-model_states.pt`)
 
     def model_file_of(self, m: int) -> Path:
         return self.tag_dir / MODEL_FILE.format(m)
+
+    def layer_file(self, i: int) -> Path:
+        return self.tag_dir / f"layer_{i:02d}-model_states.pt"
 
     def zero_files_of(self, m: int) -> tuple[Path, ...]:
         return tuple(f.with_name(f.name.replace("_mp_rank_00_", f"_mp_rank_{m:02d}_")) for f in self.zero_files)
@@ -134,8 +139,8 @@ def locate(path: str | os.PathLike) -> Located:
         raise DeepSpeedError(f"{p}: {MODEL_FILE.format(0)} missing (the optimizer files are there: a half-written save?)")
     others = sorted(n for n in names if _OTHER.fullmatch(n))
     if others:
-        raise DeepSpeedError(f"{p / others[0]}: pipeline (layer_*) or ZeRO-3 files are not read (tenplex reads ZeRO-1/2 "
-                             "checkpoints, with or without tensor parallelism)")  # fmt: skip
+        raise DeepSpeedError(f"{p / others[0]}: ZeRO-3 files and pipelines with tensor parallelism are not read (tenplex "
+                             "reads ZeRO-1/2 checkpoints with tensor or pipeline parallelism)")  # fmt: skip
     mps = sorted(int(m.group(1)) for m in map(_MODEL.fullmatch, names) if m)
     if mps != list(range(len(mps))):
         gap = min(set(range(max(mps) + 1)) - set(mps))
@@ -153,7 +158,8 @@ def locate(path: str | os.PathLike) -> Located:
             missing = min(set(range(n)) - have)
             raise DeepSpeedError(f"{p}: optimizer file of DP rank {missing} missing "
                                  f"({prefix}zero_pp_rank_{missing}_mp_rank_{mp:02d}_optim_states.pt)")  # fmt: skip
-    return Located("zero", p, model, tuple(p / zero_name(prefix, d, 0) for d in range(n)), tp=len(mps))
+    layers = tuple(sorted(int(m.group(1)) for m in map(_LAYER.fullmatch, names) if m))
+    return Located("zero", p, model, tuple(p / zero_name(prefix, d, 0) for d in range(n)), tp=len(mps), layers=layers)
 
 
 def zero_name(prefix: str, dp_rank: int, mp_rank: int) -> str:

@@ -16,6 +16,10 @@ by its split dim (`meta.split`, from `tp.splits`: `Rule.COLUMN`, `Rule.ROW` or r
 every TP rank holds the whole tensor). A parameter whose split is unknown is one tensor per TP
 rank (`mp{m}/<state>/<param>`): the DP world size can change, TP cannot.
 
+Pipelines (`layer_*` files, `pipe.py`): partition `mp{s}dp{r}` is stage s, DP rank r; the module
+entries `{layer}.{key}` of the stage's layers are held by `mp{s}dp0`, the ZeRO fragments of the
+stage's param groups (`DeepSpeedMeta.groups_of`) by each `mp{s}dp{r}`; tensors are global.
+
 `DeepSpeedMeta` carries what the writer needs that the PTC does not say: the param groups (names
 and shapes in flat order), the model file without `module`, the optimizer's non-tensor state
 (loss scaler, clip_grad, param groups' hyper-parameters, the per-group `step`), and the files'
@@ -33,6 +37,7 @@ from typing import Any
 import attrs
 
 from tenplex.frameworks.deepspeed.layout import FlatGroup
+from tenplex.frameworks.deepspeed.pipe import layer_of
 from tenplex.frameworks.deepspeed.tp import UNKNOWN, local_shape
 from tenplex.frontends.layout import Layout, Rule, flat_fragment, shard
 from tenplex.ir.ptc import PTC, Allocation, Partition
@@ -60,13 +65,35 @@ class DeepSpeedMeta:
     split: dict[str, int | None] = attrs.field(factory=dict)  # module key -> split dim (None: replicated; tp.UNKNOWN)
     why_fixed: str = ""  # why TP cannot change ("" when it can), see tp.splits
     other_states: tuple[dict[str, Any], ...] = ()  # the model files of model-parallel ranks 1.. without `module`
+    layers: tuple[tuple[int, tuple[str, ...]], ...] = ()  # a pipeline's layer files: (index, state keys)
+    parts: tuple[int, ...] = ()  # a pipeline's stage boundaries: stage s holds layers [parts[s], parts[s+1])
+    pp_methods: tuple[str, ...] = ()  # the partition methods that reproduce `parts` (pipe.methods)
+
+    @property
+    def pp(self) -> int:
+        return max(1, len(self.parts) - 1)
 
     def local(self, name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
         return local_shape(shape, self.split.get(name, UNKNOWN), tp)
 
-    def flat_groups(self, dp: int, tp: int | None = None) -> tuple[FlatGroup, ...]:
+    def groups_of(self, m: int, parts: tuple[int, ...] | None = None) -> tuple:
+        """Model-parallel rank m's param groups: all of them, or a pipeline stage's layers'."""
+        if not self.layers:
+            return self.groups
+        lo, hi = (parts or self.parts)[m], (parts or self.parts)[m + 1]
+        return tuple(tuple((n, s) for n, s in g if lo <= layer_of(n) < hi) for g in self.groups)
+
+    def flat_groups(self, dp: int, tp: int | None = None, m: int = 0, parts: tuple[int, ...] | None = None) -> tuple[FlatGroup, ...]:
         tp = self.tp if tp is None else tp
-        return tuple(FlatGroup(tuple((n, math.prod(self.local(n, s, tp))) for n, s in g), dp) for g in self.groups)
+        return tuple(FlatGroup(tuple((n, math.prod(self.local(n, s, tp))) for n, s in g), dp) for g in self.groups_of(m, parts))
+
+    def holds(self, key: str, m: int, parts: tuple[int, ...] | None = None) -> bool:
+        """Whether model-parallel rank m's model files hold module entry `key`."""
+        return not self.layers or (parts or self.parts)[m] <= layer_of(key) < (parts or self.parts)[m + 1]
+
+    def ranks(self, tp: int, parts: tuple[int, ...] | None) -> int:
+        """Model-parallel ranks: TP ranks, or the stages of a pipeline."""
+        return len(parts or self.parts) - 1 if self.layers else tp
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -94,26 +121,29 @@ def _layout(meta: DeepSpeedMeta, name: str, shape: tuple[int, ...], m: int, tp: 
     return shard(shape, Rule.ROW if dim == 1 else Rule.COLUMN, tp, m)
 
 
-def build_ptc(meta: DeepSpeedMeta, dp: int, tp: int | None = None) -> PTC:
-    """The PTC of `meta`'s checkpoint with `tp` x `dp` ranks (see the module docstring)."""
+def build_ptc(meta: DeepSpeedMeta, dp: int, tp: int | None = None, parts: tuple[int, ...] | None = None) -> PTC:
+    """The PTC of `meta`'s checkpoint with `tp` (or, for a pipeline, `len(parts) - 1` stages) x
+    `dp` ranks (see the module docstring)."""
     tp = meta.tp if tp is None else tp
-    shapes = {n: s for g in meta.groups for n, s in g}
+    n = meta.ranks(tp, parts)
+    shapes = {name: s for g in meta.groups for name, s in g}
     tensors: dict[str, TensorMeta] = {}
     subtensors, partitions = [], []
-    for m in range(tp):
+    for m in range(n):
         for r in range(dp):
             ids = []
             if r == 0:
                 for k, dtype, shape in meta.module:
-                    ids.append(_sub(meta, subtensors, tensors, "module", k, shape, dtype, m, tp, pid(m, 0, tp), None))
-            for group in meta.flat_groups(dp, tp):
+                    if meta.holds(k, m, parts):
+                        ids.append(_sub(meta, subtensors, tensors, "module", k, shape, dtype, m, tp, pid(m, 0, n), None))
+            for group in meta.flat_groups(dp, tp, m, parts):
                 for f in group.fragments(r):
                     for kind in meta.kinds:
-                        ids.append(_sub(meta, subtensors, tensors, kind, f.name, shapes[f.name], "float32", m, tp, pid(m, r, tp), f))
-            partitions.append(Partition(pid(m, r, tp), ids))
-    alloc = {pid(m, r, tp): (r * tp + m,) for m in range(tp) for r in range(dp)}
+                        ids.append(_sub(meta, subtensors, tensors, kind, f.name, shapes[f.name], "float32", m, tp, pid(m, r, n), f))
+            partitions.append(Partition(pid(m, r, n), ids))
+    alloc = {pid(m, r, n): (r * n + m,) for m in range(n) for r in range(dp)}
     return PTC(tuple(tensors.values()), tuple(subtensors), tuple(partitions), Allocation(alloc),
-               Topology(tuple(Device(i, "h0") for i in range(tp * dp))))  # fmt: skip
+               Topology(tuple(Device(i, "h0") for i in range(n * dp))))  # fmt: skip
 
 
 def _sub(meta: DeepSpeedMeta, out: list, tensors: dict, kind: str, name: str, shape: tuple[int, ...], dtype: str, m: int,

@@ -28,6 +28,7 @@ import torch
 
 from tenplex.frameworks.deepspeed.files import MODEL_FILE, DeepSpeedError, Located, load, locate
 from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, build_ptc, pid
+from tenplex.frameworks.deepspeed.stages import join_groups, pp_meta, read_layers
 from tenplex.frameworks.deepspeed.tp import INFO, UNKNOWN, global_shape, splits
 from tenplex.frameworks.megatron.tensors import dtype_name, to_numpy
 from tenplex.ir.ptc import PTC
@@ -48,14 +49,15 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
                              "checkpoints of one model-parallel rank (reshard the ZeRO checkpoint ds_to_universal read instead)")  # fmt: skip
     if model.get("mp_world_size", 1) != loc.tp:
         raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}, but there are {loc.tp} model files")
-    groups = _groups(model, loc.model_file)
-    module = _module(model, loc.model_file)
-    if loc.kind == "universal":
-        return _universal(loc, model, groups, module, trust_pickles)
-    for m in range(1, loc.tp):
-        if _groups(models[m], loc.model_file_of(m)) != groups or _module(models[m], loc.model_file_of(m)) != module:
-            raise DeepSpeedError(f"{loc.model_file_of(m)}: key 'param_shapes' or 'module' differs from {loc.model_file.name}'s "
-                                 "(tenplex reads even TP splits: every rank's shapes alike)")  # fmt: skip
+    if loc.layers:
+        stage_groups = [_groups(m, loc.model_file_of(s)) for s, m in enumerate(models)]
+        groups = join_groups(stage_groups, loc)
+        module, layer_arrays, layers = read_layers(loc, trust_pickles)
+    else:
+        groups, module = _groups(model, loc.model_file), _module(model, loc.model_file)
+        if loc.kind == "universal":
+            return _universal(loc, model, groups, module, trust_pickles)
+        _check_alike(loc, models, groups, module)
     arrays: dict[str, np.ndarray] = {}
     meta = None
     for m in range(loc.tp):
@@ -65,10 +67,22 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
         if meta is None:
             _check_count(sds[0], loc)
             top = _dict(load(files[0], "ZeRO optimizer state of DP rank 0", trust_pickles=trust_pickles), files[0])
-            meta = _tp_meta(_meta(loc, model, groups, module, sds[0], top, files[0]), models, loc.tp)
+            meta = _meta(loc, model, groups, module, sds[0], top, files[0])
+            meta = pp_meta(meta, models, layers, stage_groups) if loc.layers else _tp_meta(meta, models, loc.tp)
         _read_rank(models[m], sds, files, meta, m, arrays)
-    _check_replicas(meta, arrays, loc)
+    if loc.layers:
+        arrays.update({f"{pid(next(s for s in range(meta.pp) if meta.holds(k, s)), 0, meta.pp)}/module/{k}": a
+                       for k, a in layer_arrays.items()})  # fmt: skip
+    else:
+        _check_replicas(meta, arrays, loc)
     return _result(meta, arrays)
+
+
+def _check_alike(loc: Located, models: list[dict], groups: tuple, module: tuple) -> None:
+    for m in range(1, loc.tp):
+        if _groups(models[m], loc.model_file_of(m)) != groups or _module(models[m], loc.model_file_of(m)) != module:
+            raise DeepSpeedError(f"{loc.model_file_of(m)}: key 'param_shapes' or 'module' differs from {loc.model_file.name}'s "
+                                 "(tenplex reads even TP splits: every rank's shapes alike)")  # fmt: skip
 
 
 def _check_replicas(meta: DeepSpeedMeta, arrays: dict, loc: Located) -> None:
@@ -97,9 +111,9 @@ def _tp_meta(meta: DeepSpeedMeta, models: list[dict], tp: int) -> DeepSpeedMeta:
 
 def _read_rank(model: dict, sds: list[dict], files: tuple[Path, ...], meta: DeepSpeedMeta, m: int, arrays: dict) -> None:
     """Model-parallel rank m's arrays: its module (DP rank 0's) and every DP rank's fragments."""
-    for k, _, _ in meta.module:
+    for k, _, _ in () if meta.layers else meta.module:
         arrays[f"{pid(m, 0, meta.tp)}/module/{k}"] = to_numpy(model["module"][k], files[0].with_name(MODEL_FILE.format(m)), f"module/{k}")
-    flat = meta.flat_groups(len(sds))
+    flat, n = meta.flat_groups(len(sds), m=m), meta.ranks(meta.tp, None)
     for d, (sd, file) in enumerate(zip(sds, files)):
         _check_rank(sd, meta, flat, d, file)
         for g, group in enumerate(flat):
@@ -112,7 +126,7 @@ def _read_rank(model: dict, sds: list[dict], files: tuple[Path, ...], meta: Deep
                     raise DeepSpeedError(f"{file}: {kind} of param group {g} has {a.shape[0]} elements, expected "
                                          f"{group.valid(d)} (DP {group.dp}, {group.numel} elements in the group)")  # fmt: skip
                 for f in group.fragments(d):
-                    arrays[f"{pid(m, d, meta.tp)}/{kind}/{f.name}"] = a[f.offset:f.offset + f.stop - f.start]
+                    arrays[f"{pid(m, d, n)}/{kind}/{f.name}"] = a[f.offset:f.offset + f.stop - f.start]
 
 
 def _result(meta: DeepSpeedMeta, arrays: dict) -> tuple[PTC, dict, dict, DeepSpeedMeta]:

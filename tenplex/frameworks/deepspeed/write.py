@@ -17,7 +17,8 @@ elastic checkpoint, its own of a torch optimizer included), `group_paddings`, `p
 With `tp` model-parallel ranks (`mp_rank_{m:02d}` in every name), rank m's model file holds its
 local `module` tensors; at the source's TP each rank's own model file is kept, at another TP
 rank 0's, with `param_shapes`, `mp_world_size` and `checkpoint_parallel_dimensions` of the new TP
-(client state such as RNG states is rank 0's).
+(client state such as RNG states is rank 0's). A pipeline's layer files and stage model files:
+`stages.py`.
 
 `out_dir` is written beside itself and renamed: complete or absent (DeepSpeedError names the file
 on an I/O error).
@@ -44,6 +45,7 @@ from tenplex.frameworks.deepspeed.files import (
 )
 from tenplex.frameworks.deepspeed.layout import FlatGroup
 from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, pid
+from tenplex.frameworks.deepspeed.stages import stage_states, write_layers
 from tenplex.frameworks.megatron.tensors import to_numpy, torch_dtype
 from tenplex.ir.files import atomic_dir
 from tenplex.ir.ptc import PTC
@@ -52,25 +54,30 @@ Fill = Callable[[str, np.ndarray], None]  # (sub-tensor id, its local array to w
 
 
 def write_deepspeed(ptc: PTC, arrays: Mapping[str, np.ndarray] | Fill, meta: DeepSpeedMeta, dp: int,
-                    out_dir: str | os.PathLike, tp: int | None = None) -> Path:  # fmt: skip
-    """Write `ptc` (`meta.build_ptc(meta, dp, tp)`) into `out_dir`; returns it. `arrays` holds each
+                    out_dir: str | os.PathLike, tp: int | None = None, parts: tuple[int, ...] | None = None) -> Path:  # fmt: skip
+    """Write `ptc` (`meta.build_ptc(meta, dp, tp, parts)`) into `out_dir`; returns it. `arrays` holds each
     sub-tensor's array, or is a `Fill` that writes it into the place the file needs it (a slice
     of a rank's flat partition), so a plan can be applied with no intermediate copy."""
     tp = meta.tp if tp is None else tp
+    parts = parts or meta.parts
     if isinstance(arrays, Mapping):
         missing = [st.id for st in ptc.subtensors if st.id not in arrays]
         if missing:
             raise DeepSpeedError(f"{out_dir}: no array for sub-tensor {missing[0]!r}")
         arrays = _copier(arrays)
     out = Path(out_dir)
-    flat = meta.flat_groups(dp, tp)
+    n = meta.ranks(tp, parts)
     with atomic_dir(out, DeepSpeedError) as tmp:
         (tmp / meta.tag).mkdir()
-        for m in range(tp):
-            model = {"module": _module(meta, arrays, m, tp), **_model_states(meta, m, tp), "dp_world_size": dp}
-            save(model, tmp / meta.tag / MODEL_FILE.format(m))
+        if meta.layers:
+            write_layers(meta, arrays, tmp / meta.tag, parts)
+        for m in range(n):
+            module = None if meta.layers else _module(meta, arrays, m, tp)
+            states = stage_states(meta, m, parts) if meta.layers else _model_states(meta, m, tp)
+            save({"module": module, **states, "dp_world_size": dp}, tmp / meta.tag / MODEL_FILE.format(m))
+            flat = meta.flat_groups(dp, tp, m, parts)
             for r in range(dp):
-                sd = _rank_state(meta, flat, arrays, pid(m, r, tp), r)
+                sd = _rank_state(meta, flat, arrays, pid(m, r, n), r)
                 save({"optimizer_state_dict": sd, **meta.top}, tmp / meta.tag / zero_name(meta.prefix, r, m))
         (tmp / "latest").write_text(meta.tag)
     return out

@@ -49,3 +49,13 @@ def tp2(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("ds-tp2")
     return tmp / "ck", merge(train_and_save_tp(tmp / "ck", 2, 2, 2, tmp))
+
+
+@pytest.fixture(scope="session")
+def pipe2(tmp_path_factory):
+    """(checkpoint root, full state) of a PipelineModule (fixtures.deepspeed.pipe) trained by
+    DeepSpeed's PipelineEngine with 2 stages x DP 2 and saved."""
+    from fixtures.deepspeed.pipe import train_and_save_pipe
+
+    tmp = tmp_path_factory.mktemp("ds-pipe2")
+    return tmp / "ck", train_and_save_pipe(tmp / "ck", 2, 2, tmp)
