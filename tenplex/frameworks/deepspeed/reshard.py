@@ -137,7 +137,8 @@ def deepspeed_findings(path: str | os.PathLike, meta: DeepSpeedMeta, ptc: PTC) -
     else:
         sizes = ", ".join(str(g.partition_size) for g in meta.flat_groups(meta.dp))
         lines.append(f"  DP {meta.dp}: each rank holds 1/{meta.dp} of every param group's flat fp32 master and optimizer "
-                     f"state{' of its TP rank' if meta.tp > 1 else ''} (partition sizes {sizes} elements; padding to a multiple of {2 * meta.dp})")  # fmt: skip
+                     f"state{' of its TP rank' if meta.tp > 1 else ' of its stage' if meta.layers else ''} "
+                     f"({'stage 0: ' if meta.layers else ''}partition sizes {sizes} elements; padding to a multiple of {2 * meta.dp})")  # fmt: skip
     lines.append(f"  {len(meta.groups)} param group(s), {params} parameters, {numel} elements; optimizer state: "
                  f"fp32 master + {', '.join(meta.states) or 'none'}; steps {[_number(s.get('step')) for s in meta.scalars]}")  # fmt: skip
     dtypes = sorted({d for _, d, _ in meta.module})

@@ -30,7 +30,12 @@ def join_groups(stage_groups: list[tuple], loc: Located) -> tuple:
     if len({len(g) for g in stage_groups}) > 1:
         raise DeepSpeedError(f"{loc.tag_dir}: the stages' model files have {[len(g) for g in stage_groups]} param groups; "
                              "tenplex reads pipelines whose stages have the same param groups")  # fmt: skip
-    return tuple(tuple(p for stage in stage_groups for p in stage[g]) for g in range(len(stage_groups[0])))
+    groups = tuple(tuple(p for stage in stage_groups for p in stage[g]) for g in range(len(stage_groups[0])))
+    for n, _ in (p for g in groups for p in g):
+        if layer_of(n) not in loc.layers:
+            raise DeepSpeedError(f"{loc.tag_dir}: parameter {n!r} of param_shapes is not in a layer file "
+                                 f"(layer_XX-model_states.pt); tied layers (TiedLayerSpec) are not read")  # fmt: skip
+    return groups
 
 
 def read_layers(loc: Located, trust: bool) -> tuple[tuple, dict[str, np.ndarray], tuple]:

@@ -6,9 +6,11 @@ both Adam moments and the step as saved, bit for bit."""
 from __future__ import annotations
 
 import random
+import shutil
 
 import attrs
 import pytest
+import torch
 
 from fixtures.deepspeed.pipe import load_pipe
 from tenplex.frameworks.deepspeed import DeepSpeedError, read_deepspeed, reshard_deepspeed
@@ -69,3 +71,20 @@ def test_what_cannot_be_known_is_refused(pipe2, tmp_path):
     lines = inspect(str(ckpt))
     assert "a pipeline of 2 stage(s) (mp_rank_00..01, 7 layer_* files)" in lines[0]
     assert "  pipeline stages hold layers [0, 2), [2, 7) (partition_method 'parameters'); TP stays 1" in lines
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_tied_layers_are_refused(pipe2, tmp_path):
+    src = tmp_path / "ck"
+    shutil.copytree(pipe2[0], src)
+    path = src / TAG / "mp_rank_01_model_states.pt"
+    state = torch.load(path, weights_only=False)
+    state["param_shapes"][0] = {
+        ("tied_modules.embed.weight" if k == "6.weight" else k): v for k, v in state["param_shapes"][0].items()
+    }
+    torch.save(state, path)
+    with pytest.raises(
+        DeepSpeedError, match=r"parameter 'tied_modules.embed.weight' of param_shapes is not in a layer file"
+    ):
+        read_deepspeed(src)
