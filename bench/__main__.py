@@ -33,7 +33,7 @@ TABLES: dict[str, str] = {
     "fuse": "bench.fuse:run",  # FUSE view reads vs tmpfs reads
     "hosts": "bench.hosts:run",  # P2P vs centralized vs the bandwidth bound, emulated hosts
     "dataset": "bench.dataset:run",  # dataset FUSE view and DataLoader vs direct reads
-    "deepspeed": "bench.deepspeed:run",  # DeepSpeed ZeRO DP change: tenplex reshard vs ds_to_universal (+ universal load)
+    "deepspeed": "bench.deepspeed:run",  # DeepSpeed ZeRO DP and TP changes: tenplex reshard vs ds_to_universal (+ loads)
     "hf": "bench.hf:run_hf",  # safetensors read / consolidate vs DCP's HF reader and safetensors
     "dcp-zstd": "bench.hf:run_zstd",  # a ZStandard-compressed DCP checkpoint: load_dcp vs dcp.load
     "reshard": "bench.reshard:run",  # tenplex reshard (1 and 2 workers) vs cp -r of the same directory

@@ -18,6 +18,16 @@ DeepSpeed / tenplex. Then, once per side, 3 gloo ranks load the result with
 of its own, which reshards at load time): rank CPU seconds summed, from before the call to its
 return. Checked: the two loads leave every rank with the same fp32 masters and moments, bit for
 bit. Results: bench/results/deepspeed.{md,json} (deepspeed-quick.* with --quick).
+
+TP row: the Megatron-like model of `fixtures.deepspeed.tp` (a vocab-parallel embedding of
+16000 rows padded to 16384 and hidden 512, a column- and a row-parallel linear of ffn 2048:
+10.5 M parameters; --quick: hidden 64, ffn 256, vocab 1000 padded to 1024) trained by ZeRO-2 at
+TP 2 x DP 2 (4 gloo ranks, an `mpu`), resharded to TP 1 x DP 1 by tenplex
+(`reshard_deepspeed(src, "dp=1,tp=1", out)`) and by `ds_to_universal` (which learns the split
+from the same `universal_checkpoint_info`), same measures and repeats; then one rank loads each
+(plain load; universal load). Checked: the same fp32 masters, moments and weights, but for the
+padded vocabulary rows, which `ds_to_universal` drops and the universal load zeroes (tenplex
+keeps them).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from typing import Any
 from bench.report import fmt_bytes, md_table, text_table, write_results
 
 FULL, QUICK = (1024, 16), (256, 2)
+TP_FULL, TP_QUICK = (512, 2048, 16000, 16384), (64, 256, 1000, 1024)
 SRC_DP, DST_DP, REPEATS = 2, 3, 3
 HEADERS = ["case", "state", "side", "CPU s (min/med/max)", "wall s (med)", "bytes written", "load CPU s",
            "DeepSpeed / tenplex CPU (min/med/max)", "bytes ratio", "checked"]  # fmt: skip
@@ -91,28 +102,57 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
     try:
         train_and_save(tmp / "src", SRC_DP, 2, tmp, steps=1, size=size, dump=False)
         state = sum(f.stat().st_size for f in (tmp / "src").rglob("*.pt"))
-        runs: dict[str, list[dict[str, float]]] = {"tenplex": [], "deepspeed": []}
-        for i in range(REPEATS):
-            sides = [("tenplex", lambda i=i: reshard_deepspeed(tmp / "src", f"dp={DST_DP}", tmp / f"t{i}")),
-                     ("deepspeed", lambda i=i: to_universal(tmp / "src" / "global_step1", tmp / f"u{i}"))]  # fmt: skip
-            for side, fn in sides if i % 2 == 0 else sides[::-1]:
-                runs[side].append(_measure(fn))
-        loads = _loads(tmp, tmp / "t0", tmp / "u0", size)
+        runs = _sides(tmp, "src", f"dp={DST_DP}", "global_step1", reshard_deepspeed, to_universal)
+        loads = _loads(tmp, tmp / "src-t0", tmp / "src-u0", size)
+        rows = [_row(f"ZeRO-2 {size[1]}x Linear({size[0]}) DP {SRC_DP} -> {DST_DP}", state, runs, loads)]
+        rows.append(_tp_row(tmp, TP_QUICK if quick else TP_FULL, reshard_deepspeed, to_universal))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ratios = [d["cpu"] / t["cpu"] for t, d in zip(runs["tenplex"], runs["deepspeed"])]
-    row = {"name": f"ZeRO-2 {size[1]}x Linear({size[0]}) DP {SRC_DP} -> {DST_DP}", "state_bytes": state, "runs": runs,
-           "loads_cpu_s": loads["cpu"], "checked": loads["same"], "ratio_cpu": _stats(ratios),
-           "bytes_ratio": statistics.median(d["bytes"] for d in runs["deepspeed"]) / statistics.median(t["bytes"] for t in runs["tenplex"]),
-           "status": "ok" if loads["same"] else "error", "error": None if loads["same"] else "the loads differ"}  # fmt: skip
-    cells = _cells(row)
+    cells = [c for row in rows for c in _cells(row)]
     print(text_table(HEADERS, cells) + "\n", flush=True)
     md = "\n".join([
         "# DeepSpeed: tenplex reshard vs ds_to_universal + universal load (`python -m bench --only deepspeed`)", "",
         f"{info['date']}, git {info.get('git_rev') or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
         __doc__.split("\n\n", 1)[1].strip(), "", md_table(HEADERS, cells), ""])  # fmt: skip
     stem = "deepspeed-quick" if quick else "deepspeed"
-    return [row], write_results(out_dir, stem, {"machine": info, "rows": [row]}, md)
+    return rows, write_results(out_dir, stem, {"machine": info, "rows": rows}, md)
+
+
+def _sides(tmp: Path, src: str, to: str, tag: str, reshard, to_universal) -> dict[str, list[dict[str, float]]]:
+    """REPEATS alternating runs of tenplex's reshard of tmp/src to `to` (into tmp/{src}-t{i}) and
+    ds_to_universal (into tmp/{src}-u{i})."""
+    runs: dict[str, list[dict[str, float]]] = {"tenplex": [], "deepspeed": []}
+    for i in range(REPEATS):
+        sides = [("tenplex", lambda i=i: reshard(tmp / src, to, tmp / f"{src}-t{i}")),
+                 ("deepspeed", lambda i=i: to_universal(tmp / src / tag, tmp / f"{src}-u{i}"))]  # fmt: skip
+        for side, fn in sides if i % 2 == 0 else sides[::-1]:
+            runs[side].append(_measure(fn))
+    return runs
+
+
+def _row(name: str, state: int, runs: dict, loads: dict) -> dict[str, Any]:
+    ratios = [d["cpu"] / t["cpu"] for t, d in zip(runs["tenplex"], runs["deepspeed"])]
+    return {"name": name, "state_bytes": state, "runs": runs, "loads_cpu_s": loads["cpu"], "checked": loads["same"],
+            "ratio_cpu": _stats(ratios),
+            "bytes_ratio": statistics.median(d["bytes"] for d in runs["deepspeed"]) / statistics.median(t["bytes"] for t in runs["tenplex"]),
+            "status": "ok" if loads["same"] else "error", "error": None if loads["same"] else "the loads differ"}  # fmt: skip
+
+
+def _tp_row(tmp: Path, dims: tuple[int, int, int, int], reshard, to_universal) -> dict[str, Any]:
+    """The TP row: TP 2 x DP 2 -> TP 1 x DP 1 (see the module docstring)."""
+    import torch
+
+    from fixtures.deepspeed.tp import load_tp, train_and_save_tp
+
+    train_and_save_tp(tmp / "tp", 2, 2, 2, tmp, steps=1, dims=dims, dump=False)
+    state = sum(f.stat().st_size for f in (tmp / "tp").rglob("*.pt"))
+    runs = _sides(tmp, "tp", "dp=1,tp=1", "global_step1", reshard, to_universal)
+    (plain,), (uni,) = load_tp(tmp / "tp-t0", 1, 1, 2, tmp, dims=dims), load_tp(tmp / "tp-u0", 1, 1, 2, tmp, universal=True, dims=dims)
+    v = dims[2]
+    same = all(torch.equal(plain[n][k][:v] if n == "embed.weight" else plain[n][k], uni[n][k][:v] if n == "embed.weight" else uni[n][k])
+               for n in plain if isinstance(plain[n], dict) for k in plain[n])  # fmt: skip
+    loads = {"cpu": {"tenplex": plain["load_cpu_s"], "deepspeed": uni["load_cpu_s"]}, "same": same and not uni["embed.weight"]["fp32"][v:].any()}
+    return _row(f"TP: embedding {dims[3]}x{dims[0]} + 2 Linear (ffn {dims[1]}) TP 2 x DP 2 -> TP 1 x DP 1", state, runs, loads)
 
 
 def _cells(r: dict[str, Any]) -> list[list[str]]:

@@ -26,7 +26,7 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.command("reshard")
 @click.argument("src_dir", type=click.Path(file_okay=False))
 @click.option("--to", "dst", required=True, metavar="DST",
-              help="Target layout: dp=N (DeepSpeed ZeRO-1/2), tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP; "
+              help="Target layout: dp=N[,tp=M|,pp=P] (DeepSpeed ZeRO-1/2), tp=4,pp=1[,dp=2][,vpp=2] (Megatron), a DTensor layout JSON (DCP; "
                    "`tenplex layout SRC_DIR` prints the current one), a PTC JSON file or a model spec; "
                    "with --format hf: whole or max_shard_size=SIZE.")  # fmt: skip
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),

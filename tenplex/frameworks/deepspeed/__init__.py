@@ -11,5 +11,5 @@ from tenplex._lazy import lazy
 
 __getattr__, __all__ = lazy(__name__, {
     "DeepSpeedError": "files", "locate": "files", "read_deepspeed": "read", "write_deepspeed": "write",
-    "reshard_deepspeed": "reshard", "deepspeed_findings": "reshard", "parse_dp": "reshard", "build_ptc": "meta",
+    "reshard_deepspeed": "reshard", "deepspeed_findings": "reshard", "parse_dp": "reshard", "parse_to": "reshard", "build_ptc": "meta",
 })  # fmt: skip

@@ -37,7 +37,9 @@ from tenplex.ir.files import os_error_of, read_text, write_failure
 
 MODEL_FILE = "mp_rank_{:02d}_model_states.pt"
 _ZERO_FILE = re.compile(r"(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d\d)_optim_states\.pt")
-_OTHER_MP = re.compile(r"mp_rank_(\d\d)_model_states\.pt|layer_\d+-model_\d+-model_states\.pt|zero_pp_rank_\d+_mp_rank_\d\d_model_states\.pt")
+_MODEL = re.compile(r"mp_rank_(\d\d)_model_states\.pt")
+_LAYER = re.compile(r"layer_(\d+)-model_states\.pt")
+_OTHER = re.compile(r"layer_\d+-model_\d+-model_states\.pt|zero_pp_rank_\d+_mp_rank_\d\d_model_states\.pt")
 
 
 class DeepSpeedError(CheckpointFormatError):
@@ -94,13 +96,25 @@ _BY_CLASS = {cls: name for name, cls in _DS_NAMES.items()}
 @attrs.frozen
 class Located:
     """The files of one checkpoint: `kind` is "zero" or "universal"; `zero_files[d]` is DP rank
-    d's optimizer file (ZeRO) and `params` the universal parameter directories."""
+    d's optimizer file of model-parallel rank 0 (ZeRO), `tp` the number of model-parallel ranks
+    (`model_file_of(m)`, `zero_files_of(m)`), `params` the universal parameter directories."""
 
     kind: str
     tag_dir: Path
     model_file: Path
     zero_files: tuple[Path, ...] = ()
     params: tuple[str, ...] = ()
+    tp: int = 1  # model-parallel ranks: TP ranks, or pipeline stages when `layers`
+    layers: tuple[int, ...] = ()  # a pipeline checkpoint's layer files (`layer_{i:02d}-model_states.pt`)
+
+    def model_file_of(self, m: int) -> Path:
+        return self.tag_dir / MODEL_FILE.format(m)
+
+    def layer_file(self, i: int) -> Path:
+        return self.tag_dir / f"layer_{i:02d}-model_states.pt"
+
+    def zero_files_of(self, m: int) -> tuple[Path, ...]:
+        return tuple(f.with_name(f.name.replace("_mp_rank_00_", f"_mp_rank_{m:02d}_")) for f in self.zero_files)
 
 
 def locate(path: str | os.PathLike) -> Located:
@@ -117,25 +131,39 @@ def locate(path: str | os.PathLike) -> Located:
     model = p / MODEL_FILE.format(0)
     if (p / "zero" / "optimizer_state.pt").exists() or ((p / "zero").is_dir() and model.exists()):
         return _universal(p, model)
-    zero = sorted((m for m in (_ZERO_FILE.fullmatch(f.name) for f in _list(p)) if m), key=lambda m: int(m.group(2)))
+    names = [f.name for f in _list(p)]
+    zero = sorted((m for m in map(_ZERO_FILE.fullmatch, names) if m), key=lambda m: (m.group(3), int(m.group(2))))
     if not model.exists() and not zero:
         raise DeepSpeedError(f"{p}: not a DeepSpeed checkpoint (no latest, {MODEL_FILE.format(0)} or zero_pp_rank_*_optim_states.pt)")
     if not model.exists():
         raise DeepSpeedError(f"{p}: {MODEL_FILE.format(0)} missing (the optimizer files are there: a half-written save?)")
-    others = sorted(f.name for f in _list(p) if _OTHER_MP.fullmatch(f.name) and f.name != model.name)
+    others = sorted(n for n in names if _OTHER.fullmatch(n))
     if others:
-        raise DeepSpeedError(f"{p / others[0]}: model-parallel, pipeline or ZeRO-3 files are not read (tenplex reads "
-                             "ZeRO-1/2 checkpoints with one model-parallel rank)")  # fmt: skip
+        raise DeepSpeedError(f"{p / others[0]}: ZeRO-3 files and pipelines with tensor parallelism are not read (tenplex "
+                             "reads ZeRO-1/2 checkpoints with tensor or pipeline parallelism)")  # fmt: skip
+    mps = sorted(int(m.group(1)) for m in map(_MODEL.fullmatch, names) if m)
+    if mps != list(range(len(mps))):
+        gap = min(set(range(max(mps) + 1)) - set(mps))
+        raise DeepSpeedError(f"{p}: {MODEL_FILE.format(gap)} missing (the model files of model-parallel ranks {mps} are there)")
     if not zero:
         raise DeepSpeedError(f"{p}: no zero_pp_rank_*_mp_rank_00_optim_states.pt (saved without optimizer state, or half-written)")
-    if {m.group(3) for m in zero} != {"00"} or len({m.group(1) for m in zero}) > 1:
-        raise DeepSpeedError(f"{p}: optimizer files {sorted(m.group(0) for m in zero)} mix model-parallel ranks or bf16/fp16 prefixes")
-    ranks = [int(m.group(2)) for m in zero]
-    if ranks != list(range(len(ranks))):
-        missing = min(set(range(max(ranks) + 1)) - set(ranks))
-        raise DeepSpeedError(f"{p}: optimizer file of DP rank {missing} missing "
-                             f"({(zero[0].group(1) or '')}zero_pp_rank_{missing}_mp_rank_00_optim_states.pt)")  # fmt: skip
-    return Located("zero", p, model, tuple(p / m.group(0) for m in zero))
+    if {int(m.group(3)) for m in zero} - set(mps) or len({m.group(1) for m in zero}) > 1:
+        raise DeepSpeedError(f"{p}: optimizer files {sorted(m.group(0) for m in zero)} name model-parallel ranks without a "
+                             "model file, or mix bf16/fp16 prefixes")  # fmt: skip
+    prefix = zero[0].group(1) or ""
+    n = max(int(m.group(2)) for m in zero) + 1
+    for mp in mps:
+        have = {int(m.group(2)) for m in zero if int(m.group(3)) == mp}
+        if have != set(range(n)):
+            missing = min(set(range(n)) - have)
+            raise DeepSpeedError(f"{p}: optimizer file of DP rank {missing} missing "
+                                 f"({prefix}zero_pp_rank_{missing}_mp_rank_{mp:02d}_optim_states.pt)")  # fmt: skip
+    layers = tuple(sorted(int(m.group(1)) for m in map(_LAYER.fullmatch, names) if m))
+    return Located("zero", p, model, tuple(p / zero_name(prefix, d, 0) for d in range(n)), tp=len(mps), layers=layers)
+
+
+def zero_name(prefix: str, dp_rank: int, mp_rank: int) -> str:
+    return f"{prefix}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
 def _universal(p: Path, model: Path) -> Located:

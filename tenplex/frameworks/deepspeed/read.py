@@ -10,6 +10,10 @@ is d's fp32 partition of group g without padding, the inner optimizer state hold
 Refused, each with one line naming the file and key: per-parameter alignment padding
 (`param_alignment_paddings` not all 0), model-parallel or pipeline files, ranks that disagree on
 the step or the groups, any tensor whose size does not match the layout.
+
+Tensor parallelism: with `mp_rank_XX` files, each model-parallel rank's files are read alike
+(their `param_shapes` and `module` must agree) and placed in the global tensors by the split
+`tp.splits` learns from the model file's `universal_checkpoint_info`.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
-from tenplex.frameworks.deepspeed.files import DeepSpeedError, Located, load, locate
-from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, build_ptc
+from tenplex.frameworks.deepspeed.files import MODEL_FILE, DeepSpeedError, Located, load, locate
+from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, build_ptc, pid
+from tenplex.frameworks.deepspeed.stages import join_groups, pp_meta, read_layers
+from tenplex.frameworks.deepspeed.tp import INFO, UNKNOWN, global_shape, splits
 from tenplex.frameworks.megatron.tensors import dtype_name, to_numpy
 from tenplex.ir.ptc import PTC
 
@@ -34,21 +41,80 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
     """(PTC, sub-tensor id -> array, partition id -> values, meta) of the checkpoint at `path`
     (a root with `latest`/`latest_universal` or a tag directory). Raises DeepSpeedError."""
     loc = locate(path)
-    model = _dict(load(loc.model_file, "DeepSpeed model states", trust_pickles=trust_pickles), loc.model_file)
-    if model.get("mp_world_size", 1) != 1:
-        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}; tenplex reads DeepSpeed "
-                             "checkpoints with one model-parallel rank")  # fmt: skip
-    groups = _groups(model, loc.model_file)
-    module = _module(model, loc.model_file)
-    if loc.kind == "universal":
-        return _universal(loc, model, groups, module, trust_pickles)
-    files = [_dict(load(f, f"ZeRO optimizer state of DP rank {d}", trust_pickles=trust_pickles), f) for d, f in enumerate(loc.zero_files)]
-    sds = [_dict(f.get("optimizer_state_dict"), loc.zero_files[d], "optimizer_state_dict") for d, f in enumerate(files)]
-    _check_count(sds[0], loc)
-    meta = _meta(loc, model, groups, module, sds[0], files[0], loc.zero_files[0])
-    arrays = _module_arrays(model, module, loc.model_file)
-    flat = meta.flat_groups(len(sds))
-    for d, (sd, file) in enumerate(zip(sds, loc.zero_files)):
+    models = [_dict(load(loc.model_file_of(m), f"DeepSpeed model states of model-parallel rank {m}", trust_pickles=trust_pickles),
+                    loc.model_file_of(m)) for m in range(loc.tp)]  # fmt: skip
+    model = models[0]
+    if loc.kind == "universal" and model.get("mp_world_size", 1) != 1:
+        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}: tenplex reads universal "
+                             "checkpoints of one model-parallel rank (reshard the ZeRO checkpoint ds_to_universal read instead)")  # fmt: skip
+    if model.get("mp_world_size", 1) != loc.tp:
+        raise DeepSpeedError(f"{loc.model_file}: key 'mp_world_size' is {model['mp_world_size']}, but there are {loc.tp} model files")
+    if loc.layers:
+        stage_groups = [_groups(m, loc.model_file_of(s)) for s, m in enumerate(models)]
+        groups = join_groups(stage_groups, loc)
+        module, layer_arrays, layers = read_layers(loc, trust_pickles)
+    else:
+        groups, module = _groups(model, loc.model_file), _module(model, loc.model_file)
+        if loc.kind == "universal":
+            return _universal(loc, model, groups, module, trust_pickles)
+        _check_alike(loc, models, groups, module)
+    arrays: dict[str, np.ndarray] = {}
+    meta = None
+    for m in range(loc.tp):
+        files = loc.zero_files_of(m)
+        sds = [_dict(_dict(load(f, f"ZeRO optimizer state of DP rank {d}", trust_pickles=trust_pickles), f).get("optimizer_state_dict"),
+                     f, "optimizer_state_dict") for d, f in enumerate(files)]  # fmt: skip
+        if meta is None:
+            _check_count(sds[0], loc)
+            top = _dict(load(files[0], "ZeRO optimizer state of DP rank 0", trust_pickles=trust_pickles), files[0])
+            meta = _meta(loc, model, groups, module, sds[0], top, files[0])
+            meta = pp_meta(meta, models, layers, stage_groups) if loc.layers else _tp_meta(meta, models, loc.tp)
+        _read_rank(models[m], sds, files, meta, m, arrays)
+    if loc.layers:
+        arrays.update({f"{pid(next(s for s in range(meta.pp) if meta.holds(k, s)), 0, meta.pp)}/module/{k}": a
+                       for k, a in layer_arrays.items()})  # fmt: skip
+    else:
+        _check_replicas(meta, arrays, loc)
+    return _result(meta, arrays)
+
+
+def _check_alike(loc: Located, models: list[dict], groups: tuple, module: tuple) -> None:
+    for m in range(1, loc.tp):
+        if _groups(models[m], loc.model_file_of(m)) != groups or _module(models[m], loc.model_file_of(m)) != module:
+            raise DeepSpeedError(f"{loc.model_file_of(m)}: key 'param_shapes' or 'module' differs from {loc.model_file.name}'s "
+                                 "(tenplex reads even TP splits: every rank's shapes alike)")  # fmt: skip
+
+
+def _check_replicas(meta: DeepSpeedMeta, arrays: dict, loc: Located) -> None:
+    """Every TP rank's copy of a TP-replicated parameter (module and optimizer state) is the same."""
+    for sid in [s for s in arrays if s.startswith("mp0dp")]:
+        part, rest = sid.split("/", 1)
+        if meta.split.get(rest.split("/", 1)[1], UNKNOWN) is not None:
+            continue
+        for m in range(1, meta.tp):
+            if arrays[f"mp{m}{part[3:]}/{rest}"].tobytes() != arrays[sid].tobytes():
+                file = loc.model_file_of(m) if rest.startswith("module/") else loc.zero_files_of(m)[int(part[5:])]
+                raise DeepSpeedError(f"{file}: {rest} differs from model-parallel rank 0's, but '{INFO}' lists it as "
+                                     "TP-replicated (tp_replicated_parameter_patterns)")  # fmt: skip
+
+
+def _tp_meta(meta: DeepSpeedMeta, models: list[dict], tp: int) -> DeepSpeedMeta:
+    """`meta` (shapes as read) with the TP split of each parameter and global shapes."""
+    params = {n for g in meta.groups for n, _ in g}
+    names = [k for k, _, _ in meta.module] + sorted(params - {k for k, _, _ in meta.module})
+    split, why = splits(meta.model_states.get(INFO), names, params)
+    groups = tuple(tuple((n, global_shape(s, split[n], tp)) for n, s in g) for g in meta.groups)
+    module = tuple((k, d, global_shape(s, split[k], tp)) for k, d, s in meta.module)
+    others = tuple({k: v for k, v in m.items() if k != "module"} for m in models[1:])
+    return attrs.evolve(meta, groups=groups, module=module, tp=tp, split=split, why_fixed=why, other_states=others)
+
+
+def _read_rank(model: dict, sds: list[dict], files: tuple[Path, ...], meta: DeepSpeedMeta, m: int, arrays: dict) -> None:
+    """Model-parallel rank m's arrays: its module (DP rank 0's) and every DP rank's fragments."""
+    for k, _, _ in () if meta.layers else meta.module:
+        arrays[f"{pid(m, 0, meta.tp)}/module/{k}"] = to_numpy(model["module"][k], files[0].with_name(MODEL_FILE.format(m)), f"module/{k}")
+    flat, n = meta.flat_groups(len(sds), m=m), meta.ranks(meta.tp, None)
+    for d, (sd, file) in enumerate(zip(sds, files)):
         _check_rank(sd, meta, flat, d, file)
         for g, group in enumerate(flat):
             parts = {MASTER: _tensor(sd["single_partition_of_fp32_groups"], g, file, "single_partition_of_fp32_groups")}
@@ -60,8 +126,7 @@ def read_deepspeed(path: str | os.PathLike, *, trust_pickles: bool = False) -> t
                     raise DeepSpeedError(f"{file}: {kind} of param group {g} has {a.shape[0]} elements, expected "
                                          f"{group.valid(d)} (DP {group.dp}, {group.numel} elements in the group)")  # fmt: skip
                 for f in group.fragments(d):
-                    arrays[f"dp{d}/{kind}/{f.name}"] = a[f.offset:f.offset + f.stop - f.start]
-    return _result(meta, arrays)
+                    arrays[f"{pid(m, d, n)}/{kind}/{f.name}"] = a[f.offset:f.offset + f.stop - f.start]
 
 
 def _result(meta: DeepSpeedMeta, arrays: dict) -> tuple[PTC, dict, dict, DeepSpeedMeta]:
@@ -217,4 +282,4 @@ def _universal(loc: Located, model: dict, groups: tuple, module: tuple, trust: b
     bf16 = isinstance(top["ds_config"], dict) and bool((top["ds_config"].get("bf16") or {}).get("enabled"))
     meta = DeepSpeedMeta("universal", loc.tag_dir.name, 1, groups, module, states, rest, optimizer, param_groups,
                          tuple(scalars), top, "bf16_" if bf16 else "")  # fmt: skip
-    return _result(meta, arrays)
+    return _result(_tp_meta(meta, [model], 1), arrays)

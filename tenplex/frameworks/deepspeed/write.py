@@ -14,6 +14,12 @@ source's, else the groups' common `step`, without which DeepSpeed 0.19.8 cannot 
 elastic checkpoint, its own of a torch optimizer included), `group_paddings`, `param_alignment_paddings` (0s),
 `partition_count`, `param_slice_mappings`, and the source's loss scaler and scalars.
 
+With `tp` model-parallel ranks (`mp_rank_{m:02d}` in every name), rank m's model file holds its
+local `module` tensors; at the source's TP each rank's own model file is kept, at another TP
+rank 0's, with `param_shapes`, `mp_world_size` and `checkpoint_parallel_dimensions` of the new TP
+(client state such as RNG states is rank 0's). A pipeline's layer files and stage model files:
+`stages.py`.
+
 `out_dir` is written beside itself and renamed: complete or absent (DeepSpeedError names the file
 on an I/O error).
 """
@@ -29,9 +35,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from tenplex.frameworks.deepspeed.files import MODEL_FILE, DeepSpeedError, ZeroStageEnum, fragment_address, save
+from tenplex.frameworks.deepspeed.files import (
+    MODEL_FILE,
+    DeepSpeedError,
+    ZeroStageEnum,
+    fragment_address,
+    save,
+    zero_name,
+)
 from tenplex.frameworks.deepspeed.layout import FlatGroup
-from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta
+from tenplex.frameworks.deepspeed.meta import MASTER, DeepSpeedMeta, pid
+from tenplex.frameworks.deepspeed.stages import stage_states, write_layers
 from tenplex.frameworks.megatron.tensors import to_numpy, torch_dtype
 from tenplex.ir.files import atomic_dir
 from tenplex.ir.ptc import PTC
@@ -40,26 +54,46 @@ Fill = Callable[[str, np.ndarray], None]  # (sub-tensor id, its local array to w
 
 
 def write_deepspeed(ptc: PTC, arrays: Mapping[str, np.ndarray] | Fill, meta: DeepSpeedMeta, dp: int,
-                    out_dir: str | os.PathLike) -> Path:  # fmt: skip
-    """Write `ptc` (`meta.build_ptc(meta, dp)`) into `out_dir`; returns it. `arrays` holds each
+                    out_dir: str | os.PathLike, tp: int | None = None, parts: tuple[int, ...] | None = None) -> Path:  # fmt: skip
+    """Write `ptc` (`meta.build_ptc(meta, dp, tp, parts)`) into `out_dir`; returns it. `arrays` holds each
     sub-tensor's array, or is a `Fill` that writes it into the place the file needs it (a slice
     of a rank's flat partition), so a plan can be applied with no intermediate copy."""
+    tp = meta.tp if tp is None else tp
+    parts = parts or meta.parts
     if isinstance(arrays, Mapping):
         missing = [st.id for st in ptc.subtensors if st.id not in arrays]
         if missing:
             raise DeepSpeedError(f"{out_dir}: no array for sub-tensor {missing[0]!r}")
         arrays = _copier(arrays)
     out = Path(out_dir)
-    flat = meta.flat_groups(dp)
+    n = meta.ranks(tp, parts)
     with atomic_dir(out, DeepSpeedError) as tmp:
         (tmp / meta.tag).mkdir()
-        model = {"module": _module(meta, arrays), **meta.model_states, "dp_world_size": dp}
-        save(model, tmp / meta.tag / MODEL_FILE.format(0))
-        for r in range(dp):
-            sd = _rank_state(meta, flat, arrays, r)
-            save({"optimizer_state_dict": sd, **meta.top}, tmp / meta.tag / f"{meta.prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+        if meta.layers:
+            write_layers(meta, arrays, tmp / meta.tag, parts)
+        for m in range(n):
+            module = None if meta.layers else _module(meta, arrays, m, tp)
+            states = stage_states(meta, m, parts) if meta.layers else _model_states(meta, m, tp)
+            save({"module": module, **states, "dp_world_size": dp}, tmp / meta.tag / MODEL_FILE.format(m))
+            flat = meta.flat_groups(dp, tp, m, parts)
+            for r in range(dp):
+                sd = _rank_state(meta, flat, arrays, pid(m, r, n), r)
+                save({"optimizer_state_dict": sd, **meta.top}, tmp / meta.tag / zero_name(meta.prefix, r, m))
         (tmp / "latest").write_text(meta.tag)
     return out
+
+
+def _model_states(meta: DeepSpeedMeta, m: int, tp: int) -> dict[str, Any]:
+    """Rank m's model file without `module`: its own at the source's TP; else rank 0's, with
+    the shapes and model-parallel sizes of the new TP."""
+    if tp == meta.tp:
+        return meta.model_states if m == 0 else meta.other_states[m - 1]
+    states = dict(meta.model_states, mp_world_size=tp)
+    states["param_shapes"] = [collections.OrderedDict((n, torch.Size(meta.local(n, s, tp))) for n, s in g) for g in meta.groups]
+    dims = states.get("checkpoint_parallel_dimensions")
+    if isinstance(dims, dict):
+        states["checkpoint_parallel_dimensions"] = {**dims, "tp_degree": tp}
+    return states
 
 
 def _copier(arrays: Mapping[str, np.ndarray]) -> Fill:
@@ -69,15 +103,15 @@ def _copier(arrays: Mapping[str, np.ndarray]) -> Fill:
     return fill
 
 
-def _module(meta: DeepSpeedMeta, fill: Fill) -> collections.OrderedDict:
+def _module(meta: DeepSpeedMeta, fill: Fill, m: int, tp: int) -> collections.OrderedDict:
     out = collections.OrderedDict()
     for k, dtype, shape in meta.module:
-        out[k] = torch.empty(shape, dtype=torch_dtype(dtype))
-        fill(f"dp0/module/{k}", to_numpy(out[k], Path("<module>"), k))
+        out[k] = torch.empty(meta.local(k, shape, tp), dtype=torch_dtype(dtype))
+        fill(f"{pid(m, 0, tp)}/module/{k}", to_numpy(out[k], Path("<module>"), k))
     return out
 
 
-def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], fill: Fill, r: int) -> dict[str, Any]:
+def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], fill: Fill, part: str, r: int) -> dict[str, Any]:
     fp32, state, mappings = [], {}, []
     for g, group in enumerate(flat):
         frags = list(group.fragments(r))
@@ -88,7 +122,7 @@ def _rank_state(meta: DeepSpeedMeta, flat: tuple[FlatGroup, ...], fill: Fill, r:
             flat_part = parts[kind].numpy()
             flat_part[group.valid(r):] = 0
             for f in frags:
-                fill(f"dp{r}/{kind}/{f.name}", flat_part[f.offset:f.offset + f.stop - f.start])
+                fill(f"{part}/{kind}/{f.name}", flat_part[f.offset:f.offset + f.stop - f.start])
         fp32.append(parts[MASTER])
         state[g] = {**{k: _copy(v) for k, v in meta.scalars[g].items()}, **{k: parts[k] for k in meta.states}}
         mappings.append(collections.OrderedDict((f.name, fragment_address(f.stop - f.start, f.offset)) for f in frags))

@@ -66,7 +66,7 @@ def dst_ptc(fmt: str, src: PTC, meta: Any, to: str, load_state: Callable[[str], 
 
         parallel = target_layout(meta, to)
         return build_ptc(meta.model, parallel, cluster_for(parallel))
-    if fmt == "deepspeed" and to.startswith("dp="):
+    if fmt == "deepspeed" and to.startswith(("dp=", "tp=", "pp=")):
         from tenplex.frameworks.deepspeed.reshard import dst_ptc as deepspeed_ptc
 
         return deepspeed_ptc(meta, to)
@@ -116,7 +116,7 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         seconds = {"total": m.seconds, **dict(m.phases)}
         return Converted(src_dir, src_fmt, out_dir, fmt, workers, m.bytes_moved, seconds, m.summary())
     if fmt == "deepspeed":
-        if src_fmt != "deepspeed" or not to.startswith("dp="):
+        if src_fmt != "deepspeed" or not to.startswith(("dp=", "tp=", "pp=")):
             raise FormatError(f"DeepSpeed output needs a DeepSpeed source and a layout like dp=4 (got {src_fmt} {src_dir} "
                               f"and {to!r}): parameter groups and optimizer settings come from the source")  # fmt: skip
         from tenplex.frameworks.deepspeed.reshard import reshard_deepspeed

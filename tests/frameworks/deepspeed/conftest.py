@@ -39,3 +39,23 @@ def assert_same_state(got: dict, want: dict) -> None:
             assert g.dtype == t.dtype and g.shape == t.shape, (name, kind)
             assert g.view(-1).view(torch.int32 if g.dtype == torch.float32 else torch.int16).equal(
                 t.view(-1).view(torch.int32 if t.dtype == torch.float32 else torch.int16)), (name, kind)
+
+
+@pytest.fixture(scope="session")
+def tp2(tmp_path_factory):
+    """(checkpoint root, full reference state) of the Megatron-like TP model (fixtures.deepspeed.tp)
+    trained by ZeRO-2 with TP 2 x DP 2 and saved; the reference is the TP ranks' state concatenated."""
+    from fixtures.deepspeed.tp import merge, train_and_save_tp
+
+    tmp = tmp_path_factory.mktemp("ds-tp2")
+    return tmp / "ck", merge(train_and_save_tp(tmp / "ck", 2, 2, 2, tmp))
+
+
+@pytest.fixture(scope="session")
+def pipe2(tmp_path_factory):
+    """(checkpoint root, full state) of a PipelineModule (fixtures.deepspeed.pipe) trained by
+    DeepSpeed's PipelineEngine with 2 stages x DP 2 and saved."""
+    from fixtures.deepspeed.pipe import train_and_save_pipe
+
+    tmp = tmp_path_factory.mktemp("ds-pipe2")
+    return tmp / "ck", train_and_save_pipe(tmp / "ck", 2, 2, tmp)

@@ -55,9 +55,11 @@ def test_unknown_directories_are_not_guessed(tmp_path):
 
 
 def test_layouts_tenplex_does_not_read_are_refused(copy):
-    shutil.copy(copy / TAG / "mp_rank_00_model_states.pt", copy / TAG / "mp_rank_01_model_states.pt")
-    _error(copy, "mp_rank_01_model_states.pt: model-parallel, pipeline or ZeRO-3 files are not read")
-    for bad in ("dp=2,tp=2", "dp=0", "tp=1", "dp=2,dp=3", "dp=x"):
+    shutil.copy(copy / TAG / "mp_rank_00_model_states.pt", copy / TAG / "layer_01-model_00-model_states.pt")
+    _error(copy, "layer_01-model_00-model_states.pt: ZeRO-3 files and pipelines with tensor parallelism are not read")
+    (copy / TAG / "layer_01-model_00-model_states.pt").rename(copy / TAG / "mp_rank_01_model_states.pt")
+    _error(copy, r"optimizer file of DP rank 0 missing \(zero_pp_rank_0_mp_rank_01_optim_states.pt\)")
+    for bad in ("dp=2,pp=0", "dp=0", "tp=1", "dp=2,dp=3", "dp=x", "dp=1,ep=2"):
         with pytest.raises(DeepSpeedError, match="--to"):
             parse_dp(bad)
     assert parse_dp("dp=4,tp=1,pp=1") == 4
