@@ -31,7 +31,6 @@ def inspect_hf(root: str | os.PathLike, index: HfIndex | None = None) -> list[st
         cut = sum(1 for t in ptc.tensors if len(ptc.by_tensor[t.name]) > 1)
         out.append(f"written by PyTorch DCP's HuggingFaceStorageWriter ({SHARDING} in __metadata__ places each chunk); "
                    f"{cut} tensor(s) cut into chunks across files")  # fmt: skip
-    out += _config(index.root, {t.name for t in ptc.tensors})
     for h in index.headers:
         if VALUES in h.metadata:
             out.append(f"{h.path.name}: non-tensor values from tenplex ({VALUES} in __metadata__)")
@@ -40,7 +39,7 @@ def inspect_hf(root: str | os.PathLike, index: HfIndex | None = None) -> list[st
         files = sorted({ptc.partition_of[st.id] for st in chunks})
         where = f"in {files[0]}" if len(chunks) == 1 else f"cut into {len(chunks)} chunks in {len(files)} files"
         out.append(f"tensor {t.name}: {t.dtype}{list(t.shape)} {where}")
-    return out
+    return out + _config(index.root, {t.name for t in ptc.tensors})
 
 
 def _config(root: Path, names: set[str]) -> list[str]:
