@@ -15,18 +15,22 @@ returns `LlamaForCausalLM`'s config: `rms_norm_eps` from `norm_epsilon`, the RoP
 `rotary_base`, `max_position_embeddings` from `max_position_embeddings` (else `seq_length`),
 `dtype` (transformers 5; `torch_dtype` for older readers) from the parameters' dtype.
 
+`megatron_args(config, tp, pp, dp, where)` is the reverse: the args a Megatron-LM job of that
+Llama would save (`tenplex reshard HF --format megatron-dist --hf-arch llama`).
+
 Raises `HfError` naming the file and the field: a missing or wrong-typed size, a setting the
 architecture does not have.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from tenplex.frameworks.hf.errors import HfError
 from tenplex.frameworks.hf.names import Dims
 
-__all__ = ["llama_config", "megatron_dims"]
+__all__ = ["llama_config", "megatron_args", "megatron_dims"]
 
 
 def _int(args: Any, field: str, where: str, default: int | None = None) -> int:
@@ -86,3 +90,41 @@ def llama_config(args: Any, dims: Dims, where: str) -> dict[str, Any]:
         "mlp_bias": False, "tie_word_embeddings": False, "rope_theta": theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": theta}, "dtype": dtype, "torch_dtype": dtype,
     }  # fmt: skip
+
+
+def _get(config: dict[str, Any], field: str, where: str, default: Any = None) -> Any:
+    value = config.get(field, default)
+    if value is None:
+        raise HfError(f"{where}: {field} is missing (a transformers Llama config holds it)")
+    return value
+
+
+def megatron_args(config: dict[str, Any], tp: int, pp: int, dp: int, where: str) -> argparse.Namespace:
+    """The args Megatron-LM would have saved for a job training the Llama of `config` (config.json)
+    under tp x pp x dp: what `megatron_dims` and `llama_config` read back (the vocabulary padded
+    as Megatron pads it: to a multiple of 128·tp)."""
+    if config.get("model_type") != "llama":
+        raise HfError(f"{where}: model_type is {config.get('model_type')!r}; --hf-arch llama reads a Llama config")
+    for field, bad in (("tie_word_embeddings", True), ("attention_bias", True), ("mlp_bias", True)):
+        if config.get(field, False) is bad:
+            raise HfError(f"{where}: {field} is {bad}; tenplex maps untied Llamas without biases")
+    if (config.get("rope_scaling") or {}).get("rope_type", "default") != "default" or config.get(
+        "hidden_act", "silu"
+    ) != "silu":
+        raise HfError(f"{where}: rope_scaling or hidden_act other than Llama's default: no Megatron args say it here")
+    hidden, heads, vocab = (_get(config, k, where) for k in ("hidden_size", "num_attention_heads", "vocab_size"))
+    step = 128 * tp
+    rope = config.get("rope_parameters") or {}
+    return argparse.Namespace(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, data_parallel_size=dp, world_size=tp * pp * dp,
+        num_layers=_get(config, "num_hidden_layers", where), hidden_size=hidden, num_attention_heads=heads,
+        group_query_attention=True, num_query_groups=config.get("num_key_value_heads") or heads,
+        kv_channels=config.get("head_dim") or hidden // heads, ffn_hidden_size=_get(config, "intermediate_size", where),
+        normalization="RMSNorm", swiglu=True, position_embedding_type="rope", rotary_percent=1.0,
+        rotary_base=int(rope.get("rope_theta", config.get("rope_theta", 10000))), norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=_get(config, "max_position_embeddings", where), seq_length=config["max_position_embeddings"],
+        untie_embeddings_and_output_weights=True, add_bias_linear=False, add_qkv_bias=False,
+        make_vocab_size_divisible_by=128, vocab_size=vocab, padded_vocab_size=-(-vocab // step) * step,
+        bf16=config.get("dtype", config.get("torch_dtype")) == "bfloat16", fp16=config.get("dtype", config.get("torch_dtype")) == "float16",
+        seed=1234,
+    )  # fmt: skip

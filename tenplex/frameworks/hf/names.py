@@ -45,7 +45,7 @@ import numpy as np
 
 from tenplex.frameworks.hf.errors import HfError
 
-__all__ = ["ARCHS", "LLAMA", "Dims", "MapError", "Row", "from_hf", "map_names", "megatron_name", "to_hf"]
+__all__ = ["ARCHS", "LLAMA", "Dims", "MapError", "Row", "from_hf", "map_names", "dist_key", "megatron_name", "to_hf"]
 
 
 class MapError(HfError):
@@ -112,6 +112,23 @@ _DIST_TOP = {"decoder.final_layernorm.weight": "final_norm.weight", "decoder.fin
              "embedding.word_embeddings.weight": "embedding.word_embeddings.weight",
              "output_layer.weight": "output_layer.weight"}  # fmt: skip
 _INDEXED = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+
+
+# global names -> the `torch_dist` keys megatron-core saves (norms under the TE names, as its local spec does)
+DIST_KEYS = {"input_norm.weight": "self_attention.linear_qkv.layer_norm_weight",
+             "pre_mlp_norm.weight": "mlp.linear_fc1.layer_norm_weight",
+             **{v: k for k, v in _DIST_LAYER.items() if "norm" not in k}}  # fmt: skip
+DIST_TOP = {"final_norm.weight": "decoder.final_layernorm.weight", "embedding.word_embeddings.weight":
+            "embedding.word_embeddings.weight", "output_layer.weight": "output_layer.weight"}  # fmt: skip
+
+
+def dist_key(name: str) -> tuple[str, int | None]:
+    """(`torch_dist` key, layer or None) of a global name: `layers.3.mlp.fc1.weight` ->
+    (`decoder.layers.mlp.linear_fc1.weight`, 3), a layer stack's key; the inverse of `megatron_name`."""
+    if name in DIST_TOP:
+        return DIST_TOP[name], None
+    _, layer, rest = name.split(".", 2)
+    return f"decoder.layers.{DIST_KEYS[rest]}", int(layer)
 
 
 def megatron_name(key: str) -> tuple[str, bool] | None:

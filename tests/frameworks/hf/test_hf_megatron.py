@@ -21,7 +21,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 from click.testing import CliRunner  # noqa: E402
 
-from fixtures.megatron_dist.gpt import ITERATION, Job, logits, save  # noqa: E402
+from fixtures.megatron_dist.gpt import ITERATION, Job, load, logits, save  # noqa: E402
 from tenplex.cli.app import cli  # noqa: E402
 from tenplex.frameworks.formats import detect, inspect  # noqa: E402
 
@@ -163,3 +163,54 @@ def test_sharded_output_and_inspect(job, tmp_path):
         "num_key_value_heads=2, intermediate_size=64, vocab_size=120, dtype=bfloat16" in lines
     )
     assert any(x.startswith("tensors: exactly those of tenplex's Megatron <-> llama map") for x in lines)
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory) -> tuple[dict[str, torch.Tensor], Path, object]:
+    """(a transformers Llama's tensors, the TP2 x PP2 torch_dist tree tenplex started from it, the model)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("hfm")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.save_pretrained(root / "hf")
+    result = CliRunner().invoke(cli, ["reshard", str(root / "hf"), "--format", "megatron-dist", "--hf-arch", "llama",
+                                      "--to", "tp=2,pp=2", "--out", str(root / "m"), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert (doc["src_format"], doc["out_format"], doc["verified"]) == ("hf", "megatron-dist", True)
+    return load_file(root / "hf" / "model.safetensors"), root / "m", model
+
+
+STARTED = Job(tp=2, pp=2, layers=2, llama=True, dtype="bfloat16", optimizer="none", vocab=256)  # 128 padded for tp=2
+
+
+def test_megatron_loads_a_job_started_from_hf(started):
+    """megatron-core's own `dist_checkpointing.load` under TP2 x PP2 restores every HF weight, bit for bit."""
+    sd, out, _ = started
+    assert detect(out) == "megatron-dist" and (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert "saved under tp=2,pp=2,dp=1 (from common.pt args)" in inspect(str(out))
+    got = _whole(load(out / "release", STARTED))
+    want = _megatron_of_hf(sd, 2)
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        t = got[key]
+        if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            assert t.shape == (256, 32) and not t[128:].any(), key  # Megatron's padding rows: zeros
+            t = t[:128]
+        if t.dtype != w.dtype:  # megatron-core keeps its norms in float32: an exact upcast of the bf16 weight
+            assert t.dtype == torch.float32 and "norm" in key, key
+            w = w.float()
+        assert t.shape == w.shape and _bits(t) == _bits(w), key
+
+
+def test_the_started_job_computes_the_hf_models_logits(started):
+    _, out, model = started
+    theirs = logits(out / "release", Job(layers=2, llama=True, optimizer="none", vocab=256), TOKENS)
+    with torch.no_grad():
+        ours = model.float()(torch.tensor([TOKENS])).logits
+    torch.testing.assert_close(theirs[..., :128], ours, rtol=1e-5, atol=1e-5)
+    assert not theirs[..., 128:].any()  # the zero padding rows of the output layer

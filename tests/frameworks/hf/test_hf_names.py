@@ -135,7 +135,7 @@ def test_cli_refuses_hf_arch_without_hf_output(tmp_path):
                                  "--format", "dcp"])  # fmt: skip
     assert (
         result.exit_code == 2
-        and "--hf-arch llama names a Hugging Face architecture: it needs --format hf (got dcp)" in result.output
+        and "it needs --format hf, or --from hf --format megatron-dist (got hf into dcp)" in result.output
     )
     assert not (tmp_path / "o").exists()
 
@@ -178,3 +178,22 @@ def test_a_legacy_tree_becomes_a_transformers_llama(tmp_path):
         assert sd[hf].float().numpy().tobytes() == np.asarray(built.truth[name], np.float32).tobytes(), hf
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == 1000 and {k for k, _ in model.named_parameters()} == set(sd)
+
+
+def test_megatron_args_of_a_transformers_config_read_back():
+    from tenplex.frameworks.hf.config import megatron_args
+
+    config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 64, "num_hidden_layers": 2, "vocab_size": 120, "max_position_embeddings": 64,
+              "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "dtype": "bfloat16"}  # fmt: skip
+    args = megatron_args(config, 2, 2, 1, "config.json")
+    dims = megatron_dims(args, "common.pt")
+    assert dims == Dims(2, 32, 4, 2, 8, 64, 120, 256)  # padded to a multiple of 128 * tp
+    back = llama_config(args, dims, "common.pt")
+    assert {k: back[k] for k in config} == config
+    with pytest.raises(HfError, match=r"config.json: tie_word_embeddings is True; tenplex maps untied Llamas"):
+        megatron_args(config | {"tie_word_embeddings": True}, 1, 1, 1, "config.json")
+    with pytest.raises(HfError, match=r"config.json: model_type is 'gpt2'"):
+        megatron_args(config | {"model_type": "gpt2"}, 1, 1, 1, "config.json")
+    with pytest.raises(HfError, match=r"config.json: hidden_size is missing"):
+        megatron_args({k: v for k, v in config.items() if k != "hidden_size"}, 1, 1, 1, "config.json")
