@@ -157,6 +157,7 @@ def test_sharded_output_and_inspect(job, tmp_path):
     a = AutoModelForCausalLM.from_pretrained(out).state_dict()
     b = AutoModelForCausalLM.from_pretrained(whole).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+    assert inspect(str(src))[-1].startswith("Hugging Face: a Llama (LlamaForCausalLM)")
     lines = inspect(str(whole))
     assert (
         "Hugging Face llama (LlamaForCausalLM) from config.json: num_hidden_layers=4, hidden_size=32, num_attention_heads=4, "
@@ -192,7 +193,9 @@ def test_megatron_loads_a_job_started_from_hf(started):
     """megatron-core's own `dist_checkpointing.load` under TP2 x PP2 restores every HF weight, bit for bit."""
     sd, out, _ = started
     assert detect(out) == "megatron-dist" and (out / "latest_checkpointed_iteration.txt").read_text() == "release"
-    assert "saved under tp=2,pp=2,dp=1 (from common.pt args)" in inspect(str(out))
+    lines = inspect(str(out))
+    assert "saved under tp=2,pp=2,dp=1 (from common.pt args)" in lines
+    assert lines[-1].startswith("Hugging Face: a Llama (LlamaForCausalLM); tenplex reshard --format hf --hf-arch llama")
     got = _whole(load(out / "release", STARTED))
     want = _megatron_of_hf(sd, 2)
     assert sorted(got) == sorted(want)
