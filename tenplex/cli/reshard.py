@@ -43,7 +43,8 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
                    "only for checkpoints from a source you trust.")  # fmt: skip
 @click.option("--hf-arch", type=click.Choice(["llama"]),
               help="With --format hf and a Megatron source: write a transformers model of this architecture "
-                   "(Hugging Face names, QKV and SwiGLU split, vocabulary padding removed, config.json).")  # fmt: skip
+                   "(Hugging Face names, QKV and SwiGLU split, vocabulary padding removed, config.json); with an hf "
+                   "source and --format megatron-dist: a torch_dist tree for --to tp=T,pp=P.")  # fmt: skip
 @click.option("--hf-vocab", type=click.IntRange(1),
               help="With --hf-arch: the tokenizer's vocabulary V (default: args.vocab_size, else the padded size).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document (tenplex.reshard/1).")

@@ -31,6 +31,11 @@ element, bit for bit, in its dtype (bf16 stays bf16).
 - vocab: the first V rows of the padded Vp (Megatron pads per TP, §2.4); `from_hf` pads with
   zeros to Vp, as Megatron's loader fills a padded vocabulary.
 
+`megatron_name(key)` and `dist_key(name)` translate between `torch_dist` keys (megatron-core saves
+the local spec's norms under the TE names: `self_attention.linear_qkv.layer_norm_weight`,
+`mlp.linear_fc1.layer_norm_weight`; a layer stack `decoder.layers.<name>` has a leading axis L)
+and the global names.
+
 Raises `MapError` naming the tensor: a missing or unexpected tensor, a shape that disagrees
 with the dimensions.
 """
