@@ -93,8 +93,8 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
             hf_vocab: int | None = None) -> Converted:  # fmt: skip
     """Reshard SRC into `to` and write OUT in `fmt`; returns what was done (`Converted`).
     `trust_pickles`: see the module docstring. `hf_arch` (with `fmt` hf and a Megatron source):
-    write a transformers model of that architecture (`hf_export`; `hf_vocab`: the true vocabulary);
-    with an hf source and `fmt` megatron-dist, a Megatron torch_dist tree of it (`hf_import`).
+    write a transformers model of that architecture (`hfmodels.export`; `hf_vocab`: the true vocabulary);
+    with an hf source and `fmt` megatron-dist, a Megatron torch_dist tree of it (`hfmodels.start`).
 
     Raises FormatError (unknown format, impossible conversion, existing OUT) and the readers',
     compiler's and runtime's errors."""
@@ -141,13 +141,13 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
 def _export_hf(src_dir: str, to: str, out_dir: str, src_fmt: str, fmt: str, workers: int, trust_pickles: bool,
                arch: str, vocab: int | None) -> Converted:  # fmt: skip
     if src_fmt == "hf" and fmt == "megatron-dist":
-        from tenplex.frameworks.formats.hf_import import import_hf
+        from tenplex.frameworks.formats.hfmodels.start import import_hf
 
         return Converted(**import_hf(src_dir, out_dir, arch, to, workers=workers))
     if fmt != "hf":
         raise FormatError(f"--hf-arch {arch} names a Hugging Face architecture: it needs --format hf, or --from hf "
                           f"--format megatron-dist (got {src_fmt} into {fmt})")  # fmt: skip
-    from tenplex.frameworks.formats.hf_export import export_hf
+    from tenplex.frameworks.formats.hfmodels.export import export_hf
 
     done = export_hf(src_dir, src_fmt, out_dir, arch, to, workers=workers, trust_pickles=trust_pickles, vocab=vocab)
     return Converted(**done)
