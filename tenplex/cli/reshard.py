@@ -1,7 +1,7 @@
 """`tenplex reshard`: a checkpoint directory (tenplex, Megatron-LM or PyTorch DCP) in another layout.
 
     tenplex reshard SRC_DIR --to DST --out OUT_DIR [--from F] [--format F] [--workers N] [--central]
-                    [--trust-pickles] [--json]
+                    [--trust-pickles] [--hf-arch llama [--hf-vocab V]] [--json]
 
 OUT_DIR is complete or absent. Progress goes to stderr, and only when stderr is a terminal (where
 the transient bar erases itself), so an error is always the first line on stderr. The result is
@@ -41,14 +41,22 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.option("--trust-pickles", is_flag=True,
               help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "
                    "only for checkpoints from a source you trust.")  # fmt: skip
+@click.option("--hf-arch", type=click.Choice(["llama"]),
+              help="With --format hf and a Megatron source: write a transformers model of this architecture "
+                   "(Hugging Face names, QKV and SwiGLU split, vocabulary padding removed, config.json); with an hf "
+                   "source and --format megatron-dist: a torch_dist tree for --to tp=T,pp=P.")  # fmt: skip
+@click.option("--hf-vocab", type=click.IntRange(1),
+              help="With --hf-arch: the tokenizer's vocabulary V (default: args.vocab_size, else the padded size).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document (tenplex.reshard/1).")
 def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
-                central: bool, trust_pickles: bool, as_json: bool) -> None:  # fmt: skip
+                central: bool, trust_pickles: bool, hf_arch: str | None, hf_vocab: int | None, as_json: bool) -> None:  # fmt: skip
     """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
     from tenplex.frameworks.formats import FormatError, convert, detect
 
+    if hf_vocab is not None and hf_arch is None:
+        raise FormatError("--hf-vocab applies with --hf-arch only")
     src_fmt = src_fmt or detect(src_dir)
-    if src_fmt == "tenplex" and fmt in (None, "tenplex"):
+    if src_fmt == "tenplex" and fmt in (None, "tenplex") and hf_arch is None:
         r = _reshard_tenplex(src_dir, dst, out_dir, workers, central)
         doc = {"src": src_dir, "src_format": "tenplex", "out": out_dir, "out_format": "tenplex", "workers": r.workers,
                "bytes_moved": r.bytes_moved, "seconds": {"total": r.seconds}, "summary": r.summary(),
@@ -57,7 +65,7 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: 
         if central:
             raise FormatError("--central applies to tenplex checkpoint directories only")
         done = convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
-                       trust_pickles=trust_pickles)  # fmt: skip
+                       trust_pickles=trust_pickles, hf_arch=hf_arch, hf_vocab=hf_vocab)  # fmt: skip
         doc = done.to_json()
     _print(doc, as_json)
 

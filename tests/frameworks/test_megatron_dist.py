@@ -132,6 +132,7 @@ def test_detect_inspect_and_the_cli(src, tmp_path):
     lines = inspect(str(root))
     assert lines[0].startswith(f"Megatron torch_dist checkpoint: Megatron-LM tree {root}, step {STEP}, iteration {ITERATION}")
     assert "saved under tp=2,pp=1,dp=1 (from common.pt args)" in lines
+    assert lines[-1] == "Hugging Face: no --hf-arch map (args.normalization is 'LayerNorm')"  # the GPT of this fixture
     assert any("linear_fc1.weight float32[4, 128, 32]: cut 4 along axis 0, 4 along axis 1 (tensor parallel)" in x for x in lines)
     bare = tmp_path / "bare"
     shutil.copytree(root / STEP, bare)

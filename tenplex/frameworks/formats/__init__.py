@@ -15,6 +15,11 @@ SRC into the layout `to` and writes OUT in `fmt` (default: SRC's format):
   write that with the target format's writer. Megatron output needs a Megatron source (the
   args, names and optimizer structure come from it).
 
+With `hf_arch` (`--hf-arch llama`), `convert` maps names and layouts between Megatron GPT models
+and transformers architectures (`hf.names`): a Megatron source into a Hugging Face model that
+`from_pretrained` loads (`hfmodels.export`), or a Hugging Face model into a Megatron `torch_dist` tree
+(`hfmodels.start`).
+
 `convert` returns a `Converted` (the facts `tenplex reshard` prints as a line, or as JSON with
 `--json`); `inspect_report(dir)` returns the format, the findings and the PTC that `inspect`
 describes, for `tenplex inspect --json`.
@@ -30,7 +35,8 @@ of the classes those formats hold (`megatron.pickles`, `dcp.metadata`); `trust_p
 a checkpoint cannot be read (the CLI exits 2): only a readable checkpoint is described.
 
 Modules: `kinds` (the formats by name and how a directory is told apart), `conversion` (read a
-source, the dst layout, reshard and write), `findings` (plain words for `inspect`).
+source, the dst layout, reshard and write), `findings` (plain words for `inspect`), `hfmodels`
+(Megatron <-> Hugging Face models: `export`, `start`).
 """
 
 from tenplex.frameworks.formats.conversion import Converted, convert, dst_ptc, read

@@ -89,9 +89,12 @@ def _is_mesh_layout(to: str) -> bool:
 
 
 def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC], *, src_fmt: str | None = None,
-            fmt: str | None = None, workers: int = 1, trust_pickles: bool = False) -> Converted:  # fmt: skip
+            fmt: str | None = None, workers: int = 1, trust_pickles: bool = False, hf_arch: str | None = None,
+            hf_vocab: int | None = None) -> Converted:  # fmt: skip
     """Reshard SRC into `to` and write OUT in `fmt`; returns what was done (`Converted`).
-    `trust_pickles`: see the module docstring.
+    `trust_pickles`: see the module docstring. `hf_arch` (with `fmt` hf and a Megatron source):
+    write a transformers model of that architecture (`hfmodels.export`; `hf_vocab`: the true vocabulary);
+    with an hf source and `fmt` megatron-dist, a Megatron torch_dist tree of it (`hfmodels.start`).
 
     Raises FormatError (unknown format, impossible conversion, existing OUT) and the readers',
     compiler's and runtime's errors."""
@@ -104,6 +107,8 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
     fmt = fmt or src_fmt
     if Path(out_dir).exists():
         raise FormatError(f"{out_dir}: already exists (refusing to overwrite)")
+    if hf_arch is not None:
+        return _export_hf(src_dir, to, out_dir, src_fmt, fmt, workers, trust_pickles, hf_arch, hf_vocab)
     if fmt == "megatron-dist" or src_fmt == "megatron-dist":
         return _convert_megatron_dist(src_dir, to, out_dir, src_fmt, fmt, workers, trust_pickles)
     if fmt == "megatron":
@@ -131,6 +136,21 @@ def convert(src_dir: str, to: str, out_dir: str, load_state: Callable[[str], PTC
         seconds = {"total": sum(d.seconds.values()), **d.seconds}
         return Converted(src_dir, src_fmt, out_dir, fmt, workers, d.bytes_moved, seconds, d.summary())
     return _convert(src_dir, to, out_dir, load_state, src_fmt, fmt, workers, trust_pickles)
+
+
+def _export_hf(src_dir: str, to: str, out_dir: str, src_fmt: str, fmt: str, workers: int, trust_pickles: bool,
+               arch: str, vocab: int | None) -> Converted:  # fmt: skip
+    if src_fmt == "hf" and fmt == "megatron-dist":
+        from tenplex.frameworks.formats.hfmodels.start import import_hf
+
+        return Converted(**import_hf(src_dir, out_dir, arch, to, workers=workers))
+    if fmt != "hf":
+        raise FormatError(f"--hf-arch {arch} names a Hugging Face architecture: it needs --format hf, or --from hf "
+                          f"--format megatron-dist (got {src_fmt} into {fmt})")  # fmt: skip
+    from tenplex.frameworks.formats.hfmodels.export import export_hf
+
+    done = export_hf(src_dir, src_fmt, out_dir, arch, to, workers=workers, trust_pickles=trust_pickles, vocab=vocab)
+    return Converted(**done)
 
 
 def _convert_megatron_dist(src_dir: str, to: str, out_dir: str, src_fmt: str, fmt: str, workers: int,

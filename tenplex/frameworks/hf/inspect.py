@@ -7,7 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 from tenplex.compiler.emit import human_bytes
+from tenplex.frameworks.hf.errors import HfError
+from tenplex.frameworks.hf.names import ARCHS
 from tenplex.frameworks.hf.read import INDEX, SHARDING, VALUES, HfIndex, ptc_of_index, read_index
+from tenplex.ir.files import read_json
 
 __all__ = ["inspect_hf"]
 
@@ -36,4 +39,33 @@ def inspect_hf(root: str | os.PathLike, index: HfIndex | None = None) -> list[st
         files = sorted({ptc.partition_of[st.id] for st in chunks})
         where = f"in {files[0]}" if len(chunks) == 1 else f"cut into {len(chunks)} chunks in {len(files)} files"
         out.append(f"tensor {t.name}: {t.dtype}{list(t.shape)} {where}")
+    return out + _config(index.root, {t.name for t in ptc.tensors})
+
+
+def _config(root: Path, names: set[str]) -> list[str]:
+    """What `config.json` says (architecture and sizes), and whether the tensors are the ones
+    tenplex's Megatron map (`hf.names`) writes for it."""
+    path = root / "config.json"
+    if not path.is_file():
+        return []
+    try:
+        doc = read_json(path, HfError, "the model config")
+    except HfError as e:
+        return [f"config.json: unreadable ({e})"]
+    if not isinstance(doc, dict):
+        return ["config.json: not a JSON object"]
+    archs = ", ".join(doc.get("architectures") or ["no architectures"])
+    sizes = ", ".join(f"{k}={doc[k]}" for k in _SIZES if k in doc)
+    out = [f"Hugging Face {doc.get('model_type', '?')} ({archs}) from config.json: {sizes}"]
+    table = ARCHS.get(str(doc.get("model_type")))
+    layers = doc.get("num_hidden_layers")
+    if table is not None and type(layers) is int:
+        want = {h.format(i=i) for row in table for i in range(layers) for h in row.hf}
+        if want == names:
+            out.append(f"tensors: exactly those of tenplex's Megatron <-> {doc['model_type']} map (tenplex reshard --hf-arch "
+                       f"{doc['model_type']}; QKV per query group, SwiGLU fc1 as gate/up, vocabulary unpadded)")  # fmt: skip
     return out
+
+
+_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+          "vocab_size", "dtype")  # fmt: skip

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,14 @@ def parse_target(text: str) -> int | None:
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
-def whole_ptc(src: PTC) -> PTC:
-    """One partition `model` on device 0 holding every tensor of `src` whole, with `src`'s value
-    names (inherited from src when resharded)."""
-    subtensors = [SubTensor(t.name, t.name, t.name, t.shape, (Piece(t.box, t.box),) if t.box.volume else ()) for t in src.tensors]
+def whole_ptc(src: PTC, names: Collection[str] | None = None) -> PTC:
+    """One partition `model` on device 0 holding every tensor of `src` (or those named in
+    `names`) whole, with `src`'s value names (inherited from src when resharded)."""
+    tensors = tuple(t for t in src.tensors if names is None or t.name in names)
+    subtensors = [SubTensor(t.name, t.name, t.name, t.shape, (Piece(t.box, t.box),) if t.box.volume else ()) for t in tensors]  # fmt: skip
     values = {name: Value() for p in src.partitions for name, _ in p.values}
-    part = Partition(PARTITION, [t.name for t in src.tensors], values)
-    return PTC(src.tensors, tuple(subtensors), (part,), Allocation({PARTITION: (0,)}), Topology((Device(0, "h0"),)))
+    part = Partition(PARTITION, [t.name for t in tensors], values)
+    return PTC(tensors, tuple(subtensors), (part,), Allocation({PARTITION: (0,)}), Topology((Device(0, "h0"),)))
 
 
 def _whole(ptc: PTC, t: TensorMeta) -> SubTensor | None:
@@ -101,9 +102,10 @@ def _shards(tensors: list[TensorMeta], limit: int | None) -> list[list[TensorMet
 
 
 def write_hf(ptc: PTC, arrays: Mapping[str, Any], values: dict[str, dict[str, Any]], out: str | os.PathLike,
-             max_shard_bytes: int | None = None) -> list[str]:  # fmt: skip
+             max_shard_bytes: int | None = None, extra: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
     """Write the whole PTC `ptc` with `arrays` (sub-tensor id -> array) and `values` (partition
-    id -> values) to the new directory `out` (see the module docstring); returns the file names.
+    id -> values) to the new directory `out` (see the module docstring), with the text files
+    `extra` (name -> text, e.g. `config.json`) beside them; returns the safetensors file names.
     Each array is read once, right before it is written, so `arrays` may be a lazy mapping
     whose item is valid until the next access (`dcp.apply.StreamedArrays`)."""
     out = Path(out)
@@ -120,6 +122,8 @@ def write_hf(ptc: PTC, arrays: Mapping[str, Any], values: dict[str, dict[str, An
             weight_map = {t.name: name for name, shard in zip(names, shards) for t in shard}
             doc = {"metadata": {"total_size": sum(t.nbytes for t in ptc.tensors)}, "weight_map": dict(sorted(weight_map.items()))}
             write_atomic(tmp / INDEX, json.dumps(doc, indent=2) + "\n")
+        for name, text in (extra or {}).items():
+            write_atomic(tmp / name, text)
         read_hf(tmp)  # the written directory reads back in full
     return names
 

@@ -2,8 +2,8 @@
 
 What it is (tree or bare, iteration), the layout it was saved under and where that was read
 from, its model and optimizer tensors and how they are cut (per-layer chunks, the TP cut), its
-sharded objects, its files, and whether `tenplex reshard` can move its optimizer state across
-tp and pp.
+sharded objects, its files, whether `tenplex reshard` can move its optimizer state across
+tp and pp, and whether `--hf-arch llama` maps it to a Hugging Face model (or what stops it).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+from tenplex.frameworks.hf.config import llama_config, megatron_dims
+from tenplex.frameworks.hf.errors import HfError
 from tenplex.frameworks.megatron_dist.layout import grid, model_key, tp_axis
 from tenplex.frameworks.megatron_dist.read import DistCheckpoint, read_megatron_dist
 
@@ -48,4 +50,15 @@ def findings(ckpt: DistCheckpoint) -> list[str]:
         lines.append("sharded objects: " + ", ".join(f"{k} ({n})" for k, n in sorted(objects.items())))
     lines.append(f"files: {len(ckpt.ptc.partitions)} data files, common.pt, metadata.json "
                  f"(sharded_backend {ckpt.config.get('sharded_backend')!r})")  # fmt: skip
-    return lines
+    return lines + _hf(ckpt)
+
+
+def _hf(ckpt: DistCheckpoint) -> list[str]:
+    """Whether the args describe a model tenplex maps to a Hugging Face architecture, and why not."""
+    args = ckpt.common.get("args")
+    try:
+        llama_config(args, megatron_dims(args, "common.pt"), "common.pt")
+    except HfError as e:
+        return [f"Hugging Face: no --hf-arch map ({str(e).removeprefix('common.pt: ').split(';')[0]})"]
+    return ["Hugging Face: a Llama (LlamaForCausalLM); tenplex reshard --format hf --hf-arch llama maps its names "
+            "(QKV per query group to q/k/v_proj, SwiGLU fc1 to gate/up_proj, vocabulary unpadded)"]  # fmt: skip
