@@ -1,0 +1,197 @@
+"""`torch.save`'s record of one CPU tensor, built without torch: what DCP's writer puts into a
+`.distcp` file for each tensor chunk, byte for byte.
+
+`torch.save(tensor, stream)` writes a zip archive (`PyTorchStreamWriter`, miniz): every entry
+stored (no compression), named `archive/<name>`, its local header followed by an `FB` extra
+field of `Z` padding so that its data starts at a multiple of 64 bytes from the record's start,
+then a data descriptor (CRC-32 and sizes; general-purpose flags 0x0808). Entries, in order:
+`data.pkl` (the pickle below), `.format_version` = "1", `.storage_alignment` = "64",
+`byteorder` = "little", `data/0` (the tensor's bytes), `version` = "3\\n", and
+`.data/serialization_id`: 20 decimal digits of a hash of the entry names (a constant here: the
+names never change) and 20 of `c10::hash_combine` folded over the non-empty entries' CRC-32s.
+Then the central directory, a zip64 end record and locator, and the end record. An entry
+without bytes has no data descriptor.
+
+The pickle (protocol 2, as `torch.save` pickles) is `torch._utils._rebuild_tensor_v2(storage,
+0, size, stride, False, OrderedDict())` with the persistent id `("storage", <Type>Storage,
+"0", "cpu", numel)`; dtypes without a typed storage class (float8, uint16/32/64) use
+`_rebuild_tensor_v3`, `torch.storage.UntypedStorage` with numel in bytes, and the dtype as the
+last argument. `torch.load(weights_only=True)` accepts both.
+
+`tensor_record(array)` returns (head, data, tail): writing the three one after the other is the
+record. Only the two small byte strings are built; the data is the array's own memory.
+
+Invariants:
+- `b"".join(tensor_record(a))` equals `torch.save(torch.from_numpy(a))`'s bytes for every
+  C-contiguous array of a tenplex dtype on a little-endian host (tests/frameworks/test_dcp_record.py);
+- records whose zip needs zip64 fields (over `MAX_DATA` bytes of data) are refused:
+  `fits(nbytes)` says which, and the caller saves those with torch.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+
+import numpy as np
+
+from tenplex.ir.tensor import ITEMSIZE
+
+__all__ = ["MAX_DATA", "fits", "tensor_record"]
+
+_TYPED = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "Short", "float16": "Half", "bfloat16": "BFloat16",
+          "int32": "Int", "float32": "Float", "int64": "Long", "float64": "Double", "complex64": "ComplexFloat",
+          "complex128": "ComplexDouble"}  # fmt: skip
+_UNTYPED = frozenset({"float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"})
+_NAMES_HASH = "15728199511854643026"  # hash of the entry names below, as torch computes it
+_ALIGN = 64
+_FLAGS = 0x0808  # data descriptor follows; UTF-8 names
+MAX_DATA = 0xFFFFFFFF - (1 << 16)  # below this every offset and size fits in 32 bits
+_M64 = (1 << 64) - 1
+
+
+def fits(nbytes: int) -> bool:
+    """Whether a tensor of `nbytes` bytes has a record here (no zip64 fields needed)."""
+    return nbytes <= MAX_DATA
+
+
+def _int(x: int) -> bytes:
+    """An int as pickle protocol 2 writes it."""
+    if 0 <= x <= 0xFF:
+        return b"K" + bytes([x])
+    if 0 <= x <= 0xFFFF:
+        return b"M" + struct.pack("<H", x)
+    if -(1 << 31) <= x < (1 << 31):
+        return b"J" + struct.pack("<i", x)
+    raw = x.to_bytes((x.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+class _Pickle:
+    """The few opcodes of torch.save's pickle, memoizing as the pickle module does."""
+
+    def __init__(self) -> None:
+        self.out, self.memo = [b"\x80\x02"], 0
+
+    def put(self) -> None:
+        self.out.append(b"q" + bytes([self.memo]) if self.memo < 256 else b"r" + struct.pack("<I", self.memo))
+        self.memo += 1
+
+    def glob(self, module: str, name: str) -> None:
+        self.out.append(b"c" + f"{module}\n{name}\n".encode())
+        self.put()
+
+    def text(self, s: str) -> None:
+        raw = s.encode()
+        self.out.append(b"X" + struct.pack("<I", len(raw)) + raw)
+        self.put()
+
+    def ints(self, xs: tuple[int, ...]) -> None:
+        if not xs:
+            self.out.append(b")")
+            return
+        self.out.append((b"" if len(xs) <= 3 else b"(") + b"".join(map(_int, xs)) + (b"\x85\x86\x87"[len(xs) - 1 : len(xs)] if len(xs) <= 3 else b"t"))
+        self.put()
+
+    def raw(self, op: bytes, memo: bool = False) -> None:
+        self.out.append(op)
+        if memo:
+            self.put()
+
+
+def _pickle(dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    untyped = dtype in _UNTYPED
+    p = _Pickle()
+    p.glob("torch._utils", "_rebuild_tensor_v3" if untyped else "_rebuild_tensor_v2")
+    p.raw(b"((")
+    p.text("storage")
+    p.glob(*(("torch.storage", "UntypedStorage") if untyped else ("torch", f"{_TYPED[dtype]}Storage")))
+    p.text("0")
+    p.text("cpu")
+    p.raw(_int(nbytes if untyped else nbytes // ITEMSIZE[dtype]) + b"t", memo=True)
+    p.raw(b"Q" + _int(0))
+    stride = tuple(math.prod(max(n, 1) for n in shape[d + 1 :]) for d in range(len(shape)))  # as torch: empty dims count 1
+    p.ints(tuple(shape))
+    p.ints(stride)
+    p.raw(b"\x89")
+    p.glob("collections", "OrderedDict")
+    p.raw(b")R", memo=True)
+    if untyped:
+        p.glob("torch", dtype)
+    p.raw(b"t", memo=True)
+    p.raw(b"R", memo=True)
+    p.raw(b".")
+    return b"".join(p.out)
+
+
+def _hash_combine(seed: int, value: int) -> int:
+    """c10::hash_combine on 64-bit size_t."""
+    return (seed ^ (value + 0x9E3779B9 + ((seed << 6) & _M64) + (seed >> 2))) & _M64
+
+
+def _local(name: bytes, offset: int, size: int) -> bytes:
+    """The local header of entry `name` starting at `offset`, padded so its data is aligned."""
+    pad = -(offset + 30 + len(name) + 4) % _ALIGN
+    extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+    flags = _FLAGS if size else _FLAGS & ~8
+    return struct.pack("<IHHHHHIIIHH", 0x04034B50, 0, flags, 0, 0, 0, 0, 0, 0, len(name), len(extra)) + name + extra
+
+
+def _descriptor(crc: int, size: int) -> bytes:
+    return struct.pack("<IIII", 0x08074B50, crc, size, size) if size else b""
+
+
+def _central(entries: list[tuple[bytes, int, int, int]], offset: int) -> bytes:
+    """Central directory (at `offset`) of (name, local offset, crc, size) and the end records."""
+    cd = b"".join(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0, 0, _FLAGS if size else _FLAGS & ~8, 0, 0, 0, crc, size, size, len(name), 0, 0, 0, 0, 0, at) + name
+                  for name, at, crc, size in entries)  # fmt: skip
+    n, end = len(entries), offset + len(cd)
+    zip64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 0x031E, 0x2D, 0, 0, n, n, len(cd), offset)
+    locator = struct.pack("<IIQI", 0x07064B50, 0, end, 1)
+    return cd + zip64 + locator + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(cd), offset, 0)
+
+
+def tensor_record(array: np.ndarray, dtype: str | None = None) -> tuple[bytes, memoryview, bytes]:
+    """(head, data, tail) of `torch.save` of the C-contiguous `array` (see the module
+    docstring); `dtype` is its tenplex dtype name (default: the array's numpy name).
+
+    Raises ValueError for a non-contiguous array, an unknown dtype or data over `MAX_DATA`."""
+    dtype = dtype or array.dtype.name
+    if dtype not in ITEMSIZE or array.dtype.itemsize != ITEMSIZE[dtype]:
+        raise ValueError(f"no torch.save record for an array of dtype {array.dtype} as {dtype!r}")
+    if not array.flags.c_contiguous:
+        raise ValueError("tensor_record needs a C-contiguous array")
+    if not fits(array.nbytes):
+        raise ValueError(f"{array.nbytes} bytes need zip64 fields: save them with torch")
+    data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+    before = [(b"data.pkl", _pickle(dtype, tuple(array.shape), array.nbytes)), (b".format_version", b"1"),
+              (b".storage_alignment", b"64"), (b"byteorder", b"little")]  # fmt: skip
+    head, entries, names_crc = [], [], 0
+    at = 0
+    for name, raw in before:
+        name = b"archive/" + name
+        crc = zlib.crc32(raw)
+        part = _local(name, at, len(raw)) + raw + _descriptor(crc, len(raw))
+        entries.append((name, at, crc, len(raw)))
+        names_crc = _hash_combine(names_crc, crc)
+        head.append(part)
+        at += len(part)
+    head.append(_local(b"archive/data/0", at, len(data)))
+    crc = zlib.crc32(data)
+    entries.append((b"archive/data/0", at, crc, len(data)))
+    names_crc = _hash_combine(names_crc, crc) if len(data) else names_crc
+    at += len(head[-1]) + len(data)
+    tail = [_descriptor(crc, len(data))]
+    at += len(tail[0])
+    version = b"3\n"
+    for name, raw in ((b"archive/version", version), (b"archive/.data/serialization_id", None)):
+        raw = raw if raw is not None else f"{_NAMES_HASH}{names_crc:020d}".encode()
+        crc = zlib.crc32(raw)
+        names_crc = _hash_combine(names_crc, crc)
+        part = _local(name, at, len(raw)) + raw + _descriptor(crc, len(raw))
+        entries.append((name, at, crc, len(raw)))
+        tail.append(part)
+        at += len(part)
+    tail.append(_central(entries, at))
+    return b"".join(head), data, b"".join(tail)
