@@ -38,7 +38,7 @@ import numpy as np
 
 from tenplex.ir.tensor import ITEMSIZE
 
-__all__ = ["MAX_DATA", "fits", "tensor_record"]
+__all__ = ["MAX_DATA", "Record", "fits", "tensor_record"]
 
 _TYPED = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "Short", "float16": "Half", "bfloat16": "BFloat16",
           "int32": "Int", "float32": "Float", "int64": "Long", "float64": "Double", "complex64": "ComplexFloat",
@@ -152,6 +152,50 @@ def _central(entries: list[tuple[bytes, int, int, int]], offset: int) -> bytes:
     return cd + zip64 + locator + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(cd), offset, 0)
 
 
+class Record:
+    """The record of a tensor of `dtype` and `shape` around its data: `head` goes before the
+    data's bytes, `tail(crc)` after them (`crc`: the data's CRC-32, e.g. `zlib.crc32` folded
+    over its parts), so the data can be written from several buffers without joining them.
+
+    Raises ValueError for an unknown dtype or data over `MAX_DATA`."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...]):
+        if dtype not in ITEMSIZE:
+            raise ValueError(f"no torch.save record for dtype {dtype!r}")
+        self.nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        if not fits(self.nbytes):
+            raise ValueError(f"{self.nbytes} bytes need zip64 fields: save them with torch")
+        before = [(b"data.pkl", _pickle(dtype, tuple(shape), self.nbytes)), (b".format_version", b"1"),
+                  (b".storage_alignment", b"64"), (b"byteorder", b"little")]  # fmt: skip
+        head, self.entries, self.crcs, at = [], [], 0, 0
+        for name, raw in before:
+            head.append(_entry(b"archive/" + name, raw, at, self.entries))
+            self.crcs = _hash_combine(self.crcs, self.entries[-1][2])
+            at += len(head[-1])
+        head.append(_local(b"archive/data/0", at, self.nbytes))
+        self.data_at, self.head = at, b"".join(head)
+
+    def tail(self, crc: int) -> bytes:
+        """What follows the data, whose CRC-32 is `crc`."""
+        entries = [*self.entries, (b"archive/data/0", self.data_at, crc, self.nbytes)]
+        crcs = _hash_combine(self.crcs, crc) if self.nbytes else self.crcs
+        tail = [_descriptor(crc, self.nbytes)]
+        at = len(self.head) + self.nbytes + len(tail[0])
+        tail.append(_entry(b"archive/version", b"3\n", at, entries))
+        crcs = _hash_combine(crcs, entries[-1][2])
+        at += len(tail[-1])
+        tail.append(_entry(b"archive/.data/serialization_id", f"{_NAMES_HASH}{crcs:020d}".encode(), at, entries))
+        at += len(tail[-1])
+        return b"".join([*tail, _central(entries, at)])
+
+
+def _entry(name: bytes, raw: bytes, at: int, entries: list) -> bytes:
+    """Entry `name` holding `raw` at offset `at`; appends (name, at, crc, size) to `entries`."""
+    crc = zlib.crc32(raw)
+    entries.append((name, at, crc, len(raw)))
+    return _local(name, at, len(raw)) + raw + _descriptor(crc, len(raw))
+
+
 def tensor_record(array: np.ndarray, dtype: str | None = None) -> tuple[bytes, memoryview, bytes]:
     """(head, data, tail) of `torch.save` of the C-contiguous `array` (see the module
     docstring); `dtype` is its tenplex dtype name (default: the array's numpy name).
@@ -162,36 +206,6 @@ def tensor_record(array: np.ndarray, dtype: str | None = None) -> tuple[bytes, m
         raise ValueError(f"no torch.save record for an array of dtype {array.dtype} as {dtype!r}")
     if not array.flags.c_contiguous:
         raise ValueError("tensor_record needs a C-contiguous array")
-    if not fits(array.nbytes):
-        raise ValueError(f"{array.nbytes} bytes need zip64 fields: save them with torch")
+    rec = Record(dtype, tuple(array.shape))
     data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
-    before = [(b"data.pkl", _pickle(dtype, tuple(array.shape), array.nbytes)), (b".format_version", b"1"),
-              (b".storage_alignment", b"64"), (b"byteorder", b"little")]  # fmt: skip
-    head, entries, names_crc = [], [], 0
-    at = 0
-    for name, raw in before:
-        name = b"archive/" + name
-        crc = zlib.crc32(raw)
-        part = _local(name, at, len(raw)) + raw + _descriptor(crc, len(raw))
-        entries.append((name, at, crc, len(raw)))
-        names_crc = _hash_combine(names_crc, crc)
-        head.append(part)
-        at += len(part)
-    head.append(_local(b"archive/data/0", at, len(data)))
-    crc = zlib.crc32(data)
-    entries.append((b"archive/data/0", at, crc, len(data)))
-    names_crc = _hash_combine(names_crc, crc) if len(data) else names_crc
-    at += len(head[-1]) + len(data)
-    tail = [_descriptor(crc, len(data))]
-    at += len(tail[0])
-    version = b"3\n"
-    for name, raw in ((b"archive/version", version), (b"archive/.data/serialization_id", None)):
-        raw = raw if raw is not None else f"{_NAMES_HASH}{names_crc:020d}".encode()
-        crc = zlib.crc32(raw)
-        names_crc = _hash_combine(names_crc, crc)
-        part = _local(name, at, len(raw)) + raw + _descriptor(crc, len(raw))
-        entries.append((name, at, crc, len(raw)))
-        tail.append(part)
-        at += len(part)
-    tail.append(_central(entries, at))
-    return b"".join(head), data, b"".join(tail)
+    return rec.head, data, rec.tail(zlib.crc32(data))

@@ -37,8 +37,10 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +56,7 @@ from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, Writ
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tenplex.frameworks.dcp import record
+from tenplex.frameworks.dcp.apply import StreamedArrays
 from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
 from tenplex.frameworks.dtensor.values import bytes_of_value
@@ -61,6 +64,7 @@ from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.files import atomic_dir, os_error_of, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
+from tenplex.ir.tensor import ITEMSIZE
 from tenplex.runtime.arrays import np_dtype, region
 from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
@@ -168,20 +172,34 @@ def _write_file(tmp: Path, plan: SavePlan, data: dict) -> list[WriteResult]:
             if isinstance(got, bytes):
                 _write_all(f.fileno(), [got])
             else:
-                array, dtype = got()
-                if record.fits(array.nbytes):
-                    _write_all(f.fileno(), record.tensor_record(array, dtype))
-                else:  # a chunk over 4 GiB: its zip needs zip64 fields, which torch writes
-                    torch.save(from_numpy(array, read_only=True), f)
+                _write_chunk(f, *got())
             end = f.tell()
             results.append(WriteResult(item.index, end - offset, _StorageInfo(name, offset, end - offset)))
             offset = end
     return results
 
 
+def _write_chunk(f: Any, parts: list[np.ndarray], dtype: str, shape: tuple[int, ...]) -> None:
+    """One chunk's record at `f`'s position; its bytes are those of the C-contiguous `parts`,
+    one after the other (one array, or the source regions that make up a streamed chunk)."""
+    if not record.fits(math.prod(shape) * ITEMSIZE[dtype]):  # over 4 GiB: its zip needs zip64 fields, which torch writes
+        joined = parts[0] if len(parts) == 1 else np.concatenate([_raw(p) for p in parts]).view(np_dtype(dtype))
+        torch.save(from_numpy(joined.reshape(shape), read_only=True), f)
+        return
+    rec, crc = record.Record(dtype, shape), 0
+    raw = [_raw(p) for p in parts]
+    for r in raw:
+        crc = zlib.crc32(r, crc)
+    _write_all(f.fileno(), [rec.head, *raw, rec.tail(crc)])
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """Write `parts` one after the other at the file's position (writev, resumed after a short write)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
     while views:
         n = os.writev(fd, views[:1024])
         while views and n >= len(views[0]):
@@ -215,21 +233,27 @@ def _plans(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapp
 
 
 def _tensor_item(ptc: PTC, arrays: Mapping[str, np.ndarray], name: str, sid: str | None, piece: int,
-                 box: Box) -> tuple[WriteItem, Callable[[], tuple[np.ndarray, str]]]:  # fmt: skip
-    """The write item of one chunk and a function that gives its C-contiguous array and dtype
-    when it is written (so a lazy `arrays` mapping produces each array only then)."""
+                 box: Box) -> tuple[WriteItem, Callable[[], tuple[list[np.ndarray], str, tuple[int, ...]]]]:  # fmt: skip
+    """The write item of one chunk and a function that gives its bytes (C-contiguous arrays, one
+    after the other), dtype and shape when it is written (so a lazy `arrays` mapping produces
+    each array only then; a `StreamedArrays` chunk copied whole from contiguous source regions
+    is not produced at all: those regions are written)."""
     meta = ptc.tensor_map[name]
 
-    def data() -> tuple[np.ndarray, str]:
+    def data() -> tuple[list[np.ndarray], str, tuple[int, ...]]:
         if sid is None:  # the empty chunk of a tensor without elements
-            return np.empty(meta.shape, dtype=np_dtype(meta.dtype)), meta.dtype
+            return [np.empty(meta.shape, dtype=np_dtype(meta.dtype))], meta.dtype, meta.shape
         st = ptc.subtensor_map[sid]
+        whole = len(st.pieces) == 1 and box == st.pieces[piece].global_box and box.shape == st.shape
+        parts = arrays.parts(sid) if whole and isinstance(arrays, StreamedArrays) else None
+        if parts is not None:  # written straight from the source regions, never produced
+            return parts, meta.dtype, box.shape
         a = arrays.get(sid)
         if a is None or tuple(a.shape) != st.shape or a.dtype != np_dtype(meta.dtype):
             got = "nothing" if a is None else f"{a.dtype}{list(a.shape)}"
             raise DcpError(f"sub-tensor {sid!r}: array is {got}, expected {meta.dtype}{list(st.shape)}")
         chunk = region(a, st.pieces[piece], box)
-        return (chunk if chunk.flags.c_contiguous else chunk.copy(order="C")), meta.dtype  # a copy only if not contiguous
+        return [chunk if chunk.flags.c_contiguous else chunk.copy(order="C")], meta.dtype, box.shape  # a copy only if not contiguous
 
     index = MetadataIndex(meta.name, box.start)
     chunk = ChunkStorageMetadata(offsets=torch.Size(box.start), sizes=torch.Size(box.shape))
