@@ -51,6 +51,25 @@ def test_record_is_torch_saves_bytes_and_loads_back(dtype, shape, seed):
     assert to_numpy(back).tobytes() == a.tobytes()
 
 
+@given(sizes=st.lists(st.integers(0, 20000), min_size=1, max_size=4), seed=st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs_with_and_without_libdeflate(sizes, seed):
+    import zlib
+
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    want = zlib.crc32(b"".join(p.tobytes() for p in parts))
+    system = record._DEFLATE
+    try:
+        for deflate in (system, None):
+            record._DEFLATE = deflate
+            crc = 0
+            for p in parts:
+                crc = record.crc32(p, crc)
+            assert crc == want
+    finally:
+        record._DEFLATE = system
+
+
 def test_record_refuses_what_it_cannot_write(monkeypatch):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     with pytest.raises(ValueError, match="C-contiguous"):

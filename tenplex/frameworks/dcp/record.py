@@ -30,6 +30,8 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import struct
 import zlib
@@ -38,7 +40,7 @@ import numpy as np
 
 from tenplex.ir.tensor import ITEMSIZE
 
-__all__ = ["MAX_DATA", "Record", "fits", "tensor_record"]
+__all__ = ["MAX_DATA", "Record", "crc32", "fits", "tensor_record"]
 
 _TYPED = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "Short", "float16": "Half", "bfloat16": "BFloat16",
           "int32": "Int", "float32": "Float", "int64": "Long", "float64": "Double", "complex64": "ComplexFloat",
@@ -49,6 +51,27 @@ _ALIGN = 64
 _FLAGS = 0x0808  # data descriptor follows; UTF-8 names
 MAX_DATA = 0xFFFFFFFF - (1 << 16)  # below this every offset and size fits in 32 bits
 _M64 = (1 << 64) - 1
+
+
+def _libdeflate_crc32() -> ctypes._CFuncPtr | None:
+    """libdeflate's `crc32` (carry-less multiply: ~7x zlib's on these hosts), if the system has it."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("deflate") or "libdeflate.so.0").libdeflate_crc32
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+_DEFLATE = _libdeflate_crc32()
+
+
+def crc32(data: np.ndarray, crc: int = 0) -> int:
+    """`zlib.crc32(data, crc)` of a C-contiguous uint8 array: the same value, computed by
+    libdeflate where the system has it (without the GIL, as ctypes calls are), else by zlib."""
+    if _DEFLATE is None or data.nbytes < 4096:
+        return zlib.crc32(data, crc)
+    return _DEFLATE(crc, data.ctypes.data, data.nbytes)
 
 
 def fits(nbytes: int) -> bool:
@@ -207,5 +230,5 @@ def tensor_record(array: np.ndarray, dtype: str | None = None) -> tuple[bytes, m
     if not array.flags.c_contiguous:
         raise ValueError("tensor_record needs a C-contiguous array")
     rec = Record(dtype, tuple(array.shape))
-    data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
-    return rec.head, data, rec.tail(zlib.crc32(data))
+    raw = array.reshape(-1).view(np.uint8)
+    return rec.head, memoryview(raw) if array.size else memoryview(b""), rec.tail(crc32(raw))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -189,7 +188,7 @@ def _write_chunk(f: Any, parts: list[np.ndarray], dtype: str, shape: tuple[int, 
     rec, crc = record.Record(dtype, shape), 0
     raw = [_raw(p) for p in parts]
     for r in raw:
-        crc = zlib.crc32(r, crc)
+        crc = record.crc32(r, crc)
     _write_all(f.fileno(), [rec.head, *raw, rec.tail(crc)])
 
 
