@@ -18,8 +18,15 @@ The pickle (protocol 2, as `torch.save` pickles) is `torch._utils._rebuild_tenso
 `_rebuild_tensor_v3`, `torch.storage.UntypedStorage` with numel in bytes, and the dtype as the
 last argument. `torch.load(weights_only=True)` accepts both.
 
-`tensor_record(array)` returns (head, data, tail): writing the three one after the other is the
-record. Only the two small byte strings are built; the data is the array's own memory.
+`Record(dtype, shape)` builds the parts before and after the data: `head`, and `tail(crc)` once
+the data's CRC-32 is known (the data may be several buffers: `crc32` folds over them, through
+the system's libdeflate where there is one, else zlib). `tensor_record(array)` returns (head,
+data, tail) of one array. Only the small byte strings are built; the data is the caller's memory.
+
+What could differ from a record torch writes elsewhere: the first half of the serialization id
+is libstdc++'s `std::hash` of the names (the constant here, checked against the installed torch);
+a torch built with another C++ library writes other digits there. torch.load reads the id only
+to log it (`torch.load.metadata` usage logging), so such a record loads the same.
 
 Invariants:
 - `b"".join(tensor_record(a))` equals `torch.save(torch.from_numpy(a))`'s bytes for every
@@ -56,8 +63,15 @@ _M64 = (1 << 64) - 1
 def _libdeflate_crc32() -> ctypes._CFuncPtr | None:
     """libdeflate's `crc32` (carry-less multiply: ~7x zlib's on these hosts), if the system has it."""
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("deflate") or "libdeflate.so.0").libdeflate_crc32
-    except (OSError, AttributeError):
+        lib = ctypes.CDLL("libdeflate.so.0")
+    except OSError:
+        name = ctypes.util.find_library("deflate")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+        except OSError:
+            lib = None
+    fn = getattr(lib, "libdeflate_crc32", None)
+    if fn is None:
         return None
     fn.restype, fn.argtypes = ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
     return fn
