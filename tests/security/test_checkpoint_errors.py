@@ -103,13 +103,12 @@ def _enospc(*args, **kwargs):
 
 @pytest.mark.parametrize("fmt", sorted(ERRORS))
 def test_full_disk_simulated(fmt, megatron, tmp_path, monkeypatch):
-    import torch.distributed.checkpoint.filesystem as dcp_fs
-
+    from tenplex.frameworks.dcp import write as dcp_write
     from tenplex.runtime.checkpoint import directory, write
 
     monkeypatch.setattr(directory, "write_npy", _enospc)
     monkeypatch.setattr(write, "write_npy", _enospc)
-    monkeypatch.setattr(dcp_fs, "_write_item", _enospc)
+    monkeypatch.setattr(dcp_write, "_write_all", _enospc)  # the .distcp files' bytes
     if fmt == "megatron":
         monkeypatch.setattr(torch, "save", _enospc)
     with pytest.raises(ERRORS[fmt], match=rf"{tmp_path / 'out'}\S*: {ENOSPC}"):

@@ -1,6 +1,6 @@
 """PyTorch Distributed Checkpoint (DCP) directories (`.metadata` + `*.distcp`) as PTCs.
 
-`read_dcp` (read.py) and `write_dcp` (write.py, through DCP's own writer); `reshard_dcp` /
+`read_dcp` (read.py) and `write_dcp` (write.py, the files DCP's writer would write; record.py: `torch.save`'s record of a tensor, without torch); `reshard_dcp` /
 `inspect_dcp` (reshard.py) into a DTensor mesh layout (`dtensor.mesh`); `load_dcp` (load.py):
 tenplex as DCP's loader for one rank of a live job; apply.py applies a plan into buffers the
 caller owns. Without files: `StoreWriter` / `StoreReader` (storage.py) are DCP's storage layer

@@ -15,10 +15,11 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from tenplex.compiler import Plan
+from tenplex.compiler import CopyOp, Plan
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst
+from tenplex.runtime.executor import source_region, target_region
 
 __all__ = ["StreamedArrays"]
 
@@ -33,15 +34,40 @@ class StreamedArrays(Mapping[str, np.ndarray]):
         self.local = threading.local()
 
     def __getitem__(self, sid: str) -> np.ndarray:
+        target = self._target(sid)
+        apply_ops(self.ops.get(sid, []), self.src, self.dst, self.src_arrays, target)
+        return target
+
+    def _target(self, sid: str) -> np.ndarray:
         st = self.dst.subtensor_map[sid]
         dtype = np_dtype(self.dst.tensor_map[st.tensor].dtype)
         nbytes = st.volume * dtype.itemsize
         scratch = getattr(self.local, "scratch", None)
         if scratch is None or scratch.nbytes < nbytes:
             scratch = self.local.scratch = np.empty(max(nbytes, 1), dtype=np.uint8)
-        target = scratch[:nbytes].view(dtype).reshape(st.shape)
-        apply_ops(self.ops.get(sid, []), self.src, self.dst, self.src_arrays, target)
-        return target
+        return scratch[:nbytes].view(dtype).reshape(st.shape)
+
+    def parts(self, sid: str) -> list[np.ndarray] | None:
+        """Dst sub-tensor `sid`'s bytes as views of the source, in order, when its ops copy
+        contiguous source regions onto consecutive byte ranges of it that tile it (no fills);
+        else None (then `self[sid]` produces it). Nothing is copied."""
+        ops = self.ops.get(sid, [])
+        if not ops or not all(isinstance(op, CopyOp) for op in ops):
+            return None
+        target = self._target(sid)  # only its views' offsets are used; it is not written
+        spans = []
+        for op in ops:
+            to = target_region(op, self.dst, {(op.dst_subtensor, op.dst_device): target})
+            src = source_region(op, self.src, self.dst, self.src_arrays, {})
+            if not (to.flags.c_contiguous and src.flags.c_contiguous):
+                return None
+            spans.append((to.ctypes.data - target.ctypes.data if to.size else -1, to.nbytes, src))
+        at = 0
+        for offset, nbytes, _ in sorted((s for s in spans if s[1]), key=lambda s: s[0]):
+            if offset != at:
+                return None
+            at += nbytes
+        return [src for offset, nbytes, src in sorted(spans, key=lambda s: s[0]) if nbytes] if at == target.nbytes else None
 
     def __iter__(self) -> Iterator[str]:
         return iter(st.id for st in self.dst.subtensors)

@@ -6,7 +6,8 @@ PTC from `dst_layout` (a `MeshLayout`, its JSON dict, a JSON string or a file pa
 `dtensor.mesh`), compiles the plan and writes OUT_DIR with `write_dcp` (one `__{rank}_0.distcp`
 per dst rank; the flatten mapping of SRC kept). With `workers == 1` the plan runs in-process and
 streams: each dst chunk is produced from the memory-mapped source into a reused per-thread
-buffer right before DCP's writer serializes it (`dcp.apply.StreamedArrays`), so the reshard
+buffer right before `write_dcp` writes its record (`dcp.apply.StreamedArrays`; a chunk that is
+whole contiguous source regions is written from the mapping itself, not produced), so the reshard
 holds neither the source nor a second copy of the state in memory (the "execute" time is then
 part of "write"). With `workers >= 2` it runs on local agents through
 `tenplex.runtime.reshard`'s `rehome`/`execute_steps` and the dst arrays are materialized.

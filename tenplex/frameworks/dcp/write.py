@@ -1,11 +1,16 @@
-"""Write any PTC layout as a PyTorch DCP checkpoint directory, through DCP's own writer.
+"""Write any PTC layout as a PyTorch DCP checkpoint directory, byte for byte as DCP's writer would.
 
 `write_dcp(ptc, arrays, values, out_dir)` plays the part of `torch.distributed.checkpoint.save`
-for all of the PTC's partitions at once, in one process, with DCP's public pieces: one
-`SavePlan` of `WriteItem`s per partition (partition i in rank order writes `__{i}_0.distcp`),
-`create_default_global_save_plan` for the `Metadata`, and `FileSystemWriter` for the files and
-`.metadata` (each chunk `torch.save`d, exactly as DCP writes it). `torch.distributed.checkpoint.
-load` therefore reads the result back with its own resharding.
+for all of the PTC's partitions at once, in one process, with DCP's public pieces for the plan:
+one `SavePlan` of `WriteItem`s per partition (partition i in rank order writes `__{i}_0.distcp`),
+`create_default_global_save_plan` for the `Metadata`, and `FileSystemWriter` for `.metadata`.
+The data files' bytes are written here, as `FileSystemWriter.write_data` writes them (bytes
+entries first, then each chunk's `torch.save` record, in plan order), but each record is built by
+`record.tensor_record` without torch: two small headers around the array's own memory, written
+with one `writev` (no pickling or copying of the data through torch; only chunks over 4 GiB, whose
+zip needs zip64 fields, still go through `torch.save`). The files are byte-identical to DCP's
+(tests/frameworks/test_dcp_record.py), so `torch.distributed.checkpoint.load` reads the result
+back with its own resharding.
 
 What is written:
 - for each tensor, its sub-tensors' piece global boxes, deduplicated: a box held by several
@@ -15,15 +20,14 @@ What is written:
 - each value once, by the first partition that lists it, as a bytes entry (`dtensor.values`);
 - `planner_data` = the FQN → nested-key mapping (`mapping`; default: each FQN is a top-level key).
 
-`arrays` may be lazy (`dcp.apply.StreamedArrays`): each chunk's array is looked up only when
-DCP's writer serializes it — one item at a time per file, right before writing it (DCP's serial
-loader, chosen with `per_thread_copy_ahead=0`) — and files are written by parallel threads.
+`arrays` may be lazy (`dcp.apply.StreamedArrays`): each chunk's array is looked up only right
+before it is written, one item at a time per file; files are written by parallel threads.
 
 `out_dir` is written into a temporary directory beside it and renamed at the end: it is complete
 or absent; with `sync` (the default) also after a crash: the tree is made durable with one
 `syncfs` before the rename and the rename after it (`tenplex.runtime.checkpoint.swap.sync_tree`). Raises DcpError (an existing out_dir, an incomplete PTC, a missing or mis-shaped
 array or value, an I/O error while writing: named with its errno, e.g. `No space left on device
-(ENOSPC)`, even where DCP's writer wraps it in a RuntimeError).
+(ENOSPC)`, even where torch's writer wraps it in a RuntimeError).
 
 Invariants:
 - the chunks written for a tensor are pairwise disjoint and cover it exactly (what DCP's own
@@ -33,10 +37,10 @@ Invariants:
 
 from __future__ import annotations
 
-import io
+import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,9 +49,13 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
 
+from tenplex.frameworks.dcp import record
+from tenplex.frameworks.dcp.apply import StreamedArrays
 from tenplex.frameworks.dcp.format import DcpError
 from tenplex.frameworks.dtensor.convert import from_numpy, torch_dtype
 from tenplex.frameworks.dtensor.values import bytes_of_value
@@ -55,6 +63,7 @@ from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.files import atomic_dir, os_error_of, write_failure
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
+from tenplex.ir.tensor import ITEMSIZE
 from tenplex.runtime.arrays import np_dtype, region
 from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
@@ -107,30 +116,6 @@ def _disjoint(boxes: list[Box]) -> list[Box]:
     return done
 
 
-class _ArrayPlanner(SavePlanner):
-    """A SavePlanner whose plans are built outside; it only resolves items to data, each when
-    the writer asks for it (a tensor view of an array region, or a value's bytes)."""
-
-    def __init__(self, data: dict[MetadataIndex, Callable[[], torch.Tensor] | bytes]):
-        self.data = data
-
-    def set_up_planner(self, state_dict: Any = None, storage_meta: Any = None, is_coordinator: bool = True) -> None:
-        pass
-
-    def create_local_plan(self) -> SavePlan:
-        raise NotImplementedError("plans are built by write_dcp")
-
-    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        return create_default_global_save_plan(all_plans)
-
-    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
-        return new_plan
-
-    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
-        data = self.data[write_item.index]
-        return io.BytesIO(data) if isinstance(data, bytes) else data()
-
-
 def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]],
               out_dir: str | os.PathLike, *, mapping: Mapping[str, tuple] | None = None, sync: bool = True) -> Metadata:  # fmt: skip
     """Write the DCP directory `out_dir` (see the module docstring); returns its Metadata."""
@@ -157,20 +142,70 @@ def write_dcp(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, M
 
 
 def _save(plans: list[SavePlan], data: dict, tmp: Path, mapping: Mapping | None) -> Metadata:
-    planner = _ArrayPlanner(data)
-    # per_thread_copy_ahead=0: DCP's serial loader resolves each item right before writing it
-    # sync_files=False: the tree is made durable at once afterwards (`write_dcp`), not file by file
-    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=False, per_thread_copy_ahead=0, overwrite=False)
+    # DCP's own writer plans the files (`__{i}_0.distcp`) and pickles `.metadata`; the files'
+    # bytes are written here (`_write_file`), as its `write_data` would write them
+    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=False, overwrite=False)
     writer.set_up_storage_writer(True, rank=0, use_collectives=True)
     plans = [writer.prepare_local_plan(p) for p in plans]
-    plans, md = planner.create_global_plan(plans)
+    plans, md = create_default_global_save_plan(plans)
     fqns = md.state_dict_metadata
     md.planner_data = {f: tuple(mapping[f]) if mapping and f in mapping else (f,) for f in fqns}
     plans = writer.prepare_global_plan(plans)
     with ThreadPoolExecutor(max(1, min(len(plans), os.cpu_count() or 1))) as pool:  # files in parallel
-        results = list(pool.map(lambda p: writer.write_data(planner.finish_plan(p), planner).wait(), plans))
+        results = list(pool.map(lambda p: _write_file(tmp, p, data), plans))
     writer.finish(md, results)
     return md
+
+
+def _write_file(tmp: Path, plan: SavePlan, data: dict) -> list[WriteResult]:
+    """The plan's file, as DCP's `FileSystemWriter.write_data` writes it with one thread: its
+    bytes entries, then each tensor chunk's `torch.save` record (`record.tensor_record`, the
+    same bytes), in plan order; each chunk's array is asked for right before it is written."""
+    name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+    items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO] + [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
+    results = []
+    with open(tmp / name, "wb", buffering=0) as f:
+        offset = 0
+        for item in items:
+            got = data[item.index]
+            if isinstance(got, bytes):
+                _write_all(f.fileno(), [got])
+            else:
+                _write_chunk(f, *got())
+            end = f.tell()
+            results.append(WriteResult(item.index, end - offset, _StorageInfo(name, offset, end - offset)))
+            offset = end
+    return results
+
+
+def _write_chunk(f: Any, parts: list[np.ndarray], dtype: str, shape: tuple[int, ...]) -> None:
+    """One chunk's record at `f`'s position; its bytes are those of the C-contiguous `parts`,
+    one after the other (one array, or the source regions that make up a streamed chunk)."""
+    if not record.fits(math.prod(shape) * ITEMSIZE[dtype]):  # over 4 GiB: its zip needs zip64 fields, which torch writes
+        joined = parts[0] if len(parts) == 1 else np.concatenate([_raw(p) for p in parts]).view(np_dtype(dtype))
+        torch.save(from_numpy(joined.reshape(shape), read_only=True), f)
+        return
+    rec, crc = record.Record(dtype, shape), 0
+    raw = [_raw(p) for p in parts]
+    for r in raw:
+        crc = record.crc32(r, crc)
+    _write_all(f.fileno(), [rec.head, *raw, rec.tail(crc)])
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """Write `parts` one after the other at the file's position (writev, resumed after a short write)."""
+    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+    while views:
+        n = os.writev(fd, views[:1024])
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 def _plans(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapping[str, Any]]) -> tuple[list[SavePlan], dict]:
@@ -197,20 +232,27 @@ def _plans(ptc: PTC, arrays: Mapping[str, np.ndarray], values: Mapping[str, Mapp
 
 
 def _tensor_item(ptc: PTC, arrays: Mapping[str, np.ndarray], name: str, sid: str | None, piece: int,
-                 box: Box) -> tuple[WriteItem, Callable[[], torch.Tensor]]:  # fmt: skip
-    """The write item of one chunk and a function that gives its data when DCP writes it (so a
-    lazy `arrays` mapping produces each array only then)."""
+                 box: Box) -> tuple[WriteItem, Callable[[], tuple[list[np.ndarray], str, tuple[int, ...]]]]:  # fmt: skip
+    """The write item of one chunk and a function that gives its bytes (C-contiguous arrays, one
+    after the other), dtype and shape when it is written (so a lazy `arrays` mapping produces
+    each array only then; a `StreamedArrays` chunk copied whole from contiguous source regions
+    is not produced at all: those regions are written)."""
     meta = ptc.tensor_map[name]
 
-    def data() -> torch.Tensor:
+    def data() -> tuple[list[np.ndarray], str, tuple[int, ...]]:
         if sid is None:  # the empty chunk of a tensor without elements
-            return torch.empty(meta.shape, dtype=torch_dtype(meta.dtype))
+            return [np.empty(meta.shape, dtype=np_dtype(meta.dtype))], meta.dtype, meta.shape
         st = ptc.subtensor_map[sid]
+        whole = len(st.pieces) == 1 and box == st.pieces[piece].global_box and box.shape == st.shape
+        parts = arrays.parts(sid) if whole and isinstance(arrays, StreamedArrays) else None
+        if parts is not None:  # written straight from the source regions, never produced
+            return parts, meta.dtype, box.shape
         a = arrays.get(sid)
         if a is None or tuple(a.shape) != st.shape or a.dtype != np_dtype(meta.dtype):
             got = "nothing" if a is None else f"{a.dtype}{list(a.shape)}"
             raise DcpError(f"sub-tensor {sid!r}: array is {got}, expected {meta.dtype}{list(st.shape)}")
-        return from_numpy(region(a, st.pieces[piece], box))  # a copy only if not contiguous
+        chunk = region(a, st.pieces[piece], box)
+        return [chunk if chunk.flags.c_contiguous else chunk.copy(order="C")], meta.dtype, box.shape  # a copy only if not contiguous
 
     index = MetadataIndex(meta.name, box.start)
     chunk = ChunkStorageMetadata(offsets=torch.Size(box.start), sizes=torch.Size(box.shape))

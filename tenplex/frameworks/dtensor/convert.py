@@ -22,7 +22,7 @@ from torch.distributed.tensor import Shard as TorchShard
 from tenplex.frameworks.dtensor.boxes import Placement, PlacementError, Replicate, Shard
 from tenplex.frameworks.dtensor.layout import LocalShard
 from tenplex.ir.tensor import ITEMSIZE
-from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.arrays import EXTRA_DTYPES, np_dtype
 
 _INT_VIEW = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.int16)}
 
@@ -43,7 +43,7 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """The CPU tensor's data as a numpy array of the tenplex dtype (a view when possible)."""
     t = tensor.detach().cpu()
     name = dtype_name(t.dtype)
-    if np_dtype(name).kind == "V":  # bfloat16 / float8: no numpy dtype in torch
+    if name in EXTRA_DTYPES:  # bfloat16 / float8: no numpy dtype in torch (ml_dtypes kinds vary: float8_e5m2 is "f")
         size = ITEMSIZE[name]
         return t.view(_INT_VIEW[size][0]).numpy().view(np_dtype(name))
     return t.numpy()
@@ -55,7 +55,7 @@ def from_numpy(array: np.ndarray, read_only: bool = False) -> torch.Tensor:
     a = array if array.flags.c_contiguous and (array.flags.writeable or read_only) else array.copy(order="C")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")  # read_only: never written
-        if a.dtype.kind == "V":
+        if a.dtype.name in EXTRA_DTYPES:
             name = a.dtype.name
             return torch.from_numpy(a.view(_INT_VIEW[a.dtype.itemsize][1])).view(torch_dtype(name))
         return torch.from_numpy(a)
