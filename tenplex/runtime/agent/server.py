@@ -150,6 +150,7 @@ def serve_forever(listener: socket.socket, agent: Agent, token: str | None) -> N
             stopped = handle(agent, channel)
         finally:
             channel.close()
+            agent.forget_slices()  # slice ids belong to the connection that sent them
         if agent.execution is not None:
             ex = agent.execution
             agent.abort(ex.job, ex.dst_tag)
