@@ -28,6 +28,7 @@ def test_execute_table_times_repeated_executes_and_checks_the_bytes():
     assert r["checked_bytes"] > 0 and r["ops"] > 0
     assert 0 < r["ms"]["min"] <= r["ms"]["median"] <= r["ms"]["max"]
     assert r["prepare_ms"]["max"] <= r["ms"]["max"]
+    assert 0 < r["cpu_ms"]["min"] <= r["cpu_ms"]["max"]  # the runtime and the agents did work
     assert fmt(r["ms"], "").count(" / ") == 2
 
 
