@@ -115,9 +115,13 @@ class Runtime:
             raise
 
     def _link(self, timeout: float) -> None:
+        """Collect the agents' addresses and connect them. Agents we just spawned may still be
+        importing (seconds on a loaded machine) before they can beat: silence is bounded by the
+        start timeout here, not by `liveness`."""
         hosts = list(self.agents)
-        addresses = self._all({h: ("address", {}) for h in hosts}, timeout)
-        self.links = self._all({h: ("connect", {"peers": addresses}) for h in hosts}, timeout)
+        silence = max(self.liveness, timeout)
+        addresses = self._all({h: ("address", {}) for h in hosts}, timeout, liveness=silence)
+        self.links = self._all({h: ("connect", {"peers": addresses}) for h in hosts}, timeout, liveness=silence)
 
     # ---- single-agent calls ------------------------------------------------------------
     def call(self, host: str, name: str, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -280,9 +284,10 @@ class Runtime:
 
     # ---- calls to agents --------------------------------------------------------------
     def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None,
-             on_beat: Callable[[str, dict], None] | None = None) -> dict[str, Any]:  # fmt: skip
-        """`call_all` with the round timeout by default (raises AgentFailures)."""
-        return client.call_all(self.agents, calls, self.round_timeout if timeout is None else timeout, self.liveness, on_beat)
+             on_beat: Callable[[str, dict], None] | None = None, liveness: float | None = None) -> dict[str, Any]:  # fmt: skip
+        """`call_all` with the round timeout and `self.liveness` by default (raises AgentFailures)."""
+        return client.call_all(self.agents, calls, self.round_timeout if timeout is None else timeout,
+                               self.liveness if liveness is None else liveness, on_beat)  # fmt: skip
 
     def _host(self, host: str) -> str:
         return client.agent_of(self.agents, host).host
