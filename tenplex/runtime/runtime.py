@@ -25,8 +25,10 @@ needs an agent. The control wire carries typed frames, never pickles (`agent.wir
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
+import secrets
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -53,7 +55,8 @@ class Runtime:
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
-        self._sliced: tuple[tuple, dict[str, dict], tuple] | None = None  # the last plan's slices
+        self._sliced: tuple[tuple, dict[str, dict], tuple, str] | None = None  # the last plan's slices and their id
+        self._slice_ids = (f"{secrets.token_hex(6)}-{n}" for n in itertools.count())  # unique to this runtime
         self._epoch = 0  # executions so far: tells one execution's UCX tags from the last one's
 
     @classmethod
@@ -120,9 +123,13 @@ class Runtime:
             self._link(timeout)
 
     def _link(self, timeout: float) -> None:
+        """Collect the agents' addresses and connect them. Agents we just spawned may still be
+        importing (seconds on a loaded machine) before they can beat: silence is bounded by the
+        start timeout here, not by `liveness`."""
         hosts = list(self.agents)
-        addresses = self._all({h: ("address", {}) for h in hosts}, timeout)
-        self.links = self._all({h: ("connect", {"peers": addresses}) for h in hosts}, timeout)
+        silence = max(self.liveness, timeout)
+        addresses = self._all({h: ("address", {}) for h in hosts}, timeout, liveness=silence)
+        self.links = self._all({h: ("connect", {"peers": addresses}) for h in hosts}, timeout, liveness=silence)
 
     # ---- single-agent calls ------------------------------------------------------------
     def call(self, host: str, name: str, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -206,15 +213,18 @@ class Runtime:
         hosts = sorted(self.agents)
         clock = Clock(self.phases)
         what = f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)})"
-        slices = self._slices(plan, src, dst, hosts, what)
+        slices, sid = self._slices(plan, src, dst, hosts, what)
         self._epoch += 1
         progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         try:
             direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
             prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
-                                                  "slice": slices[h], "run": {"epoch": self._epoch} if direct else None,
+                                                  "slice": None if self.agents[h].slice_id == sid else slices[h], "slice_id": sid,
+                                                  "run": {"epoch": self._epoch} if direct else None,
                                                   "files": [list(f) for f in (files or {}).get(h, [])]})
                                   for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
+            for h in hosts:  # each agent keeps the slice: executing this plan again sends only its id
+                self.agents[h].slice_id = sid
             clock.lap("prepare")
             if direct:  # the agents' own prepare seconds, the rest is rounds
                 clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
@@ -233,15 +243,16 @@ class Runtime:
             raise ExecutionError(f"{what} failed and nothing was committed: {e}") from None
         return sent
 
-    def _slices(self, plan: Plan, src: PTC, dst: PTC, hosts: list[str], what: str) -> dict[str, dict]:
-        """Each host's slice of `plan`; the last plan's are kept, so executing it again slices nothing."""
+    def _slices(self, plan: Plan, src: PTC, dst: PTC, hosts: list[str], what: str) -> tuple[dict[str, dict], str]:
+        """Each host's slice of `plan` and their id; the last plan's are kept, so executing it again
+        slices nothing (and sends agents that have them only the id)."""
         key = (id(plan), id(src), id(dst), tuple(hosts))
         if self._sliced is None or self._sliced[0] != key:
             try:  # the objects are kept with their slices, so their ids stay theirs
-                self._sliced = (key, host_slices(plan, src, dst, hosts), (plan, src, dst))
+                self._sliced = (key, host_slices(plan, src, dst, hosts), (plan, src, dst), next(self._slice_ids))
             except IRError as e:
                 raise ExecutionError(f"{what} failed before anything ran (nothing was committed): {e}") from None
-        return self._sliced[1]
+        return self._sliced[1], self._sliced[3]
 
     def execute_central(self, central: CentralPlan, src: PTC, dst: PTC, job: str, src_tag: str,
                         dst_tag: str) -> dict[str, int]:  # fmt: skip
@@ -280,9 +291,10 @@ class Runtime:
 
     # ---- calls to agents --------------------------------------------------------------
     def _all(self, calls: Mapping[str, tuple[str, dict]], timeout: float | None = None,
-             on_beat: Callable[[str, dict], None] | None = None) -> dict[str, Any]:  # fmt: skip
-        """`call_all` with the round timeout by default (raises AgentFailures)."""
-        return client.call_all(self.agents, calls, self.round_timeout if timeout is None else timeout, self.liveness, on_beat)
+             on_beat: Callable[[str, dict], None] | None = None, liveness: float | None = None) -> dict[str, Any]:  # fmt: skip
+        """`call_all` with the round timeout and `self.liveness` by default (raises AgentFailures)."""
+        return client.call_all(self.agents, calls, self.round_timeout if timeout is None else timeout,
+                               self.liveness if liveness is None else liveness, on_beat)  # fmt: skip
 
     def _host(self, host: str) -> str:
         return client.agent_of(self.agents, host).host

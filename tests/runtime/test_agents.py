@@ -51,9 +51,12 @@ def test_agents_on_one_node_share_memory_and_keep_state_between_runtimes():
             assert rt.links == {"h0": {"h1": "address"}, "h1": {"h0": "address"}}
             rt.load(JOB, "v0", src, materialize_all(src, tensors), values)
             rt.execute(plan, src, dst, JOB, "v0", "v1")
-        # the runtime is gone; the agents and their stores are not
+            sid = rt.agents["h0"].slice_id
+        # the runtime is gone; the agents and their stores are not (its slice ids are)
         with Runtime.connect(fleet.controls) as rt:
             assert rt.exists(JOB, "v1") == {"h0": True, "h1": True}
+            with pytest.raises(ExecutionError, match=f"slice id '{sid}' was not sent to agent 'h0'"):
+                rt.call("h0", "prepare", job=JOB, src_tag="v0", dst_tag="v2", slice_id=sid)
             _assert_oracle(rt, "v1", dst, plan.allocation, tensors)
             # the store is readable over REST while the agent runs
             url = fleet.rest_urls["h0"] + "/list?path=/job/j/v1"

@@ -28,4 +28,18 @@ def test_execute_table_times_repeated_executes_and_checks_the_bytes():
     assert r["checked_bytes"] > 0 and r["ops"] > 0
     assert 0 < r["ms"]["min"] <= r["ms"]["median"] <= r["ms"]["max"]
     assert r["prepare_ms"]["max"] <= r["ms"]["max"]
+    assert 0 < r["cpu_ms"]["min"] <= r["cpu_ms"]["max"]  # the runtime and the agents did work
     assert fmt(r["ms"], "").count(" / ") == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(ucx_available() is not None, reason="ucxx cannot be imported")
+def test_agents_table_has_fresh_reserved_repeated_and_the_fresh_memcpy_anchor():
+    from bench.execute import measure_agents
+
+    r = measure_agents(TINY, 1)
+    assert r["checked_bytes"] > 0 and r["moved_bytes"] > 0
+    assert {k: len(v) for k, v in r["all"].items()} == {"fresh": 1, "reserved": 1, "repeated": 1, "fresh_vs_fresh": 1}
+    assert all(v[0] > 0 for v in r["all"].values())

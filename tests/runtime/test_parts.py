@@ -134,3 +134,25 @@ def test_a_slice_for_another_host_or_a_torn_table_is_refused():
         Execution("h1", "j", "a", "b", sl)
     with pytest.raises(ExecutionError, match="slice field 'parts' is not int64 rows of 8"):
         Execution("h0", "j", "a", "b", {**sl, "parts": sl["parts"][:-8] + b"\0"})
+
+
+def test_a_decoded_slice_batches_copies_and_checks_part_sizes(monkeypatch):
+    from tenplex.compiler import compile_plan
+    from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.runtime.agent import sliced
+
+    src = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp2,pp1,dp1@2x1")
+    dst = ptc_from_spec("gpt-tiny:hidden=256,ffn=1024,tp1,pp2,dp1@2x1")
+    sl = host_slices(compile_plan(src, dst), src, dst, ["h0", "h1"])["h0"]
+    monkeypatch.setattr(sliced, "BATCH_BYTES", 64 << 10)
+    s = sliced.Sliced("h0", sl)
+    for r, rows in s.copies.items():  # every copy once, in order; a batch ends once it holds BATCH_BYTES
+        assert [row for batch in s.batches[r] for row in batch] == rows
+        assert all(sum(s.views[row[4]].nbytes for row in b[:-1]) < 64 << 10 for b in s.batches[r])
+        assert len(s.batches[r]) > 1
+    part = next(p for ps in s.network.values() for p in ps if len(p.regions) > 1)
+    assert not part.in_place and part.nbytes == sum(s.views[i].nbytes for i in part.regions)
+    rows = np.frombuffer(sl["parts"], "<i8").reshape(-1, 8).copy()
+    rows[0, 4] += 1  # one byte more than its regions hold
+    with pytest.raises(ExecutionError, match=r"message \d+ \((h0 -> h1|h1 -> h0), round \d+, ops .*\): its regions hold \d+ B, the plan says \d+ B"):
+        sliced.Sliced("h0", {**sl, "parts": rows.tobytes()})

@@ -93,6 +93,15 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         assert rt.execute(plan, src, dst, JOB, "v0", "v2", on_round=lambda *r: rounds.append(r)) == sent
         assert rounds == [(r + 1, plan.stats.rounds) for r in range(plan.stats.rounds)]
         assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v2")[0]) > 0
+        # each agent kept its decoded slice: a prepare naming only the slice id runs (then aborted);
+        # an id never sent is refused, naming it and the agent
+        sid = rt.agents["h0"].slice_id
+        assert sid is not None and rt.agents["h1"].slice_id == sid
+        got = rt.call("h1", "prepare", job=JOB, src_tag="v0", dst_tag="v3", slice_id=sid)
+        assert set(got) == {"gives", "prepare_s"} and rt.call("h1", "abort", job=JOB, dst_tag="v3") is True
+        with pytest.raises(ExecutionError, match=r"slice id 'other' was not sent to agent 'h1' on this connection"):
+            rt.call("h1", "prepare", job=JOB, src_tag="v0", dst_tag="v3", slice_id="other")
+        assert rt.exists(JOB, ".staging-v3") == dict.fromkeys(HOSTS, False)
 
 
 @pytest.mark.timeout(60)

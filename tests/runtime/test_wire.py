@@ -247,3 +247,30 @@ def test_a_stale_unix_socket_is_replaced_and_a_live_one_is_refused(tmp_path):
             ch.listen(path, None)
     finally:
         live.close()
+
+
+def test_heartbeats_come_only_while_a_command_runs_and_before_its_reply(pair, monkeypatch):
+    """One beat thread per connection (not one per command): it beats every BEAT_S while a
+    command is busy, never once it ended, and restarts its count for the next command."""
+    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent.agent import Agent
+
+    monkeypatch.setattr(server, "BEAT_S", 0.2)
+    agent_end, runtime_end = pair
+    agent = Agent("h0")
+    try:
+        with server._Heartbeat(agent_end, agent) as beat:
+            for _ in range(2):
+                with beat.busy():
+                    time.sleep(0.7)  # about three beats (fewer on a loaded machine)
+                agent_end.send({"ok": "reply"}, 5.0)
+                got = [runtime_end.recv(5.0, 5.0)]
+                while "ok" not in got[-1]:
+                    got.append(runtime_end.recv(5.0, 5.0))
+                assert len(got) >= 2 and got[:-1] == [{"beat": n, "done": 0} for n in range(1, len(got))]
+            time.sleep(0.5)  # idle: no beat
+            runtime_end.sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                runtime_end.sock.recv(1)
+    finally:
+        agent.stop()

@@ -36,12 +36,15 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import files as local_files
 from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
+from tenplex.runtime.agent.sliced import Sliced
 from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import Instance, array_path, meta_path, parse_leaf, staging_tag, tag_path, value_path
 from tenplex.runtime.store.tree import TensorStore
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
+
+SLICES_KEPT = 4  # decoded slices an agent keeps per connection (by slice id), newest last
 
 
 def node_id() -> str:
@@ -64,6 +67,7 @@ class Agent:
         self.peer: Any = None
         self.endpoints: dict[str, Any] = {}
         self.execution: Execution | None = None
+        self.slices: dict[str, Sliced] = {}  # decoded slices sent on this connection, by slice id (oldest first)
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
         # dst arenas of dropped tags, pages kept for the next execution (none under a memory budget)
         self.pool = shared.ArenaPool() if memory_budget is None else None
@@ -130,17 +134,18 @@ class Agent:
         self.load(job, tag, {}, values)
         return local_files.map_files(self.store, job, tag, arrays)
 
-    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict, meta: dict | None = None,
-                run: dict | None = None, files: list | None = None) -> dict[str, Any]:  # fmt: skip
-        """Decode this host's slice of the plan, check the src arrays it reads exist and the dst tag
-        does not, create its dst arrays (in one shared arena; those named in `files`, `[sub-tensor,
-        device, path]` rows, as new memory-mapped `.npy` files, `agent.files.create_mapped`) and
-        the tag's `meta` records under staging; then `run(**run)` if given (one command less when
-        no host waits for values). Returns {"gives": {op id: src value other hosts' value ops copy}, "prepare_s": seconds,
-        "sent": bytes (after a run)}."""
+    def prepare(self, job: str, src_tag: str, dst_tag: str, slice: dict | None = None, meta: dict | None = None,
+                run: dict | None = None, slice_id: str | None = None, files: list | None = None) -> dict[str, Any]:  # fmt: skip
+        """Decode this host's slice of the plan (or take the one sent earlier on this connection
+        under `slice_id`), check the src arrays it reads exist and the dst tag does not, create
+        its dst arrays (in one shared arena; those named in `files`, `[sub-tensor, device, path]`
+        rows, as new memory-mapped `.npy` files, `agent.files.create_mapped`) and the tag's `meta`
+        records under staging; then `run(**run)` if given (one command less when no host waits
+        for values). Returns {"gives": {op id: src value other hosts' value ops copy},
+        "prepare_s": seconds, "sent": bytes (after a run)}."""
         t0 = time.perf_counter()
         self._finish()
-        ex = Execution(self.host, job, src_tag, dst_tag, slice)
+        ex = Execution(self.host, job, src_tag, dst_tag, self._sliced(slice, slice_id))
         if self.store.exists(tag_path(job, dst_tag)):
             raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
         if self.store.exists(tag_path(job, ex.staging)):
@@ -155,12 +160,31 @@ class Agent:
             self.store.put(meta_path(job, ex.staging, name), value)
         made = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
         ex.arrays = [sources[i] if side == "src" else made[i] for i, (side, *_) in enumerate(ex.meta)]
-        out = {"gives": rounds.src_values(self.store, job, src_tag, [g[:4] for g in slice["gives"]])}
+        out = {"gives": rounds.src_values(self.store, job, src_tag, ex.sliced.gives)}
         self.execution = ex
         out["prepare_s"] = time.perf_counter() - t0
         if run is not None:
             out["sent"] = self.run(**run)
         return out
+
+    def _sliced(self, sl: dict | None, slice_id: str | None) -> Sliced:
+        """The decoded slice: `sl` (kept under `slice_id` when given), else the one kept under `slice_id`."""
+        if sl is not None:
+            decoded = Sliced(self.host, sl)
+            if slice_id is not None:
+                self.slices.pop(slice_id, None)
+                self.slices[slice_id] = decoded
+                while len(self.slices) > SLICES_KEPT:
+                    self.slices.pop(next(iter(self.slices)))
+            return decoded
+        if slice_id is None or slice_id not in self.slices:
+            raise ExecutionError(f"prepare without a slice: slice id {slice_id!r} was not sent to agent {self.host!r} "
+                                 "on this connection (send the slice)")  # fmt: skip
+        return self.slices[slice_id]
+
+    def forget_slices(self) -> None:
+        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)."""
+        self.slices.clear()
 
     def reserve(self, nbytes: int) -> int:
         """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""

@@ -47,6 +47,7 @@ class AgentHandle:
     def __init__(self, host: str, proc: Any, channel: Channel):
         self.host, self.proc, self.channel = host, proc, channel
         self.dead: str | None = None  # why it can no longer be used
+        self.slice_id: str | None = None  # the slice this agent keeps (`Runtime.execute`), sent on this connection
 
     def mark_dead(self, why: str) -> None:
         self.dead = why

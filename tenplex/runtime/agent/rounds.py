@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from tenplex.compiler.emit.slices import FORMAT, TABLES
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import parts
+from tenplex.runtime.agent.sliced import Sliced
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.store.layout import staging_tag, value_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
@@ -31,39 +30,28 @@ EPOCH_SHIFT = 28  # a part's UCX tag: the execution's epoch (8 bits) above the p
 
 
 class Execution:
-    """One plan being executed by this host: its decoded slice and its arrays (see the module doc)."""
+    """One plan being executed by this host: its decoded slice (`Sliced`, shared by every
+    execution of the plan) and this execution's arrays and progress (see the module doc)."""
 
-    def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, sl: Mapping[str, Any]):
+    def __init__(self, host: str, job: str, src_tag: str, dst_tag: str, sl: Mapping[str, Any] | Sliced):
         self.host, self.job, self.src_tag, self.dst_tag = host, job, src_tag, dst_tag
         self.staging = staging_tag(dst_tag)
-        if not isinstance(sl, Mapping) or sl.get("format") != FORMAT or sl.get("host") != host:
-            got = (sl.get("format"), sl.get("host")) if isinstance(sl, Mapping) else type(sl).__name__
-            raise ExecutionError(f"agent {host!r} got a slice {got!r}, expected a {FORMAT} slice for {host!r}")
-        self.meta = sl["arrays"]  # [side, subtensor, device, dtype, shape] per array index
+        self.sliced = sl if isinstance(sl, Sliced) else Sliced(host, sl)
+        if self.sliced.host != host:
+            raise ExecutionError(f"agent {host!r} got a slice for {self.sliced.host!r}")
+        s = self.sliced
+        self.meta, self.rounds, self.peers, self.values, self.fill_values = s.meta, s.rounds, s.peers, s.values, s.fill_values
+        self.ndim, self.regions, self.fills, self.part_regions = s.ndim, s.regions, s.fills, s.part_regions
+        self.copies, self.parts = s.copies, s.parts
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
-        self.rounds, self.peers, self.values = int(sl["rounds"]), list(sl["peers"]), list(sl["values"])
-        self.fill_values = list(sl["fill_values"])
-        ndim = int(sl["ndim"])
-        self.ndim = ndim
-        self.regions = _table(sl, "regions", 3 + 2 * ndim)
-        self.fills = _table(sl, "fills", TABLES["fills"])
-        self.part_regions = _table(sl, "part_regions", TABLES["part_regions"])
-        self.copies: dict[int, list[list[int]]] = defaultdict(list)
-        for row in _table(sl, "copies", TABLES["copies"]):
-            self.copies[row[0]].append(row)
-        self.parts: dict[int, list[list[int]]] = defaultdict(list)
-        for row in _table(sl, "parts", TABLES["parts"]):
-            self.parts[row[0]].append(row)
         self.done = 0  # rounds finished
-        self.seconds: dict[str, float] = {}  # time per activity: local, pack, exchange, unpack
+        self.seconds: dict[str, float] = {"local": 0.0}  # time per activity: local, pack, exchange, unpack
 
     def view(self, r: int) -> np.ndarray:
         """The strided view of region row `r` in its array (bounds checked by numpy)."""
-        row = self.regions[r]
-        base, n = self.arrays[row[0]], row[2]
-        item = base.itemsize
-        shape, strides = row[3 : 3 + n], [s * item for s in row[3 + self.ndim : 3 + self.ndim + n]]
-        return np.ndarray(shape, base.dtype, buffer=base, offset=row[1] * item, strides=strides)
+        v = self.sliced.views[r]
+        base = self.arrays[v.array]
+        return np.ndarray(v.shape, base.dtype, buffer=base, offset=v.offset, strides=v.strides)
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:
@@ -72,13 +60,6 @@ class Execution:
             yield
         finally:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
-
-
-def _table(sl: Mapping[str, Any], name: str, width: int) -> list[list[int]]:
-    raw = sl.get(name)
-    if not isinstance(raw, bytes) or len(raw) % (8 * width):
-        raise ExecutionError(f"slice field {name!r} is not int64 rows of {width} (got {type(raw).__name__})")
-    return np.frombuffer(raw, "<i8").reshape(-1, width).tolist()
 
 
 def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.ndarray:
@@ -110,8 +91,8 @@ def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Call
     sent = 0
     fills_and_values(ex, store, values)
     for r in range(ex.rounds):
-        work = local(ex, ex.copies.get(r, []))
-        if ex.parts.get(r):
+        work = local(ex, ex.sliced.batches.get(r, []))
+        if ex.sliced.network.get(r):
             sent += network(ex, r, peer(), endpoint, scratch, epoch, work)
         else:
             for _ in work:
@@ -135,12 +116,20 @@ def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any
             store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
 
 
-def local(ex: Execution, copies: list[list[int]]) -> Iterator[None]:
-    """The copies within this host, one op (region to region) per step: a generator, so that
-    `network` can interleave them with the round's transfers."""
-    for r, message, op, src, dst in copies:
-        with _named(f"message {message} ({ex.host} -> {ex.host}, round {r}), op {op}"), ex.timed("local"):
-            ex.view(dst)[...] = ex.view(src)
+def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:
+    """The copies within this host (region to region), a batch of about `sliced.BATCH_BYTES`
+    per step: a generator, so that `network` can interleave them with the round's transfers."""
+    view = ex.view
+    for batch in batches:
+        t0 = time.perf_counter()
+        for row in batch:
+            try:
+                np.copyto(view(row[4]), view(row[3]))
+            except Exception as e:
+                r, message, op = row[:3]
+                raise ExecutionError(f"message {message} ({ex.host} -> {ex.host}, round {r}), op {op} failed: "
+                                     f"{type(e).__name__}: {e}") from e  # fmt: skip
+        ex.seconds["local"] += time.perf_counter() - t0
         yield
 
 
@@ -152,29 +141,20 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
     recvs: list = []
     unpacks: list[tuple[str, list[np.ndarray], np.ndarray]] = []
     with ex.timed("pack"):
-        plan = []
-        for _, p, outgoing, tag, nbytes, first, count, message in ex.parts[r]:
-            other = ex.peers[p]
-            what = (f"message {message} ({ex.host} -> {other}" if outgoing else f"message {message} ({other} -> {ex.host}") + \
-                f", round {r}, ops {[row[1] for row in ex.part_regions[first:first + min(count, 4)]]}{'...' if count > 4 else ''})"  # fmt: skip
-            with _named(what):
-                views = [ex.view(row[0]) for row in ex.part_regions[first : first + count]]
-                if sum(v.nbytes for v in views) != nbytes:
-                    raise ExecutionError(f"its regions hold {sum(v.nbytes for v in views)} B, the plan says {nbytes} B")
-            in_place = len(views) == 1 and views[0].flags.c_contiguous
-            plan.append((what, outgoing, endpoint(other), (epoch << EPOCH_SHIFT) | tag, nbytes, views, in_place))
-        scratch.reserve(sum(nbytes for _, _, _, _, nbytes, _, in_place in plan if not in_place))
-        for what, outgoing, ep, tag, nbytes, views, in_place in plan:
-            buffer = views[0] if in_place else scratch.take(nbytes)
-            if outgoing:
-                if not in_place:
-                    with _named(what):
-                        parts.pack(views, buffer)
-                sends.append((ep, buffer, tag))
+        todo = ex.sliced.network[r]
+        scratch.reserve(sum(p.nbytes for p in todo if not p.in_place))
+        for p in todo:
+            with _named(p.what):
+                views = [ex.view(i) for i in p.regions]
+                buffer = views[0] if p.in_place else scratch.take(p.nbytes)
+                if p.outgoing and not p.in_place:
+                    parts.pack(views, buffer)
+            if p.outgoing:
+                sends.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
             else:
-                recvs.append((ep, buffer, tag))
-                if not in_place:
-                    unpacks.append((what, views, buffer))
+                recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
+                if not p.in_place:
+                    unpacks.append((p.what, views, buffer))
     try:
         with ex.timed("exchange"):
             peer.exchange(sends, recvs, work=work)

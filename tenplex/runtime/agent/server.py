@@ -32,7 +32,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
@@ -68,22 +70,23 @@ def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | No
 
 def handle(agent: Agent, channel: Channel) -> bool:
     """Run commands from `channel` until EOF (returns False) or `stop` (returns True)."""
-    while True:
-        try:
-            request = channel.recv(None)
-        except ChannelError:
-            return False
-        name, kwargs = _request(request)
-        if name == "stop":
-            with contextlib.suppress(ChannelError):
-                channel.send({"ok": None}, REPLY_IDLE_S)
-            return True
-        with _Heartbeat(channel, agent):
-            reply = _run(agent, name, kwargs)
-        try:
-            _reply(channel, name, reply)
-        except ChannelError:
-            return False
+    with _Heartbeat(channel, agent) as beat:
+        while True:
+            try:
+                request = channel.recv(None)
+            except ChannelError:
+                return False
+            name, kwargs = _request(request)
+            if name == "stop":
+                with contextlib.suppress(ChannelError):
+                    channel.send({"ok": None}, REPLY_IDLE_S)
+                return True
+            with beat.busy():
+                reply = _run(agent, name, kwargs)
+            try:
+                _reply(channel, name, reply)
+            except ChannelError:
+                return False
 
 
 def _request(request: Any) -> tuple[str, dict]:
@@ -114,11 +117,14 @@ def _reply(channel: Channel, name: str, reply: dict) -> None:
 
 
 class _Heartbeat:
-    """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds from a
-    thread while the block runs."""
+    """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds while a
+    command runs (`busy`). One thread per connection, not one per command: starting and joining a
+    thread around every command put a thread wakeup on the path of every reply. A beat is sent
+    under the lock that `busy` takes to end, so no beat follows its command's reply."""
 
     def __init__(self, channel: Channel, agent: Agent):
-        self.channel, self.agent, self.done = channel, agent, threading.Event()
+        self.channel, self.agent = channel, agent
+        self.lock, self.stop, self.since = threading.Lock(), threading.Event(), None  # since: the command's start
         self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
@@ -126,18 +132,33 @@ class _Heartbeat:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.done.set()
+        self.stop.set()
         self.thread.join()
 
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        with self.lock:
+            self.since = time.monotonic()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.since = None
+
     def _run(self) -> None:
-        n = 0
-        while not self.done.wait(BEAT_S):
-            n += 1
-            try:
-                ex = self.agent.execution
-                self.channel.send({"beat": n, "done": ex.done if ex is not None else 0}, REPLY_IDLE_S)
-            except ChannelError:
-                return
+        n, current = 0, None  # beats sent for the command that started at `current`
+        while not self.stop.wait(BEAT_S / 4):
+            with self.lock:
+                if self.since != current:
+                    n, current = 0, self.since
+                if current is None or time.monotonic() - current < BEAT_S * (n + 1):
+                    continue
+                n += 1
+                try:
+                    ex = self.agent.execution
+                    self.channel.send({"beat": n, "done": ex.done if ex is not None else 0}, REPLY_IDLE_S)
+                except ChannelError:
+                    return
 
 
 # ---- `tenplex agent` ---------------------------------------------------------------------
@@ -157,6 +178,7 @@ def serve_forever(listener: socket.socket, agent: Agent, token: str | None) -> N
             stopped = handle(agent, channel)
         finally:
             channel.close()
+            agent.forget_slices()  # slice ids belong to the connection that sent them
         if agent.execution is not None:
             ex = agent.execution
             agent.abort(ex.job, ex.dst_tag)

@@ -9,6 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +28,14 @@ class StoreError(TenplexError):
 
 def parse_path(path: str) -> tuple[str, ...]:
     """The components of an absolute store path; `/` is the root, `()`."""
-    if not isinstance(path, str) or not path.startswith("/"):
+    if not isinstance(path, str):
+        raise StoreError(f"store path {path!r} is not an absolute path starting with '/'")
+    return _parse(path)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # an agent resolves the same paths at every execution of a plan
+def _parse(path: str) -> tuple[str, ...]:
+    if not path.startswith("/"):
         raise StoreError(f"store path {path!r} is not an absolute path starting with '/'")
     if path == "/":
         return ()

@@ -91,9 +91,10 @@ class TensorStore:
             self._insert(parts, self._memory.zeros(path, shape_t, dt, old), old)
 
     def put_shared(self, arena: Arena, items: Sequence[tuple[str, int, Sequence[int], np.dtype]], *,
-                   replace: bool = False) -> None:  # fmt: skip
+                   replace: bool = False) -> list[np.ndarray]:  # fmt: skip
         """Adopt the arrays of `arena` at (path, offset, shape, dtype) as leaves, without a copy;
-        all or none. Raises: StoreError as for `put`, for an array outside the arena, or over budget."""
+        all or none; returns the leaves' (writable) arrays in order. Raises: StoreError as for
+        `put`, for an array outside the arena, or over budget."""
         with self._lock:
             leaves = []
             for path, offset, shape, dtype in items:
@@ -110,6 +111,7 @@ class TensorStore:
                 raise StoreError(f"{len(leaves)} shared arrays of {arena.size} bytes exceed the memory budget")
             for parts, old, leaf in leaves:
                 self._insert(parts, leaf, old)
+            return [leaf.array for _, _, leaf in leaves]
 
     def shared(self, path: str) -> tuple[Arena, int] | None:
         """(arena, offset) of the array at `path` when it lives in a shared arena, else None."""
