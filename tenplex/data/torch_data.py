@@ -27,6 +27,7 @@ keeps no counter, so a resume is a new view built from the committed `DataState`
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Iterator
@@ -199,15 +200,17 @@ class _Slots:
 
 
 class _ChunkReader(tud.IterableDataset):
-    """Worker side of `RankBatches`: chunk c goes to worker c % workers (`_Slots.fill`)."""
+    """Worker side of `RankBatches`: an endless stream of passes over the chunks, item g (chunk
+    g % len(chunks)) read by worker g % workers (`_Slots.fill`), the DataLoader's task order."""
 
     def __init__(self, reader: SampleReader, chunks: list[_Chunk], slots: _Slots) -> None:
         self.reader, self.chunks, self.slots = reader, chunks, slots
 
     def __iter__(self) -> Iterator[tuple[int, int, Any]]:
-        info = tud.get_worker_info()
-        for k, c in enumerate(range(info.id, len(self.chunks), info.num_workers)):
-            yield (c, *self.slots.fill(self.reader, self.chunks[c], info.id, k, patience_s=0.05))
+        info, n = tud.get_worker_info(), len(self.chunks)
+        items = itertools.count(info.id, info.num_workers) if n else ()
+        for k, g in enumerate(items):
+            yield (g % n, *self.slots.fill(self.reader, self.chunks[g % n], info.id, k, patience_s=0.05))
 
 
 class RankBatches:
@@ -220,7 +223,7 @@ class RankBatches:
         self.reader, self.view, self.steps, self.workers = reader, view, steps, workers
         self.chunks = plan_chunks(reader, view, steps, chunk_bytes)
         self._slots = _Slots(workers, slots, max((int(c.lengths.sum()) for c in self.chunks), default=0))
-        self._loader = None
+        self._loader, self._stream, self._taken = None, None, 0
         if workers:
             dataset = _ChunkReader(reader, self.chunks, self._slots)
             self._loader = tud.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
@@ -233,12 +236,34 @@ class RankBatches:
         if self._loader is None:  # in this process: a held slot is not waited for
             filled = ((c, *self._slots.fill(self.reader, chunk, 0, c, 0.0)) for c, chunk in enumerate(self.chunks))
         else:
-            filled = iter(self._loader)
+            filled = self._pass()
         for c, slot, tensor in filled:
             chunk = self.chunks[int(c)]
             data = tensor.numpy() if slot < 0 else self._slots.view(int(slot), int(chunk.lengths.sum()))
             yield from self._batches(chunk, data)
             del data
+
+    def _pass(self) -> Iterator[tuple[int, int, Any]]:
+        """One pass over the chunks from the workers' endless stream (one DataLoader iterator for
+        the object's life: no restart per pass, and the workers read the next pass's first chunks
+        while this one is consumed). The rest of a pass left unfinished is skipped first (its
+        chunks are read, their slots freed unseen), so every pass starts at `view.start`."""
+        n, flags = len(self.chunks), self._slots.flags.numpy()
+        if n == 0:
+            return
+        if self._stream is None:
+            self._stream = iter(self._loader)
+        while self._taken % n:
+            _, slot, _ = next(self._stream)
+            self._taken += 1
+            if slot >= 0:
+                flags[slot] = 0
+        for c in range(n):
+            item = next(self._stream)
+            self._taken += 1
+            if int(item[0]) != c:
+                raise DataError(f"RankBatches: worker sent chunk {int(item[0])} where chunk {c} was due")
+            yield item
 
     def _batches(self, chunk: _Chunk, data: np.ndarray) -> Iterator[StepBatch]:
         ends = np.cumsum(chunk.lengths).tolist()
