@@ -19,7 +19,11 @@
   reader decodes), so no sample is pickled or copied on its way to the training process. Each
   worker has `slots` chunk buffers; a buffer is reused once every view of its chunk is gone,
   and a worker that finds no free buffer sends its chunk in a fresh shared tensor instead
-  (holding many batches costs memory, never a deadlock). Workers persist across iterations.
+  (holding many batches costs memory, never a deadlock). The workers stream passes over the
+  chunks without end through one DataLoader iterator kept for the object's life: a new pass
+  costs no DataLoader restart, and its first chunks are read while the last pass is consumed
+  (up to the DataLoader's prefetch); a pass left unfinished is skipped to its end (its chunks
+  read, unseen) before the next one starts.
 
 Each object is a pure function of its view: it starts at `view.start` on every `__iter__` and
 keeps no counter, so a resume is a new view built from the committed `DataState`.
