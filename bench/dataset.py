@@ -37,10 +37,11 @@ QUICK_SIZES = ((64 * KIB, 16 * MIB),)  # one size: every path, in a few seconds
 PASSES, QUICK_PASSES = 3, 1
 GLOBAL_BATCH, WORLD, RANK, GOAL = 16, 2, 0, 0.8
 METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB ring"),
+           ("ring2", "anchor: the same, 2 processes at once"),
            ("batches0", "RankBatches, 0 workers"), ("batches2", "RankBatches, 2 workers"),
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
            ("fuse", "FUSE view (child process)"))  # fmt: skip
-ANCHORS = ("direct", "ring", "bound")
+ANCHORS = ("direct", "ring", "ring2", "bound")
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 

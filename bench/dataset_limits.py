@@ -9,12 +9,16 @@
 - `ring_pass(...)`: the rank's samples read in one process by `os.preadv` into a 64 MiB ring,
   where every byte lands in memory that is no longer in the CPU cache (as in `RankBatches`'
   shared slots, where a batch must stay until it is used), against the direct anchor's
-  `os.pread`, whose fresh 1 MiB buffer glibc hands back warm from the cache every time.
+  `os.pread`, whose fresh 1 MiB buffer glibc hands back warm from the cache every time; with
+  two processes at once ("ring2"), each every other 4 MiB: what two readers get from the two
+  cores (and the memory bus) that this machine gives them in that round, the ceiling of
+  `RankBatches` with two workers (which also needs the training process on the same cores).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import statistics
 import time
@@ -48,30 +52,57 @@ def round_trip_s(trips: int = 4000) -> float:
             os.close(fd)
 
 
-def ring_pass(fds: list[int], ids: list[int], ranges: tuple[list[int], list[int], list[int]]) -> dict[str, Any]:
+def ring_pass(fds: list[int], ids: list[int], ranges: tuple[list[int], list[int], list[int]],
+              procs: int = 1) -> dict[str, Any]:  # fmt: skip
     """Read samples `ids` (their (file, offset, length) `ranges`) into a ring of `RING_BYTES`,
-    timed; then again for the sha256 of the (id, bytes) sequence."""
-    ring = memoryview(bytearray(RING_BYTES))
-    fid, off, length = ranges
-    for k in range(0, RING_BYTES, 4096):  # fault the ring in before the pass, as RankBatches' first pass does
-        ring[k] = 0
-
-    def read(digest: Any) -> int:
-        at = total = 0
-        for i, f, o, n in zip(ids, fid, off, length):
-            at = 0 if at + n > RING_BYTES else at
-            total += os.preadv(fds[f], [ring[at : at + n]], o)
-            if digest is not None:
-                digest.update(i.to_bytes(8, "little") + ring[at : at + n])
-            at += n
-        return total
-
+    timed (with `procs` = 2: this process and a forked one at once, each every other 4 MiB of
+    samples into a ring of its own, as `RankBatches`' two workers); then again in this process
+    for the sha256 of the (id, bytes) sequence."""
+    rows = list(zip(ids, *ranges))
+    chunk = [at // (4 << 20) % procs for at in itertools.accumulate([0, *ranges[2][:-1]])]
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork() if procs == 2 else -1
+    ring = _ring()  # after the fork: each process its own, faulted in (no copy-on-write in the pass)
+    if pid == 0:  # the second reader: every odd chunk
+        os.write(ready_w, b"x")
+        os.read(go_r, 1)
+        _fill(ring, fds, [r for r, c in zip(rows, chunk) if c == 1], None)
+        os._exit(0)
+    if pid > 0:
+        os.read(ready_r, 1)
     t0 = time.perf_counter()
-    size = read(None)
+    os.write(go_w, b"x")
+    size = _fill(ring, fds, [r for r, c in zip(rows, chunk) if c == 0], None)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        size += sum(r[3] for r, c in zip(rows, chunk) if c == 1)
     seconds = time.perf_counter() - t0
+    for fd in (ready_r, ready_w, go_r, go_w):
+        os.close(fd)
     sha = hashlib.sha256()
-    read(sha)
+    _fill(ring, fds, rows, sha)
     return {"seconds": seconds, "startup_s": 0.0, "samples": len(ids), "bytes": size, "digest": sha.hexdigest()}
+
+
+def _ring() -> memoryview:
+    """`RING_BYTES` of memory, every page faulted in (as `RankBatches`' slots after its first pass)."""
+    ring = memoryview(bytearray(RING_BYTES))
+    for k in range(0, RING_BYTES, 4096):
+        ring[k] = 0
+    return ring
+
+
+def _fill(ring: memoryview, fds: list[int], rows: list[tuple[int, int, int, int]], digest: Any) -> int:
+    """Read the rows' (id, file, offset, length) samples one after another into `ring`, wrapping."""
+    at = total = 0
+    for i, f, o, n in rows:
+        at = 0 if at + n > len(ring) else at
+        total += os.preadv(fds[f], [ring[at : at + n]], o)
+        if digest is not None:
+            digest.update(i.to_bytes(8, "little") + ring[at : at + n])
+        at += n
+    return total
 
 
 def anchor_pass(method: str, index: Any, files: Any) -> dict[str, Any]:
@@ -79,8 +110,9 @@ def anchor_pass(method: str, index: Any, files: Any) -> dict[str, Any]:
     measures a round trip and reports 2 per sample as its seconds (`add_round_trips`)."""
     ids = files.view.ids_between(files.view.start, files.stop).tolist()
     ranges = tuple(a.tolist() for a in index.ranges(ids))
-    if method == "ring":
-        return ring_pass([os.open(index.location(k), os.O_RDONLY) for k in range(len(index.files))], ids, ranges)
+    if method.startswith("ring"):
+        fds = [os.open(index.location(k), os.O_RDONLY) for k in range(len(index.files))]
+        return ring_pass(fds, ids, ranges, 2 if method == "ring2" else 1)
     rtt = round_trip_s()
     return {"seconds": 2 * rtt * len(ids), "startup_s": 0.0, "samples": len(ids), "bytes": sum(ranges[2]),
             "digest": "-", "rtt_us": rtt * 1e6}  # fmt: skip

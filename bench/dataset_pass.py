@@ -30,7 +30,7 @@ def read_pass(method: str, index_path: str, state_path: str, directory: str) -> 
     files = RankFiles.build(index, DataState.load(state_path), WORLD, RANK)
     if method.startswith("batches"):  # persistent workers: a first epoch starts them, the next are timed
         return _batches_pass(index, files, int(method[-1]))
-    if method in ("ring", "bound"):
+    if method in ("ring", "ring2", "bound"):
         from bench.dataset_limits import anchor_pass
 
         return anchor_pass(method, index, files)
