@@ -259,6 +259,32 @@ def _start(*args: str) -> tuple[subprocess.Popen, str]:
     return start_mount("dataset", "mount", *args)
 
 
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_cli_mount_page_cache_lets_readers_mmap_large_samples_shared(tmp_path, page_cache):
+    """A sample of 256 KiB and more is served with direct I/O, which refuses a shared mmap
+    (ENODEV; a private one works); `--page-cache` serves it through the page cache instead."""
+    blob = npy_bytes(np.arange(DIRECT_IO_FROM // 4, dtype=np.int32))
+    (tmp_path / "s.npy-stream").write_bytes(blob)
+    DatasetIndex.from_files("numpy", str(tmp_path), [("s.npy-stream", len(blob), [0], [len(blob)])]).save(
+        tmp_path / "index.npz"
+    )
+    (tmp_path / "mnt").mkdir()
+    proc, _ = _start(str(tmp_path / "index.npz"), str(tmp_path / "mnt"), "--rank", "0", "--world", "1", "--seed", "0",
+                     "--global-batch", "1", "--steps", "1", *(["--page-cache"] if page_cache else []))  # fmt: skip
+    try:
+        path = tmp_path / "mnt" / "step-000000" / os.listdir(tmp_path / "mnt" / "step-000000")[0]
+        code = "import sys, numpy as np\nfor m in 'cr':\n    print(m, int(np.load(sys.argv[1], mmap_mode=m)[-1]))"
+        got = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    last = DIRECT_IO_FROM // 4 - 1
+    if page_cache:
+        assert got.stdout == f"c {last}\nr {last}\n", got.stderr
+    else:
+        assert got.stdout == f"c {last}\n" and "No such device" in got.stderr
+
+
 def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path):
     dataset.save(tmp_path / "index.npz")
     state = DataState.start(dataset, 2, 4)
