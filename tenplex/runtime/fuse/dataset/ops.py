@@ -181,9 +181,16 @@ class ViewFS:
             return [(".", directory), ("..", directory), (STATE_FILE, state),
                     *((files.step_name(s), directory) for s in files.steps)]  # fmt: skip
         names = self._entries(files, step)
-        sizes = [files.sample_file(step, p).size for p in range(len(names))]
-        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": size})
-                                    for n, size in zip(names, sizes))]  # fmt: skip
+        nodes = [files.sample_file(step, p) for p in range(len(names))]
+        self._remember(files, path, names, nodes)
+        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": f.size})
+                                    for n, f in zip(names, nodes))]  # fmt: skip
+
+    def _remember(self, files: RankFiles, directory: str, names: list[str], nodes: list[SampleFile]) -> None:
+        """Resolve a listed step's sample paths ahead (an open then parses nothing), for the current view only."""
+        memo_files, memo = self._nodes
+        if memo_files is files and len(memo) + len(names) <= _MEMO_PATHS:
+            memo.update((f"{directory}/{n}", ("sample", f)) for n, f in zip(names, nodes))
 
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
