@@ -182,13 +182,16 @@ class _Slots:
             self.flags.share_memory_()
 
     def fill(self, reader: SampleReader, chunk: _Chunk, worker: int, k: int, patience_s: float) -> tuple[int, Any]:
-        """Read `chunk` (worker `worker`'s `k`-th) into its slot if that is free within
-        `patience_s` (a chunk in flight is released soon), else into a new tensor: (slot or -1, tensor or None)."""
-        slot, size = worker * self.slots + k % self.slots, int(chunk.lengths.sum())
-        flags, deadline = self.flags.numpy(), time.monotonic() + patience_s
-        while flags[slot] and time.monotonic() < deadline:
+        """Read `chunk` (worker `worker`'s `k`-th) into a free slot of the worker's (slot k % slots
+        first, then the next free one: a slot that the training process keeps a view of is passed
+        over, not waited for), waiting up to `patience_s` while all are in use (a chunk in flight
+        is released soon), else into a new tensor: (slot or -1, tensor or None)."""
+        size, flags = int(chunk.lengths.sum()), self.flags.numpy()
+        order = [worker * self.slots + (k + j) % self.slots for j in range(self.slots)]
+        deadline = time.monotonic() + patience_s
+        while (slot := next((s for s in order if not flags[s]), -1)) < 0 and time.monotonic() < deadline:
             time.sleep(0.0005)
-        if flags[slot]:
+        if slot < 0:
             out = torch.empty(size, dtype=torch.uint8)
             _read_chunk(reader, chunk, out.numpy())
             return -1, out

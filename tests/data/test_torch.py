@@ -200,3 +200,24 @@ def test_rank_batches_deliver_the_steps_as_views(dataset, workers):
             np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
     with pytest.raises(DataError, match=r"^RankBatches: workers -1 must be >= 0 and slots 8 >= 1$"):
         RankBatches(reader, view, 1, -1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_rank_batches_pass_over_a_slot_the_training_process_keeps(dataset, workers):
+    """A view kept from one pass pins its slot: the next passes read into the other free slots
+    (no fresh tensors, no waiting for the pinned one) and still deliver every step's bytes."""
+    base, _ = dataset
+    state = DataState.start(base, 9, 8)
+    view = rank_view(state, state.order_for(base), 2, 1)
+    reader = SampleReader(base, decode=False)
+    want = [[reader.read(i) for i in rank_step.ids.tolist()] for rank_step in view.steps(5)]
+    batches = RankBatches(reader, view, 5, workers, chunk_bytes=300, slots=4)
+    kept = next(iter(batches)).samples[0]  # pins the slot of the first chunk
+    ring = batches._slots.ring.numpy()
+    for _ in range(3):
+        got = []
+        for b in batches:  # the loop keeps the last batch: one more slot in use at each fill
+            got.append([bytes(d) for d in b.samples])
+            assert all(np.shares_memory(d, ring) for d in b.samples), "a chunk went to a fresh tensor"
+        assert got == want
+    assert bytes(kept) == want[0][0]
