@@ -5,7 +5,7 @@
                           [--tail drop|partial] [--uneven] [--state STATE]
     tenplex dataset inspect INDEX [--json]
     tenplex dataset mount INDEX DIR --rank R --world W (--state STATE | --seed S --global-batch G)
-                          [--steps K] [--tail drop|partial] [--uneven]
+                          [--steps K] [--tail drop|partial] [--uneven] [--page-cache]
 
 `order` prints one JSON line `{"epoch", "step", "rank", "samples"}` per rank and step, where
 `step` is the global step counted from the start of training (as in the schedule), for every
@@ -194,8 +194,10 @@ def _mount_state(index: DatasetIndex, state_path: str | None, seed: int | None, 
 @click.option("--steps", type=click.IntRange(0, MAX_STEPS), help="Steps to show (default: to the end of the epoch).")
 @click.option("--tail", type=click.Choice(TAILS), default="drop", show_default=True, help="Tail policy.")
 @click.option("--uneven", is_flag=True, help="Allow W that does not divide G (counts differ by <= 1).")
+@click.option("--page-cache", is_flag=True, help="Serve every sample file through the page cache, for readers that "
+              "mmap them shared (default: files of 256 KiB and more use direct I/O, which refuses that).")  # fmt: skip
 def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path: str | None, seed: int | None,
-              global_batch: int | None, steps: int | None, tail: str, uneven: bool) -> None:  # fmt: skip
+              global_batch: int | None, steps: int | None, tail: str, uneven: bool, page_cache: bool) -> None:  # fmt: skip
     """Serve rank R's upcoming samples at DIR (read-only FUSE) until SIGINT/SIGTERM."""
     import signal
     import threading
@@ -203,6 +205,7 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     from tenplex.cli.store import check_mount_point
     from tenplex.data.index import DatasetIndex
     from tenplex.runtime.fuse.dataset import is_mounted, mount
+    from tenplex.runtime.fuse.dataset.ops import DIRECT_IO_FROM
 
     check_mount_point(directory)  # a missing DIR or a mount point: one line, before anything else
     if state_path is not None:  # re-read on SIGHUP, when FUSE may have changed the cwd
@@ -213,7 +216,10 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reload.set}
     old = {s: signal.signal(s, lambda *_, f=f: f()) for s, f in handlers.items()}
     try:
-        with mount(index, state, world, rank, directory, steps=steps, uneven=uneven) as view:
+        direct_io_from = None if page_cache else DIRECT_IO_FROM
+        with mount(
+            index, state, world, rank, directory, steps=steps, uneven=uneven, direct_io_from=direct_io_from
+        ) as view:
             files = view.files
             click.echo(f"tenplex: mounted rank {rank} of {world} at {view.directory}: steps "
                        f"{files.view.start}..{files.stop - 1} of {index_path}", nl=True)  # fmt: skip

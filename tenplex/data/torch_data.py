@@ -19,7 +19,11 @@
   reader decodes), so no sample is pickled or copied on its way to the training process. Each
   worker has `slots` chunk buffers; a buffer is reused once every view of its chunk is gone,
   and a worker that finds no free buffer sends its chunk in a fresh shared tensor instead
-  (holding many batches costs memory, never a deadlock). Workers persist across iterations.
+  (holding many batches costs memory, never a deadlock). The workers stream passes over the
+  chunks without end through one DataLoader iterator kept for the object's life: a new pass
+  costs no DataLoader restart, and its first chunks are read while the last pass is consumed
+  (up to the DataLoader's prefetch); a pass left unfinished is skipped to its end (its chunks
+  read, unseen) before the next one starts.
 
 Each object is a pure function of its view: it starts at `view.start` on every `__iter__` and
 keeps no counter, so a resume is a new view built from the committed `DataState`.
@@ -27,6 +31,7 @@ keeps no counter, so a resume is a new view built from the committed `DataState`
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Iterator
@@ -177,13 +182,16 @@ class _Slots:
             self.flags.share_memory_()
 
     def fill(self, reader: SampleReader, chunk: _Chunk, worker: int, k: int, patience_s: float) -> tuple[int, Any]:
-        """Read `chunk` (worker `worker`'s `k`-th) into its slot if that is free within
-        `patience_s` (a chunk in flight is released soon), else into a new tensor: (slot or -1, tensor or None)."""
-        slot, size = worker * self.slots + k % self.slots, int(chunk.lengths.sum())
-        flags, deadline = self.flags.numpy(), time.monotonic() + patience_s
-        while flags[slot] and time.monotonic() < deadline:
+        """Read `chunk` (worker `worker`'s `k`-th) into a free slot of the worker's (slot k % slots
+        first, then the next free one: a slot that the training process keeps a view of is passed
+        over, not waited for), waiting up to `patience_s` while all are in use (a chunk in flight
+        is released soon), else into a new tensor: (slot or -1, tensor or None)."""
+        size, flags = int(chunk.lengths.sum()), self.flags.numpy()
+        order = [worker * self.slots + (k + j) % self.slots for j in range(self.slots)]
+        deadline = time.monotonic() + patience_s
+        while (slot := next((s for s in order if not flags[s]), -1)) < 0 and time.monotonic() < deadline:
             time.sleep(0.0005)
-        if flags[slot]:
+        if slot < 0:
             out = torch.empty(size, dtype=torch.uint8)
             _read_chunk(reader, chunk, out.numpy())
             return -1, out
@@ -199,15 +207,17 @@ class _Slots:
 
 
 class _ChunkReader(tud.IterableDataset):
-    """Worker side of `RankBatches`: chunk c goes to worker c % workers (`_Slots.fill`)."""
+    """Worker side of `RankBatches`: an endless stream of passes over the chunks, item g (chunk
+    g % len(chunks)) read by worker g % workers (`_Slots.fill`), the DataLoader's task order."""
 
     def __init__(self, reader: SampleReader, chunks: list[_Chunk], slots: _Slots) -> None:
         self.reader, self.chunks, self.slots = reader, chunks, slots
 
     def __iter__(self) -> Iterator[tuple[int, int, Any]]:
-        info = tud.get_worker_info()
-        for k, c in enumerate(range(info.id, len(self.chunks), info.num_workers)):
-            yield (c, *self.slots.fill(self.reader, self.chunks[c], info.id, k, patience_s=0.05))
+        info, n = tud.get_worker_info(), len(self.chunks)
+        items = itertools.count(info.id, info.num_workers) if n else ()
+        for k, g in enumerate(items):
+            yield (g % n, *self.slots.fill(self.reader, self.chunks[g % n], info.id, k, patience_s=0.05))
 
 
 class RankBatches:
@@ -220,7 +230,7 @@ class RankBatches:
         self.reader, self.view, self.steps, self.workers = reader, view, steps, workers
         self.chunks = plan_chunks(reader, view, steps, chunk_bytes)
         self._slots = _Slots(workers, slots, max((int(c.lengths.sum()) for c in self.chunks), default=0))
-        self._loader = None
+        self._loader, self._stream, self._taken = None, None, 0
         if workers:
             dataset = _ChunkReader(reader, self.chunks, self._slots)
             self._loader = tud.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True,
@@ -233,12 +243,34 @@ class RankBatches:
         if self._loader is None:  # in this process: a held slot is not waited for
             filled = ((c, *self._slots.fill(self.reader, chunk, 0, c, 0.0)) for c, chunk in enumerate(self.chunks))
         else:
-            filled = iter(self._loader)
+            filled = self._pass()
         for c, slot, tensor in filled:
             chunk = self.chunks[int(c)]
             data = tensor.numpy() if slot < 0 else self._slots.view(int(slot), int(chunk.lengths.sum()))
             yield from self._batches(chunk, data)
             del data
+
+    def _pass(self) -> Iterator[tuple[int, int, Any]]:
+        """One pass over the chunks from the workers' endless stream (one DataLoader iterator for
+        the object's life: no restart per pass, and the workers read the next pass's first chunks
+        while this one is consumed). The rest of a pass left unfinished is skipped first (its
+        chunks are read, their slots freed unseen), so every pass starts at `view.start`."""
+        n, flags = len(self.chunks), self._slots.flags.numpy()
+        if n == 0:
+            return
+        if self._stream is None:
+            self._stream = iter(self._loader)
+        while self._taken % n:
+            _, slot, _ = next(self._stream)
+            self._taken += 1
+            if slot >= 0:
+                flags[slot] = 0
+        for c in range(n):
+            item = next(self._stream)
+            self._taken += 1
+            if int(item[0]) != c:
+                raise DataError(f"RankBatches: worker sent chunk {int(item[0])} where chunk {c} was due")
+            yield item
 
     def _batches(self, chunk: _Chunk, data: np.ndarray) -> Iterator[StepBatch]:
         ends = np.cumsum(chunk.lengths).tolist()

@@ -20,11 +20,13 @@ pytestmark = [
 def test_quick_fuse_bench_writes_its_tables(tmp_path, capsys):
     assert main(["--only", "fuse", "--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "fuse-quick.json").read_text())["fuse"]
-    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 12, rows
+    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 13, rows
     assert all(min(r["gbps"]) > 0 and min(r["cpu_s"]) > 0 and r["bytes"] == 32 << 20 for r in rows)
     fuse = [r for r in rows if r["source"].startswith("FUSE")]
     assert len(fuse) == 6 and all(f"(read-ahead {READ_AHEAD_KB} KiB)" in r["source"] for r in fuse)
     assert all(len(r["ratios"]) == len(r["cpu_ratios"]) == 1 for r in fuse)  # each against its tmpfs anchor
     md = (tmp_path / "fuse-quick.md").read_text()
     assert md.count("\n| ") == len(rows) + 1 and "load_npy" in md and "odirect 16 MiB" in md
+    bound = next(r for r in rows if r["method"] == "copy2 1 MiB")  # the two-copy anchor, against tmpfs read 1 MiB
+    assert bound["source"] == "bound: two copies (tmpfs)" and len(bound["ratios"]) == 1
     assert "keep_cache re-read" in capsys.readouterr().out

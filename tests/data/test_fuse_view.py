@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule
+from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import fuse_unavailable_reason, is_mounted, mount, read_view
+from tenplex.runtime.fuse.dataset.view import DIRECT_IO_FROM
 from tests.data import oracle
 from tests.data.helpers import npy_bytes, npz_bytes
 from tests.mounts import start_mount
@@ -210,12 +212,15 @@ def test_a_bad_switch_changes_nothing(dataset, view):
     assert view.files is before
 
 
-def test_megatron_samples_are_npy_files(tmp_path, child):
+@pytest.mark.parametrize("direct_io_from", [DIRECT_IO_FROM, 1])  # header + sample through the page cache, or not
+def test_megatron_samples_are_npy_files(tmp_path, child, direct_io_from):
     tokens = np.arange(60, dtype=np.uint16)
     (tmp_path / "tok.bin").write_bytes(tokens.tobytes())
     index = DatasetIndex.from_files("megatron", str(tmp_path), [("tok.bin", 120, [0, 20, 60], [20, 40, 60])], "uint16")
     (tmp_path / "mnt").mkdir()
-    with mount(index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1) as v:
+    with mount(
+        index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1, direct_io_from=direct_io_from
+    ) as v:
         files = child(op="view", dir=v.directory)["files"]
     reader = SampleReader(index)
     want = {
@@ -225,10 +230,59 @@ def test_megatron_samples_are_npy_files(tmp_path, child):
     assert {rel: f[2] for rel, f in files.items()} == want
 
 
+def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
+    """Samples over `DIRECT_IO_FROM` and over one request (`splice.MAX_READ`) read whole, with
+    direct I/O (several READs and the one that finds EOF); the smallest through the page cache."""
+    sizes = [splice.MAX_READ + 4099, DIRECT_IO_FROM, DIRECT_IO_FROM - 1]
+    data = np.random.default_rng(5).integers(0, 256, sum(sizes), dtype=np.uint8).tobytes()
+    (tmp_path / "big.bin").write_bytes(data)
+    index = DatasetIndex.from_files(
+        "raw", str(tmp_path), [("big.bin", len(data), [0, sizes[0], sum(sizes[:2])], sizes)]
+    )
+    (tmp_path / "mnt").mkdir()
+    with mount(index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1) as v:
+        files = child(op="view", dir=v.directory)["files"]
+        fhs = [v.ops.open(f"/step-000000/{v.files.name(k, i, '.bin')}", os.O_RDONLY)
+               for k, i in enumerate(v.files.share(0).tolist())]  # fmt: skip
+        flags = {v.ops.getattr("", fh)["st_size"]: v.ops.open_flags(fh) for fh in fhs}
+    reader = SampleReader(index)
+    assert {rel: f[:2] for rel, f in files.items()} == {
+        f"step-000000/{v.files.name(k, i, '.bin')}": [digest(reader.read(i)), sizes[i]]
+        for k, i in enumerate(v.files.share(0).tolist())
+    }
+    assert flags == {sizes[0]: (True, False), sizes[1]: (True, False), sizes[2]: (False, True)}
+
+
 # ---- tenplex dataset mount ---------------------------------------------------------------------
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
     """`tenplex dataset mount ...` in a subprocess; returns once it printed its 'mounted' line."""
     return start_mount("dataset", "mount", *args)
+
+
+@pytest.mark.parametrize("page_cache", [False, True])
+def test_cli_mount_page_cache_lets_readers_mmap_large_samples_shared(tmp_path, page_cache):
+    """A sample of 256 KiB and more is served with direct I/O, which refuses a shared mmap
+    (ENODEV; a private one works); `--page-cache` serves it through the page cache instead."""
+    blob = npy_bytes(np.arange(DIRECT_IO_FROM // 4, dtype=np.int32))
+    (tmp_path / "s.npy-stream").write_bytes(blob)
+    DatasetIndex.from_files("numpy", str(tmp_path), [("s.npy-stream", len(blob), [0], [len(blob)])]).save(
+        tmp_path / "index.npz"
+    )
+    (tmp_path / "mnt").mkdir()
+    proc, _ = _start(str(tmp_path / "index.npz"), str(tmp_path / "mnt"), "--rank", "0", "--world", "1", "--seed", "0",
+                     "--global-batch", "1", "--steps", "1", *(["--page-cache"] if page_cache else []))  # fmt: skip
+    try:
+        path = tmp_path / "mnt" / "step-000000" / os.listdir(tmp_path / "mnt" / "step-000000")[0]
+        code = "import sys, numpy as np\nfor m in 'cr':\n    print(m, int(np.load(sys.argv[1], mmap_mode=m)[-1]))"
+        got = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    last = DIRECT_IO_FROM // 4 - 1
+    if page_cache:
+        assert got.stdout == f"c {last}\nr {last}\n", got.stderr
+    else:
+        assert got.stdout == f"c {last}\n" and "No such device" in got.stderr
 
 
 def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path):

@@ -108,3 +108,27 @@ def test_a_vanished_source_file_is_eio(parts, tmp_path):
     with pytest.raises(OSError) as e:
         read(ops, ops.open(path, os.O_RDONLY))
     assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
+
+
+def test_a_listing_resolves_its_paths_for_the_current_view_only(parts):
+    """READDIRPLUS remembers the listed sample paths (opens then parse nothing); after a switch
+    the old view's names are ENOENT again and the new view's open with their own bytes."""
+    index, state, reader = parts
+    old = RankFiles.build(index, state, 2, 0, 2)
+    ops = ViewFS(old, reader)
+    listed = ops.readdir_plus("/step-000000", ops.opendir("/step-000000"))[2:]
+    assert all(read(ops, ops.open(f"/step-000000/{n}", os.O_RDONLY)) == reader.read(int(n.split("-")[-1][:-4]))
+               for n, _ in listed)  # fmt: skip
+    new = RankFiles.build(index, state.commit(state.order_for(index), 1), 4, 3, 2, generation=1)
+    ops.publish(new)
+    gone = [n for n, _ in listed if f"/step-000000/{n}" not in paths(ops, new)]
+    with pytest.raises(OSError) as e:
+        ops.open(f"/step-000000/{gone[0]}", os.O_RDONLY)
+    assert e.value.errno == errno.ENOENT
+    stale = ViewFS(old, reader)
+    pinned = stale.opendir("/step-000000")
+    stale.publish(new)  # a listing of the pinned old view, after the switch, is not remembered for the new one
+    assert [n for n, _ in stale.readdir_plus("/step-000000", pinned)[2:]] == [n for n, _ in listed]
+    with pytest.raises(OSError) as e:
+        stale.open(f"/step-000000/{gone[0]}", os.O_RDONLY)
+    assert e.value.errno == errno.ENOENT

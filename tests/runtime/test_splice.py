@@ -39,17 +39,21 @@ def pipes():
 
 
 def replied(segments: list, pipes: splice.Pipes) -> tuple[bytes, bool]:
-    """(the bytes of the reply to `segments`, whether it went through the pipe), freed as libfuse does."""
+    """(the bytes of the reply to `segments`, whether libfuse gets them as an fd to splice: the
+    thread's pipe, or the source file at an offset), freed as libfuse does."""
     vec = ctypes.c_void_p()
     assert splice.reply(ctypes.byref(vec), segments, pipes) == 0
     buf = splice._Bufvec.from_address(vec.value)
     assert (buf.count, buf.idx, buf.off) == (1, 0, 0)
-    through_pipe = bool(buf.buf.flags & splice._BUF_IS_FD)
-    data = os.read(buf.buf.fd, buf.buf.size) if through_pipe else ctypes.string_at(buf.buf.mem, buf.buf.size)
-    if not through_pipe:
-        _libc.free(buf.buf.mem)
+    spliced, b = bool(buf.buf.flags & splice._BUF_IS_FD), buf.buf
+    if b.flags & splice._BUF_FD_SEEK:
+        data = os.pread(b.fd, b.size, b.pos)
+    else:
+        data = os.read(b.fd, b.size) if spliced else ctypes.string_at(b.mem, b.size)
+    if not spliced:
+        _libc.free(b.mem)
     _libc.free(vec.value)
-    return data, through_pipe
+    return data, spliced
 
 
 def expected(segments: list) -> bytes:
@@ -81,8 +85,21 @@ def test_leftovers_are_drained_and_oversized_replies_copied(source, pipes):
     assert replied([b"head", big], pipes) == (b"head" + big.tobytes(), False)  # more pages than the pipe holds
     r, w, _ = pipes._pipe()
     os.write(w, b"junk a failed reply left")
-    assert replied([splice.FileRange(source, 5, 9000)], pipes) == (FILE[5:9005], True)
+    assert replied([b"h", splice.FileRange(source, 5, 9000)], pipes) == (b"h" + FILE[5:9005], True)
     assert splice._queued(r) == 0
+
+
+def test_one_file_range_is_handed_over_as_the_file_itself(source, pipes):
+    """libfuse splices a lone file range from the source fd at its offset (no pipe); a range past
+    the file's end takes the pipe and copy path, whose short read is an EIO."""
+    vec = ctypes.c_void_p()
+    assert splice.reply(ctypes.byref(vec), [splice.FileRange(source, 5, 9000)], pipes) == 0
+    b = splice._Bufvec.from_address(vec.value).buf
+    assert (b.fd, b.pos, b.size) == (source, 5, 9000) and b.flags & splice._BUF_FD_SEEK
+    _libc.free(vec.value)
+    with pytest.raises(OSError, match="short read of 9000 bytes") as e:
+        splice.reply(ctypes.byref(vec), [splice.FileRange(source, len(FILE) - 8, 9000)], pipes)
+    assert e.value.errno == 5
 
 
 def test_a_short_file_range_is_an_eio(source):
@@ -97,7 +114,7 @@ def test_the_pipes_of_finished_threads_are_closed(source):
 
     def read() -> None:
         tids.append(threading.get_native_id())
-        got.append(replied([splice.FileRange(source, 3, 9000)], pipes))
+        got.append(replied([b"h", splice.FileRange(source, 3, 9000)], pipes))  # two segments: through the pipe
 
     for _ in range(5):
         t = threading.Thread(target=read)
@@ -106,6 +123,6 @@ def test_the_pipes_of_finished_threads_are_closed(source):
         deadline = time.monotonic() + 5
         while os.path.exists(f"/proc/self/task/{tids[-1]}") and time.monotonic() < deadline:
             time.sleep(0.001)  # join returns a moment before the OS thread is gone
-    assert got == [(FILE[3:9003], True)] * 5 and len(pipes) == 1  # each new thread closed the finished ones'
+    assert got == [(b"h" + FILE[3:9003], True)] * 5 and len(pipes) == 1  # each new thread closed the finished ones'
     pipes.close()
     assert len(pipes) == 0

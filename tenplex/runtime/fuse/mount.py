@@ -3,7 +3,8 @@ store's view (`tenplex.runtime.fuse.store`) and the dataset's per-rank view (`te
 
 - reads copy nothing in user space: `ops.read_buf(path, size, offset, fh)` names where the bytes
   are (`splice` segments: memory or file ranges) and the reply hands them to the kernel through
-  a pipe (`splice.reply`), which copies them once, into the reader's pages;
+  a pipe, or a lone file range as its file and offset (`splice.reply`), which it copies once,
+  into the reader's pages;
 - with `ops.readdir_plus(path, fh) -> [(name, attrs)]`, a listing hands the kernel every entry's
   attributes (READDIRPLUS), so opening the listed files needs no LOOKUP each;
 - `open` lets the operations choose per file whether the kernel bypasses or keeps its cached

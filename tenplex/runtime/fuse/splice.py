@@ -7,9 +7,11 @@ A segment is a buffer (memory: a stored array, a `.npy` header, a prefetched sam
 calling thread's pipe with them, memory by `vmsplice` (the pipe references the pages) and file
 ranges by `splice` (the pipe references the file's page cache), and returns a `fuse_bufvec`
 naming the pipe: libfuse splices it into `/dev/fuse` (with `FUSE_CAP_SPLICE_WRITE`, which
-`SPLICE_WRITE` asks for at init). Where that cannot work (a read under two pages, a pipe too
-small, a refused splice), the bytes are copied into one `malloc`ed buffer instead, the
-one-copy path of earlier versions.
+`SPLICE_WRITE` asks for at init). A reply that is one file range within its file (a dataset
+sample) skips the pipe: the `fuse_bufvec` names the file and offset, and libfuse splices from
+the file itself (in C: no Python splice per reply). Where that cannot work (a read under two
+pages, a pipe too small, a refused splice), the bytes are copied into one `malloc`ed buffer
+instead, the one-copy path of earlier versions.
 
 Invariants:
 - the bytes replied are exactly the segments' bytes in order (`copy_into` gives the same);
@@ -47,7 +49,7 @@ PIPE_BYTES = min(_pipe_max(), 1 << 20)  # what a pipe may hold without CAP_SYS_R
 # The largest read to ask for: libfuse splices a reply only when its pipe holds 3 pages more
 # than the reply, and unaligned bytes take one more page (pipe buffer) than their length.
 MAX_READ = PIPE_BYTES - 4 * _PAGE
-_BUF_IS_FD = 1 << 1
+_BUF_IS_FD, _BUF_FD_SEEK, _BUF_FD_RETRY = 1 << 1, 1 << 2, 1 << 3  # enum fuse_buf_flags
 _NONBLOCK = 2  # SPLICE_F_NONBLOCK
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -195,6 +197,14 @@ def _drain(fd: int) -> None:
         os.read(fd, n)
 
 
+def _whole_file_range(segments: Sequence[Segment]) -> bool:
+    """Whether the segments are one file range that lies within its file (else a short file
+    takes the pipe or copy path, whose short read is an EIO)."""
+    if len(segments) != 1 or not isinstance(s := segments[0], FileRange):
+        return False
+    return s.pos + s.size <= os.fstat(s.fd).st_size
+
+
 def reply(bufpp: object, segments: Sequence[Segment], pipes: Pipes) -> int:
     """Point libfuse's `*bufpp` at a new `fuse_bufvec` of the segments' bytes (module doc); 0."""
     size = size_of(segments)
@@ -204,8 +214,10 @@ def reply(bufpp: object, segments: Sequence[Segment], pipes: Pipes) -> int:
     buf = _Bufvec.from_address(vec)
     buf.count, buf.idx, buf.off = 0, 0, 0  # libfuse frees the bufvec (and a memory buffer in it)
     ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = vec
-    fd = pipes.fill(segments, size) if size >= 2 * _PAGE else None
-    if fd is not None:
+    if size >= 2 * _PAGE and _whole_file_range(segments):
+        s = segments[0]
+        buf.buf = _Buf(size, _BUF_IS_FD | _BUF_FD_SEEK | _BUF_FD_RETRY, None, s.fd, s.pos)
+    elif (fd := pipes.fill(segments, size) if size >= 2 * _PAGE else None) is not None:
         buf.buf = _Buf(size, _BUF_IS_FD, None, fd, 0)
     else:
         if not (mem := _libc.malloc(max(size, 1))):

@@ -34,12 +34,12 @@ from tenplex.data.rank_files import STATE_FILE, RankFiles
 from tenplex.data.reader import SampleReader
 from tenplex.data.state import DataState
 from tenplex.runtime.fuse import mount as fusemount
-from tenplex.runtime.fuse.dataset import ViewFS
+from tenplex.runtime.fuse.dataset.ops import DIRECT_IO_FROM, ViewFS
 from tenplex.runtime.fuse.mount import READ_AHEAD_KB, FuseUnavailable, fuse_unavailable_reason, is_mounted, unmount
 
 __all__ = [
-    "READ_AHEAD_KB", "FuseUnavailable", "FuseView", "fuse_unavailable_reason", "is_mounted", "mount", "mount_ops",
-    "read_view", "serve", "unmount",
+    "DIRECT_IO_FROM", "READ_AHEAD_KB", "FuseUnavailable", "FuseView", "fuse_unavailable_reason", "is_mounted", "mount",
+    "mount_ops", "read_view", "serve", "unmount",
 ]  # fmt: skip
 
 
@@ -87,15 +87,17 @@ class FuseView:
 def mount(index: DatasetIndex, state: DataState, world: int, rank: int, directory: str | os.PathLike, *,
           steps: int | None = None, uneven: bool = False, reader: SampleReader | None = None,
           prefetcher: Prefetcher | None = None, timeout: float = 10.0,
-          read_ahead_kb: int | None = READ_AHEAD_KB, threads: bool = False) -> Iterator[FuseView]:  # fmt: skip
+          read_ahead_kb: int | None = READ_AHEAD_KB, threads: bool = False,
+          direct_io_from: int | None = DIRECT_IO_FROM) -> Iterator[FuseView]:  # fmt: skip
     """Mount rank `rank` of `world`'s view of `steps` steps from `state` (None: to the end of
     the epoch) at `directory`; yield the `FuseView`. `reader` (default: the index's files)
     serves reads unless a `prefetcher` is given; `threads` serves requests in several threads
-    (module doc; with one thread, a read waiting for its prefetch holds up the others).
-    Raises DataError, FuseUnavailable."""
+    (module doc; with one thread, a read waiting for its prefetch holds up the others); sample
+    files of at least `direct_io_from` bytes bypass the page cache (`dataset.ops`; None: none,
+    for readers that mmap them shared). Raises DataError, FuseUnavailable."""
     files = RankFiles.build(index, state, world, rank, steps, uneven)
     reader = reader or (prefetcher.reader if prefetcher is not None else SampleReader(index, decode=False))
-    ops = ViewFS(files, reader, prefetcher)
+    ops = ViewFS(files, reader, prefetcher, direct_io_from)
     if prefetcher is not None:
         prefetcher.start(files.view, files.stop)
     with mount_ops(ops, os.fspath(directory), timeout, read_ahead_kb, threads) as live:
