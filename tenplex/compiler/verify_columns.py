@@ -16,7 +16,7 @@ thing. So a plan verifies here exactly when it verifies there, and errors read t
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -31,6 +31,7 @@ from tenplex.ir.sweep import overlapping_pairs
 
 I64 = np.int64
 _KIND = {CopyOp: 0, FillOp: 1, ValueOp: 2}
+_ID, _TENSOR, _PIECES, _OPS = attrgetter("id"), attrgetter("tensor"), attrgetter("pieces"), attrgetter("ops")
 _MAX_ROUND = 1 << 31  # larger rounds go to the exact checker (keeps the group keys in int64)
 
 
@@ -39,7 +40,7 @@ class _Reject(Exception):
 
 
 def _need(ok: Any) -> None:
-    if not bool(np.all(ok)):
+    if not (ok if type(ok) is bool else ok.all()):
         raise _Reject
 
 
@@ -85,12 +86,17 @@ class _Side:
         n = len(sid_ix)
         self.tensor, self.npieces = np.full(n, -1, I64), np.zeros(n, I64)
         sts = ptc.subtensors
-        at = _ints((sid_ix[st.id] for st in sts), len(sts))
-        self.tensor[at] = _ints((tensor_ix.get(st.tensor, -1) for st in sts), len(sts))
-        self.npieces[at] = _ints((len(st.pieces) for st in sts), len(sts))
+        at = _ints(map(sid_ix.__getitem__, map(_ID, sts)), len(sts))
+        self.tensor[at] = _ints(map(tensor_ix.get, map(_TENSOR, sts), repeat(-1)), len(sts))
+        self.npieces[at] = _ints(map(len, map(_PIECES, sts)), len(sts))
         self.base = np.zeros(n, I64)
         self.base[at] = np.cumsum(self.npieces[at]) - self.npieces[at]
         self.lo, self.hi, _ = _pad([p.global_box for st in sts for p in st.pieces], k)
+        held_volume = np.concatenate(([0], np.cumsum(np.prod(self.hi - self.lo, axis=1))))
+        self.gap = np.zeros(n, I64)  # elements outside the pieces (local and global volumes agree)
+        self.gap[at] = _ints((st.volume for st in sts), len(sts)) - (
+            held_volume[self.base[at] + self.npieces[at]] - held_volume[self.base[at]]
+        )
         held = [np.add.outer(_ints((sid_ix[s] for s in ptc.partition_map[pid].subtensors), -1) * ndev, np.array(devs, I64)).ravel()
                 for pid, devs in ptc.allocation.items]  # fmt: skip
         self.held = np.sort(np.concatenate(held)) if held else np.zeros(0, I64)
@@ -111,7 +117,7 @@ class _Copies:
 
         def col(name: str, intern: dict[str, int] | None = None) -> np.ndarray:
             values = map(attrgetter(name), copies)
-            return _ints(values if intern is None else map(intern.get, values, [-1] * n), n)
+            return _ints(values if intern is None else map(intern.get, values, repeat(-1)), n)
 
         self.at, self.tensor = at, col("tensor", tensor_ix)
         self.src_dev, self.src_sid, self.src_piece = col("src_device"), col("src_subtensor", sid_ix), col("src_piece")
@@ -133,7 +139,7 @@ class _Columns:
     def __init__(self, c: Any):
         self.c, plan, src, dst = c, c.plan, c.src, c.dst
         self.n = len(plan.ops)
-        kind = _ints((_KIND[type(op)] for op in plan.ops), self.n)  # KeyError: another type
+        kind = _ints(map(_KIND.__getitem__, map(type, plan.ops)), self.n)  # KeyError: another type
         self.kind = kind
         devices = [d.id for d in c.topology.devices]
         _need(np.array(devices, I64) >= 0)
@@ -165,9 +171,9 @@ class _Columns:
             _need(side.tensor[cp.src_sid[mask]] == cp.tensor[mask])
             _need(_contains(cp.lo[mask], cp.hi[mask], side.lo[rows], side.hi[rows]))
         src_map, dst_map = self.c.src.tensor_map, self.c.dst.tensor_map
+        names = list(self.tensor_ix)
         for t in np.unique(cp.tensor[~cp.forward]).tolist():
-            name = list(self.tensor_ix)[t]
-            _need(src_map.get(name) == dst_map[name])
+            _need(src_map.get(names[t]) == dst_map[names[t]])
 
     def messages(self) -> None:
         """Each copy is in one message, between its devices' hosts; the bytes add up; sizes
@@ -178,7 +184,7 @@ class _Columns:
         self.m_round = _ints(map(attrgetter("round"), ms), m)
         _need((self.m_round >= 0) & (self.m_round < _MAX_ROUND))
         m_bytes = _ints(map(attrgetter("bytes"), ms), m)
-        lens = _ints((len(x.ops) for x in ms), m)
+        lens = _ints(map(len, map(_OPS, ms)), m)
         flat = _ints(chain.from_iterable(map(attrgetter("ops"), ms)), int(lens.sum()))
         _need((flat >= 0) & (flat < self.n))
         _need(self.kind[flat] == 0)
@@ -186,8 +192,8 @@ class _Columns:
         pos = np.full(self.n, -1, I64)
         pos[cp.at] = np.arange(len(cp.at))
         of = pos[flat]  # copy position of each listed op
-        hs = _ints((self.hosts.get(x.src_host, -1) for x in ms), m)
-        hd = _ints((self.hosts.get(x.dst_host, -1) for x in ms), m)
+        hs = _ints(map(self.hosts.get, map(attrgetter("src_host"), ms), repeat(-1)), m)
+        hd = _ints(map(self.hosts.get, map(attrgetter("dst_host"), ms), repeat(-1)), m)
         _need(
             (np.repeat(hs, lens) == self.host_of[cp.src_dev[of]])
             & (np.repeat(hd, lens) == self.host_of[cp.dst_dev[of]])
@@ -280,13 +286,13 @@ class _Columns:
             if type(ops[i]) is FillOp:
                 c.fill(i, ops[i])
         c.values((i, ops[i]) for i in at)
-        filled = {sid for sid, _ in c.fills}
-        for st in c.dst.subtensors:
+        names = list(self.sid_ix)
+        for sid in {names[k] for k in np.flatnonzero(self.dst.gap).tolist()} | {sid for sid, _ in c.fills}:
+            st = c.dst.subtensor_map[sid]
             pieces = [p.local_box for p in st.pieces]
             gap = st.volume - sum(b.volume for b in pieces)
-            if gap or st.id in filled:
-                for d in c.dst.devices_of_subtensor(st.id):
-                    c.cover_fills(st, d, pieces, gap)
+            for d in c.dst.devices_of_subtensor(sid):
+                c.cover_fills(st, d, pieces, gap)
 
     def stats(self) -> None:
         """Every stat is the one recomputed from the columns (the cost model's sums, alike)."""
