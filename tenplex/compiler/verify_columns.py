@@ -33,6 +33,7 @@ I64 = np.int64
 _KIND = {CopyOp: 0, FillOp: 1, ValueOp: 2}
 _ID, _TENSOR, _PIECES, _OPS = attrgetter("id"), attrgetter("tensor"), attrgetter("pieces"), attrgetter("ops")
 _MAX_ROUND = 1 << 31  # larger rounds go to the exact checker (keeps the group keys in int64)
+_MAX_DEVICES = 1 << 24  # so do device ids past this
 
 
 class _Reject(Exception):
@@ -144,6 +145,7 @@ class _Columns:
         devices = [d.id for d in c.topology.devices]
         _need(np.array(devices, I64) >= 0)
         self.ndev = max(devices, default=-1) + 1
+        _need(self.ndev <= _MAX_DEVICES)  # device-indexed tables stay small; key products stay in int64
         names = [t.name for t in dst.tensors]
         self.tensor_ix = {t: i for i, t in enumerate(names)}
         self.ndim = _ints((len(t.shape) for t in dst.tensors), len(names))

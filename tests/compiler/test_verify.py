@@ -346,3 +346,37 @@ def test_literal_value_of_another_json_type_is_rejected():
         assert not accepted_by_columns(with_op(plan, i, value=other), SRC, dst)
         with pytest.raises(PlanVerifyError, match=rf"op {i} sets value 'iteration' of 'r' to {other!r}; dst wants 8"):
             check_plan(with_op(plan, i, value=other), SRC, dst)
+
+
+# -- copies that only the exact sweep shows disjoint ---------------------------------------
+
+PINWHEEL = [((0, 0), (3, 1)), ((3, 0), (4, 3)), ((1, 3), (4, 4)), ((0, 1), (1, 4)), ((1, 1), (3, 3))]
+
+
+def split_copy(plan, i: int, boxes):
+    """`plan` with copy op `i` replaced by copies of `boxes` (the first keeps its id and
+    message; each other one gets a message of its own in the same round)."""
+    ops, first = list(plan.ops), Box(*boxes[0])
+    ops[i] = attrs.evolve(ops[i], box=first)
+    ops += [attrs.evolve(plan.ops[i], box=Box(*b)) for b in boxes[1:]]
+    k = message_of(plan, i)
+    m, messages = plan.messages[k], list(plan.messages)
+    messages[k] = attrs.evolve(m, bytes=m.bytes - 4 * (plan.ops[i].box.volume - first.volume))  # float32
+    top = max(x.id for x in messages)
+    for j, b in enumerate(boxes[1:], 1):
+        messages.append(attrs.evolve(m, id=top + j, ops=(len(plan.ops) + j - 1,), bytes=4 * Box(*b).volume))
+    return attrs.evolve(plan, ops=tuple(ops), messages=tuple(messages))
+
+
+def test_a_piece_written_by_a_pinwheel_of_copies_verifies():
+    """Five disjoint copies into one piece that no single dimension separates: the columns
+    hand the group to the exact sweep, which accepts it and refuses an overlapping variant."""
+    plan = compile_plan(SRC, SRC, OPTIONS)  # w stays on device 0: one device copy
+    i = find(plan, CopyOp, tensor="w")
+    pinwheel = split_copy(plan, i, PINWHEEL)
+    check_plan_exact(pinwheel, SRC, SRC)
+    assert accepted_by_columns(pinwheel, SRC, SRC)
+    overlapping = split_copy(plan, i, PINWHEEL[:4] + [((0, 0), (2, 2))])  # same volume, overlaps
+    assert not accepted_by_columns(overlapping, SRC, SRC)
+    with pytest.raises(PlanVerifyError, match=r"sub-tensor 'w/s' on device 0: piece 0 \[\[0, 4\], \[0, 4\]\] is written twice"):
+        check_plan(overlapping, SRC, SRC)
