@@ -31,6 +31,7 @@ from tenplex.ir.sweep import overlapping_pairs
 
 I64 = np.int64
 _KIND = {CopyOp: 0, FillOp: 1, ValueOp: 2}
+_SIDE = {"src": 0, "dst": 1}
 _ID, _TENSOR, _PIECES, _OPS = attrgetter("id"), attrgetter("tensor"), attrgetter("pieces"), attrgetter("ops")
 _MAX_ROUND = 1 << 31  # larger rounds go to the exact checker (keeps the group keys in int64)
 _MAX_DEVICES = 1 << 24  # so do device ids past this
@@ -123,9 +124,9 @@ class _Copies:
         self.at, self.tensor = at, col("tensor", tensor_ix)
         self.src_dev, self.src_sid, self.src_piece = col("src_device"), col("src_subtensor", sid_ix), col("src_piece")
         self.dst_dev, self.dst_sid, self.dst_piece = col("dst_device"), col("dst_subtensor", sid_ix), col("dst_piece")
-        sides = list(map(attrgetter("src_side"), copies))
-        self.forward = np.array([s == "dst" for s in sides], bool).reshape(n)
-        _need(self.forward | np.array([s == "src" for s in sides], bool).reshape(n))
+        side = col("src_side", _SIDE)
+        _need(side >= 0)
+        self.forward = side == 1
         self.lo, self.hi, self.nd = _pad(list(map(attrgetter("box"), copies)), k)
         self.volume = np.prod(self.hi - self.lo, axis=1)
 
