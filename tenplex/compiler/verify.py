@@ -19,30 +19,54 @@ Checked, for the dst PTC under the plan's allocation:
 Raises PlanVerifyError naming tensor, sub-tensor, device and boxes, and nothing else: an
 inconsistent input (e.g. src and dst placing one device on two hosts) is reported the same way.
 Never skips a check.
+
+Two checkers share these checks: `verify_columns.accepts` runs them on numpy columns of the
+copies and messages (a large plan in a fraction of the time) and only ever accepts; when it
+cannot show a check, `check_plan_exact` (`_Checker`, one op and message at a time) decides and
+names the first broken thing, so the errors are the same as with the exact checker alone.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds, round_loads
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Plan
+from tenplex.compiler.verify_columns import accepts
 from tenplex.ir.box import Box
-from tenplex.ir.errors import IRError, PlanVerifyError
+from tenplex.ir.errors import IRError, PlanVerifyError, TenplexError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
 
 
 @without_gc
 def check_plan(plan: Plan, src: PTC, dst: PTC) -> None:
+    if not accepted_by_columns(plan, src, dst):
+        check_plan_exact(plan, src, dst)
+
+
+def accepted_by_columns(plan: Plan, src: PTC, dst: PTC) -> bool:
+    """True when the vectorized checks (`verify_columns`) show that every check holds; False
+    when one fails or cannot be shown there."""
+    try:
+        checker = _Checker(plan, src, _with_allocation(dst, plan.allocation))
+    except TenplexError:
+        return False
+    return accepts(checker)
+
+
+@without_gc
+def check_plan_exact(plan: Plan, src: PTC, dst: PTC) -> None:
+    """`check_plan` one op and message at a time: raises naming the first broken thing."""
     try:
         dst = _with_allocation(dst, plan.allocation)
         c = _Checker(plan, src, dst)
         c.ops()
         c.cover()
-        c.values()
+        c.values(enumerate(plan.ops))
         c.messages()
         c.stats()
     except IRError as e:  # e.g. a device on two hosts: the plan cannot be checked, so it fails
@@ -174,12 +198,16 @@ class _Checker:
                     boxes = writes.get((st.id, d, j), [])
                     if len(boxes) != 1 or boxes[0].volume != piece.global_box.volume:  # else one write inside fills it
                         self.exact(st.tensor, st.id, d, (j, piece.global_box), piece.global_box.volume, boxes)
-                fills = self.fills.get((st.id, d), [])
-                if not fills and not gap:
-                    continue
-                for fi, pi in overlapping_pairs(fills, pieces) if fills else ():
-                    raise self.fail(f"fill of {st.id!r} on device {d} local box {fills[fi]} overlaps piece local box {pieces[pi]}")
-                self.exact(st.tensor, st.id, d, st.shape, gap, fills)
+                self.cover_fills(st, d, pieces, gap)
+
+    def cover_fills(self, st, d: int, pieces: list[Box], gap: int) -> None:
+        """The fills of `st` on device `d` cover the `gap` elements outside its `pieces` once."""
+        fills = self.fills.get((st.id, d), [])
+        if not fills and not gap:
+            return
+        for fi, pi in overlapping_pairs(fills, pieces) if fills else ():
+            raise self.fail(f"fill of {st.id!r} on device {d} local box {fills[fi]} overlaps piece local box {pieces[pi]}")
+        self.exact(st.tensor, st.id, d, st.shape, gap, fills)
 
     def exact(self, tensor: str, sid: str, device: int, where: tuple, volume: int, boxes: list[Box]) -> None:
         """`boxes` (already known inside the region) cover it exactly once. `where` is
@@ -193,9 +221,11 @@ class _Checker:
         if got != volume:
             raise self.fail(f"tensor {tensor!r} sub-tensor {sid!r} on device {device}: {what()} has {volume} elements but the plan writes {got}")
 
-    def values(self) -> None:
+    def values(self, ops: Iterable[tuple[int, object]]) -> None:
+        """Check the value ops among `ops` ((id, op) pairs: all of the plan's value ops), and
+        that each value of each dst partition on each device is set once."""
         seen: Counter[tuple[str, int, str]] = Counter()
-        for i, op in enumerate(self.plan.ops):
+        for i, op in ops:
             if isinstance(op, ValueOp):
                 self.value(i, op)
                 seen[(op.dst_partition, op.dst_device, op.name)] += 1

@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from tenplex.compiler import CompileOptions, CopyOp, FillOp, ValueOp, check_plan, compile_plan
+from tenplex.compiler.verify import accepted_by_columns, check_plan_exact
 from tenplex.ir import (
     PTC,
     Allocation,
@@ -298,6 +299,8 @@ CASES = [
 
 def test_the_base_plan_verifies(plan):
     check_plan(plan, SRC, DST)
+    check_plan_exact(plan, SRC, DST)
+    assert accepted_by_columns(plan, SRC, DST)  # the fast path, not a fallback, verified it
     assert any(isinstance(op, CopyOp) and op.src_side == "dst" for op in plan.ops)
     assert len({m.round for m in plan.messages}) > 1
 
@@ -305,6 +308,7 @@ def test_the_base_plan_verifies(plan):
 @pytest.mark.parametrize("breaks", CASES, ids=lambda f: f.__name__)
 def test_broken_plan_is_rejected(plan, breaks):
     broken, expected = breaks(plan)
+    assert not accepted_by_columns(broken, SRC, DST), f"{breaks.__name__}: the columns accepted the broken plan"
     try:
         check_plan(broken, SRC, DST)
     except PlanVerifyError as e:
@@ -321,12 +325,14 @@ def test_broken_plan_is_rejected(plan, breaks):
 def test_src_with_another_dtype_is_rejected(plan):
     w16 = attrs.evolve(W, dtype="float16")
     src = attrs.evolve(SRC, tensors=(w16, EMB))
+    assert not accepted_by_columns(plan, src, DST)
     with pytest.raises(PlanVerifyError, match=r"op \d+ copies tensor 'w', which is float16\[4, 4\] in src but float32\[4, 4\] in dst"):
         check_plan(plan, src, DST)
 
 
 def test_src_and_dst_placing_a_device_on_two_hosts_is_a_plan_verify_error(plan):
     moved = Topology((Device(0, "h0"), Device(1, "h0"), Device(2, "elsewhere"), Device(3, "h1")))
+    assert not accepted_by_columns(plan, SRC, attrs.evolve(DST, topology=moved))
     with pytest.raises(PlanVerifyError, match="plan cannot be checked: device 2 is on host 'h1' in src but 'elsewhere' in dst"):
         check_plan(plan, SRC, attrs.evolve(DST, topology=moved))
 
@@ -337,5 +343,40 @@ def test_literal_value_of_another_json_type_is_rejected():
     plan = compile_plan(SRC, dst, OPTIONS)
     i = find(plan, ValueOp, dst_device=2)
     for other in (8.0, True, "8"):
+        assert not accepted_by_columns(with_op(plan, i, value=other), SRC, dst)
         with pytest.raises(PlanVerifyError, match=rf"op {i} sets value 'iteration' of 'r' to {other!r}; dst wants 8"):
             check_plan(with_op(plan, i, value=other), SRC, dst)
+
+
+# -- copies that only the exact sweep shows disjoint ---------------------------------------
+
+PINWHEEL = [((0, 0), (3, 1)), ((3, 0), (4, 3)), ((1, 3), (4, 4)), ((0, 1), (1, 4)), ((1, 1), (3, 3))]
+
+
+def split_copy(plan, i: int, boxes):
+    """`plan` with copy op `i` replaced by copies of `boxes` (the first keeps its id and
+    message; each other one gets a message of its own in the same round)."""
+    ops, first = list(plan.ops), Box(*boxes[0])
+    ops[i] = attrs.evolve(ops[i], box=first)
+    ops += [attrs.evolve(plan.ops[i], box=Box(*b)) for b in boxes[1:]]
+    k = message_of(plan, i)
+    m, messages = plan.messages[k], list(plan.messages)
+    messages[k] = attrs.evolve(m, bytes=m.bytes - 4 * (plan.ops[i].box.volume - first.volume))  # float32
+    top = max(x.id for x in messages)
+    for j, b in enumerate(boxes[1:], 1):
+        messages.append(attrs.evolve(m, id=top + j, ops=(len(plan.ops) + j - 1,), bytes=4 * Box(*b).volume))
+    return attrs.evolve(plan, ops=tuple(ops), messages=tuple(messages))
+
+
+def test_a_piece_written_by_a_pinwheel_of_copies_verifies():
+    """Five disjoint copies into one piece that no single dimension separates: the columns
+    hand the group to the exact sweep, which accepts it and refuses an overlapping variant."""
+    plan = compile_plan(SRC, SRC, OPTIONS)  # w stays on device 0: one device copy
+    i = find(plan, CopyOp, tensor="w")
+    pinwheel = split_copy(plan, i, PINWHEEL)
+    check_plan_exact(pinwheel, SRC, SRC)
+    assert accepted_by_columns(pinwheel, SRC, SRC)
+    overlapping = split_copy(plan, i, PINWHEEL[:4] + [((0, 0), (2, 2))])  # same volume, overlaps
+    assert not accepted_by_columns(overlapping, SRC, SRC)
+    with pytest.raises(PlanVerifyError, match=r"sub-tensor 'w/s' on device 0: piece 0 \[\[0, 4\], \[0, 4\]\] is written twice"):
+        check_plan(overlapping, SRC, SRC)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
 from tenplex.compiler import check_plan, compile_plan, dumps_plan, plan_from_json, plan_to_json
+from tenplex.compiler.verify import accepted_by_columns, check_plan_exact
 from tenplex.ir import ParseError, PlanVerifyError, dumps
 from tenplex.runtime.oracle import check_execution
 from tests.compiler.plan_judge import wrongs
@@ -39,12 +40,17 @@ def _compiled(data):
 
 
 def _judged(plan, src, dst, labels) -> None:
-    """check_plan refuses `plan` with a PlanVerifyError, or `plan` is right."""
+    """check_plan refuses `plan` with a PlanVerifyError, or `plan` is right. The vectorized
+    checks accept only plans that the exact checker verifies too."""
+    columns = accepted_by_columns(plan, src, dst)
     try:
         check_plan(plan, src, dst)
     except PlanVerifyError as e:
+        assert not columns, f"the columns accepted a plan that check_plan refuses ({labels}): {e}"
         event(f"refused: {re.sub(r'[0-9]+', 'N', str(e).split(':')[0])[:60]}")
         return
+    check_plan_exact(plan, src, dst)  # raises if the columns accepted what the exact checker refuses
+    event(f"verified by {'the columns' if columns else 'the exact checker alone'}")
     event(f"verified after {'+'.join(labels)}")
     reasons = wrongs(plan, src, dst)
     assert not reasons, f"check_plan verified a wrong plan ({labels}): {reasons}\n{dumps_plan(plan)}"
@@ -56,6 +62,7 @@ def _judged(plan, src, dst, labels) -> None:
 def test_compiled_plans_are_right_by_the_judge(data):
     plan, src, dst = _compiled(data)
     assert wrongs(plan, src, dst) == []
+    assert accepted_by_columns(plan, src, dst)  # compiled plans take the fast path
 
 
 @FUZZ

@@ -1,0 +1,122 @@
+"""Plan ops as numpy columns: the pieces `verify_columns` checks with.
+
+Sub-tensor ids, tensors and hosts become ints (interned through dicts), boxes become (n, k)
+int64 arrays of starts and stops padded with `[0, 1)` extents past a box's ndim (so volumes and
+containment need no ndim case), and a PTC's sub-tensors become tables indexed by the shared
+sub-tensor index. Every conversion refuses what it cannot hold exactly (`Reject`, or numpy's
+OverflowError past int64) instead of guessing.
+"""
+
+from __future__ import annotations
+
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from tenplex.ir.box import Box
+from tenplex.ir.ptc import PTC
+
+I64 = np.int64
+_SIDE = {"src": 0, "dst": 1}
+_ID, _TENSOR, _PIECES = attrgetter("id"), attrgetter("tensor"), attrgetter("pieces")
+
+
+class Reject(Exception):
+    """A check failed or cannot be shown here: the exact checker decides."""
+
+
+def need(ok: Any) -> None:
+    """Raise Reject unless `ok` (a bool, or a bool array: every element) holds."""
+    if not (ok if type(ok) is bool else ok.all()):
+        raise Reject
+
+
+def ints(values, n: int) -> np.ndarray:
+    return np.fromiter(values, I64, n)  # OverflowError past int64, TypeError for junk
+
+
+def pad(boxes: list[Box], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, stops, ndims): (n, k) arrays, dims past a box's ndim set to [0, 1)."""
+    starts, stops = list(map(attrgetter("start"), boxes)), list(map(attrgetter("stop"), boxes))
+    nd = ints(map(len, starts), len(boxes))
+    need(nd <= k)
+    total = int(nd.sum())
+    rows = np.repeat(np.arange(len(boxes)), nd)
+    cols = np.arange(total) - np.repeat(np.cumsum(nd) - nd, nd)
+    lo, hi = np.zeros((len(boxes), k), I64), np.ones((len(boxes), k), I64)
+    lo[rows, cols] = ints(chain.from_iterable(starts), total)
+    hi[rows, cols] = ints(chain.from_iterable(stops), total)
+    return lo, hi, nd
+
+
+def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
+    pos = np.minimum(np.searchsorted(sorted_keys, q), max(len(sorted_keys) - 1, 0))
+    return sorted_keys[pos] == q if len(sorted_keys) else np.zeros(len(q), bool)
+
+
+def group_sum(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct keys (sorted) and the int64 sum of `values` per key."""
+    if not len(keys):
+        return keys, values
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    starts = np.concatenate(([0], np.flatnonzero(k[1:] != k[:-1]) + 1))
+    return k[starts], np.add.reduceat(values[order], starts)
+
+
+class Side:
+    """One PTC's sub-tensors as arrays indexed by the shared sub-tensor index: tensor index,
+    piece count and first row in a piece table of global boxes; `held`: sorted keys
+    sid * ndev + device of the sub-tensors each device holds."""
+
+    def __init__(self, ptc: PTC, sid_ix: dict[str, int], tensor_ix: dict[str, int], ndev: int, k: int):
+        n = len(sid_ix)
+        self.tensor, self.npieces = np.full(n, -1, I64), np.zeros(n, I64)
+        sts = ptc.subtensors
+        at = ints(map(sid_ix.__getitem__, map(_ID, sts)), len(sts))
+        self.tensor[at] = ints(map(tensor_ix.get, map(_TENSOR, sts), repeat(-1)), len(sts))
+        self.npieces[at] = ints(map(len, map(_PIECES, sts)), len(sts))
+        self.base = np.zeros(n, I64)
+        self.base[at] = np.cumsum(self.npieces[at]) - self.npieces[at]
+        self.lo, self.hi, _ = pad([p.global_box for st in sts for p in st.pieces], k)
+        held_volume = np.concatenate(([0], np.cumsum(np.prod(self.hi - self.lo, axis=1))))
+        self.gap = np.zeros(n, I64)  # elements outside the pieces (local and global volumes agree)
+        self.gap[at] = ints((st.volume for st in sts), len(sts)) - (
+            held_volume[self.base[at] + self.npieces[at]] - held_volume[self.base[at]]
+        )
+        held = [np.add.outer(ints((sid_ix[s] for s in ptc.partition_map[pid].subtensors), -1) * ndev, np.array(devs, I64)).ravel()
+                for pid, devs in ptc.allocation.items]  # fmt: skip
+        self.held = np.sort(np.concatenate(held)) if held else np.zeros(0, I64)
+
+    def rows(self, sid: np.ndarray, dev: np.ndarray, piece: np.ndarray, ndev: int) -> np.ndarray:
+        """Piece-table rows of (sub-tensor, device, piece) triples, each of which the device holds."""
+        need((sid >= 0) & (dev >= 0) & (dev < ndev) & (piece >= 0))
+        need(member(self.held, sid * ndev + dev) & (piece < self.npieces[sid]))
+        return self.base[sid] + piece
+
+
+class Copies:
+    """The plan's copy ops as columns (`at`: their op ids)."""
+
+    def __init__(self, ops: tuple, at: np.ndarray, sid_ix: dict[str, int], tensor_ix: dict[str, int], k: int):
+        copies = [ops[i] for i in at.tolist()]
+        n = len(copies)
+
+        def col(name: str, intern: dict[str, int] | None = None) -> np.ndarray:
+            values = map(attrgetter(name), copies)
+            return ints(values if intern is None else map(intern.get, values, repeat(-1)), n)
+
+        self.at, self.tensor = at, col("tensor", tensor_ix)
+        self.src_dev, self.src_sid, self.src_piece = col("src_device"), col("src_subtensor", sid_ix), col("src_piece")
+        self.dst_dev, self.dst_sid, self.dst_piece = col("dst_device"), col("dst_subtensor", sid_ix), col("dst_piece")
+        side = col("src_side", _SIDE)
+        need(side >= 0)
+        self.forward = side == 1
+        self.lo, self.hi, self.nd = pad(list(map(attrgetter("box"), copies)), k)
+        self.volume = np.prod(self.hi - self.lo, axis=1)
+
+
+def contains(lo, hi, plo, phi) -> np.ndarray:
+    return np.all((lo >= plo) & (hi <= phi), axis=1)
