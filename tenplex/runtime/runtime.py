@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import multiprocessing as mp
 import os
 import secrets
-import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -41,9 +39,8 @@ from tenplex.compiler.plan import Plan
 from tenplex.ir.errors import ExecutionError, IRError
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.agent import client
-from tenplex.runtime.agent.channel import Channel
 from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle, Clock
-from tenplex.runtime.agent.server import TOKEN_ENV, serve
+from tenplex.runtime.agent.server import TOKEN_ENV
 from tenplex.runtime.store.layout import Instance, staging_tag, tag_path
 
 
@@ -68,19 +65,9 @@ class Runtime:
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
         `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
         `link=False` returns once the processes are started (`link()` connects them later)."""
-        hosts = list(dict.fromkeys(hosts))
-        if local_dir:
-            os.makedirs(local_dir, exist_ok=True)
-        ctx = mp.get_context("spawn")
         rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
-            for host in hosts:
-                mine, theirs = socket.socketpair()
-                local = os.path.join(local_dir, f"{host}.store") if local_dir else None
-                proc = ctx.Process(target=serve, args=(theirs, host, timeout, local), name=f"tenplex-agent-{host}", daemon=True)
-                proc.start()
-                theirs.close()
-                rt.agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
+            client.spawn_local(rt.agents, hosts, timeout, local_dir)
             if link:
                 rt._link(start_timeout)
         return rt

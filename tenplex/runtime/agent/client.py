@@ -15,13 +15,17 @@ Every operation here returns by its deadline; none blocks on a peer that stopped
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
+import os
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial
+from tenplex.runtime.agent.server import serve
 from tenplex.runtime.agent.wire import WireError
 
 __all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "by_host", "call_all",
@@ -67,6 +71,23 @@ def connect(address: str, token: str | None, timeout: float) -> tuple[Channel, s
         return dial(address, token, timeout)
     except ChannelError as e:
         raise ExecutionError(str(e)) from None
+
+
+def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: float, local_dir: str | None) -> None:
+    """Start one agent process per host on this machine (`spawn` context, a socket pair each) and
+    add its handle to `agents` as it starts, so a failure part-way leaves the started ones to close;
+    with `local_dir`, each also serves its store on `local_dir/<host>.store`."""
+    hosts = list(dict.fromkeys(hosts))
+    if local_dir:
+        os.makedirs(local_dir, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    for host in hosts:
+        mine, theirs = socket.socketpair()
+        local = os.path.join(local_dir, f"{host}.store") if local_dir else None
+        proc = ctx.Process(target=serve, args=(theirs, host, timeout, local), name=f"tenplex-agent-{host}", daemon=True)
+        proc.start()
+        theirs.close()
+        agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
 
 
 def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
