@@ -12,7 +12,7 @@ in other words). Anything it cannot show (a failed check, a group of boxes that 
 a single dimension does not prove disjoint and the exact sweep refuses, a number past int64)
 makes it return False, and `check_plan` runs the exact checker, which names the first broken
 thing. So `check_plan` verifies a plan exactly when the exact checker does, and its errors
-read the same. The columns themselves are built by `compiler.columns`.
+read the same. The columns themselves are built by `verify.tables`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tenplex.compiler.columns import I64, Copies, Reject, Side, contains, group_sum, ints, need
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.compiler.verify.tables import I64, Copies, Reject, Side, contains, group_sum, ints, need
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.sweep import overlapping_pairs
 

@@ -1,4 +1,4 @@
-"""Plan ops as numpy columns: the pieces `verify_columns` checks with.
+"""Plan ops as numpy columns: the pieces `verify.columns` checks with.
 
 Sub-tensor ids, tensors and hosts become ints (interned through dicts), boxes become (n, k)
 int64 arrays of starts and stops padded with `[0, 1)` extents past a box's ndim (so volumes and
