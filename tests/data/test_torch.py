@@ -169,8 +169,10 @@ def test_prefetched_dataset_delivers_the_same_sequence(dataset):
         decoded = RankIterableDataset(SampleReader(base), later, 1, shared)
         for i, array in decoded:
             np.testing.assert_array_equal(array, np.arange(i % 7 + 1, dtype=np.int32) * i)
+        loader = iter(tud.DataLoader(RankIterableDataset(reader, later, 1, shared), batch_size=None, num_workers=2))
         with pytest.raises(DataError, match="prefetch: a Prefetcher serves one process; give DataLoader workers a PrefetchConfig"):
-            list(tud.DataLoader(RankIterableDataset(reader, later, 1, shared), batch_size=None, num_workers=2))
+            list(loader)
+        loader._shutdown_workers()  # now, not when a later test's gc finds it (it then waits 2 x 5 s on its workers)
 
 
 @pytest.mark.multiprocess
