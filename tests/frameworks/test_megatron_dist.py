@@ -28,6 +28,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 from click.testing import CliRunner  # noqa: E402
 
+from fixtures.megatron_dist.dumps import region, whole  # noqa: E402
 from fixtures.megatron_dist.gpt import ITERATION, Job, load, save  # noqa: E402
 from tenplex.cli.app import cli  # noqa: E402
 from tenplex.frameworks.formats import detect, inspect  # noqa: E402
@@ -50,32 +51,6 @@ def src(tmp_path_factory) -> tuple[Path, list]:
 def test_megatron_leaves_the_torch_safe_globals_of_this_process_as_they_were(src):
     assert "megatron" in sys.modules  # the fixture imported it
     assert not [g for g in torch.serialization.get_safe_globals() if getattr(g, "__module__", "").startswith("megatron")]
-
-
-def _full(saved: list) -> dict[str, torch.Tensor]:
-    """Whole tensors assembled from every rank's saved (key, offset, tensor) chunks."""
-    chunks: dict[str, list] = {}
-    for dump in saved:
-        for key, offset, t in dump:
-            chunks.setdefault(key, []).append((offset, t))
-    out = {}
-    for key, parts in chunks.items():
-        shape = [max(stops) for stops in zip(*(_stop(o, t) for o, t in parts))]
-        full = torch.full(shape, float("nan"), dtype=parts[0][1].dtype)
-        for o, t in parts:
-            _region(full, o, t).copy_(t.reshape(_region(full, o, t).shape))
-        out[key] = full
-    return out
-
-
-def _stop(offset: tuple, t: torch.Tensor) -> list[int]:
-    """Where a chunk at global `offset` ends: prepended (layer) axes hold one index each."""
-    lead = len(offset) - t.dim()
-    return [o + (1 if a < lead else t.shape[a - lead]) for a, o in enumerate(offset)]
-
-
-def _region(full: torch.Tensor, offset: tuple, t: torch.Tensor) -> torch.Tensor:
-    return full[tuple(slice(o, stop) for o, stop in zip(offset, _stop(offset, t)))]
 
 
 def _chunks(step: Path) -> dict[str, list]:
@@ -111,10 +86,10 @@ def test_megatron_loads_the_reshard_as_its_own_reshard_of_the_original(src, tmp_
 
     ours, theirs = load(out / STEP, to), load(root / STEP, to)
     assert _same(ours, theirs) > 30  # model + exp_avg + exp_avg_sq of every parameter, on every rank
-    full = _full(saved)
+    full = whole(saved)
     for dump in ours:
         for key, offset, t in dump:
-            assert torch.equal(_region(full[key], offset, t).reshape(t.shape), t), key
+            assert torch.equal(region(full[key], offset, t).reshape(t.shape), t), key
 
 
 def test_the_cut_is_megatrons_own_for_the_target(src, tmp_path):

@@ -21,6 +21,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 from click.testing import CliRunner  # noqa: E402
 
+from fixtures.megatron_dist.dumps import whole  # noqa: E402
 from fixtures.megatron_dist.gpt import ITERATION, Job, load, logits, save  # noqa: E402
 from tenplex.cli.app import cli  # noqa: E402
 from tenplex.frameworks.formats import detect, inspect  # noqa: E402
@@ -44,26 +45,7 @@ def job(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor], Path]:
     doc = json.loads(result.output)
     assert (doc["src_format"], doc["out_format"], doc["verified"]) == ("megatron-dist", "hf", True)
     assert "vocabulary 120 of 128" in doc["summary"]
-    return root / "src", _whole(saved), out
-
-
-def _whole(saved: list) -> dict[str, torch.Tensor]:
-    """Key -> whole tensor from every rank's (key, global offset, chunk) dumps."""
-    chunks: dict[str, list] = {}
-    for dump in saved:
-        for key, offset, t in dump:
-            chunks.setdefault(key, []).append((offset, t))
-    out = {}
-    for key, parts in chunks.items():
-        lead = len(parts[0][0]) - parts[0][1].dim()  # the layer axis of a stack: one index per chunk
-        shape = [max(o[a] + (1 if a < lead else t.shape[a - lead]) for o, t in parts) for a in range(len(parts[0][0]))]
-        full = torch.zeros(shape, dtype=parts[0][1].dtype)
-        for o, t in parts:
-            full[tuple(slice(x, x + (1 if a < lead else t.shape[a - lead])) for a, x in enumerate(o))] = t.reshape(
-                [1] * lead + list(t.shape)
-            )
-        out[key] = full
-    return out
+    return root / "src", whole(saved), out
 
 
 def _megatron_of_hf(sd: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
@@ -196,7 +178,7 @@ def test_megatron_loads_a_job_started_from_hf(started):
     lines = inspect(str(out))
     assert "saved under tp=2,pp=2,dp=1 (from common.pt args)" in lines
     assert lines[-1].startswith("Hugging Face: a Llama (LlamaForCausalLM); tenplex reshard --format hf --hf-arch llama")
-    got = _whole(load(out / "release", STARTED))
+    got = whole(load(out / "release", STARTED))
     want = _megatron_of_hf(sd, 2)
     assert sorted(got) == sorted(want)
     for key, w in want.items():
