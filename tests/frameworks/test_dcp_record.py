@@ -58,16 +58,16 @@ def test_crc32_is_zlibs_with_and_without_libdeflate(sizes, seed):
     rng = np.random.default_rng(seed)
     parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     want = zlib.crc32(b"".join(p.tobytes() for p in parts))
-    system = record._DEFLATE
+    lookup = record.libdeflate_crc32
     try:
-        for deflate in (system, None):
-            record._DEFLATE = deflate
+        for deflate in (lookup(), None):
+            record.libdeflate_crc32 = lambda deflate=deflate: deflate
             crc = 0
             for p in parts:
                 crc = record.crc32(p, crc)
             assert crc == want
     finally:
-        record._DEFLATE = system
+        record.libdeflate_crc32 = lookup
 
 
 def test_record_refuses_what_it_cannot_write(monkeypatch):

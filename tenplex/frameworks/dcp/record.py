@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 import struct
 import zlib
@@ -60,8 +61,10 @@ MAX_DATA = 0xFFFFFFFF - (1 << 16)  # below this every offset and size fits in 32
 _M64 = (1 << 64) - 1
 
 
-def _libdeflate_crc32() -> ctypes._CFuncPtr | None:
-    """libdeflate's `crc32` (carry-less multiply: ~7x zlib's on these hosts), if the system has it."""
+@functools.cache
+def libdeflate_crc32() -> ctypes._CFuncPtr | None:
+    """libdeflate's `crc32` (carry-less multiply: ~7x zlib's on these hosts), if the system has it;
+    looked up at the first large CRC, not at import (`find_library` may run ldconfig)."""
     try:
         lib = ctypes.CDLL("libdeflate.so.0")
     except OSError:
@@ -77,15 +80,13 @@ def _libdeflate_crc32() -> ctypes._CFuncPtr | None:
     return fn
 
 
-_DEFLATE = _libdeflate_crc32()
-
-
 def crc32(data: np.ndarray, crc: int = 0) -> int:
     """`zlib.crc32(data, crc)` of a C-contiguous uint8 array: the same value, computed by
     libdeflate where the system has it (without the GIL, as ctypes calls are), else by zlib."""
-    if _DEFLATE is None or data.nbytes < 4096:
+    fn = libdeflate_crc32() if data.nbytes >= 4096 else None
+    if fn is None:
         return zlib.crc32(data, crc)
-    return _DEFLATE(crc, data.ctypes.data, data.nbytes)
+    return fn(crc, data.ctypes.data, data.nbytes)
 
 
 def fits(nbytes: int) -> bool:
