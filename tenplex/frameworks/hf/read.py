@@ -119,14 +119,7 @@ def _indexed_files(root: Path) -> tuple[list[str], dict[str, str]]:
 
 def _sharding(h: Header) -> dict[str, tuple[int, ...]]:
     """Tensor name -> saved offsets, from DCP's `DCP_SHARDING_INFO` metadata (empty without it)."""
-    if SHARDING not in h.metadata:
-        return {}
-    try:
-        info = loads(h.metadata[SHARDING])
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
-        raise HfError(f"{h.path}: __metadata__ {SHARDING} is not a JSON object of tensor name -> saved_offsets")
+    info = _json_object(h, SHARDING, "tensor name -> saved_offsets")
     shapes = {t.name: t.shape for t in h.tensors}
     out = {}
     for name, item in info.items():
@@ -179,15 +172,21 @@ def _partition(h: Header) -> str:
 
 def _values(h: Header) -> dict[str, Any]:
     """The partition values a file's `__metadata__` carries (`tenplex.values`, a JSON object)."""
-    if VALUES not in h.metadata:
+    return _json_object(h, VALUES, "values")
+
+
+def _json_object(h: Header, key: str, what: str) -> dict[str, Any]:
+    """The JSON object that `__metadata__[key]` holds ({} without the key). Raises HfError naming
+    the file and key when it is no JSON object."""
+    if key not in h.metadata:
         return {}
     try:
-        values = loads(h.metadata[VALUES])
+        found = loads(h.metadata[key])
     except ValueError:
-        values = None
-    if not isinstance(values, dict):
-        raise HfError(f"{h.path}: __metadata__ {VALUES} is not a JSON object of values")
-    return values
+        found = None
+    if not isinstance(found, dict):
+        raise HfError(f"{h.path}: __metadata__ {key} is not a JSON object of {what}")
+    return found
 
 
 def read_hf(root: str | os.PathLike, index: HfIndex | None = None) -> tuple[PTC, dict[str, np.ndarray], dict[str, dict[str, Any]]]:
