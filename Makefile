@@ -30,8 +30,11 @@ lint: deps
 	$(VENV)/bin/ruff check $(SRC)
 	$(VENV)/bin/lint-imports
 
+# The suite runs on JOBS pytest-xdist workers; an idle worker takes tests from a busy one, and
+# files with more slow tests start first (tests/conftest.py). JOBS=0 runs it in one process.
+JOBS ?= 2
 test: lint
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider -q
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider -q -n $(JOBS) --dist worksteal
 
 demo: deps
 	$(PY) -m demo

@@ -1,7 +1,9 @@
 """Shared pytest setup: hypothesis profiles `dev` (default) and `ci` (derandomized), chosen by
-the HYPOTHESIS_PROFILE environment variable (`make test` sets `ci`); the `tenplex` CLI fixture."""
+the HYPOTHESIS_PROFILE environment variable (`make test` sets `ci`); the `tenplex` CLI fixture;
+files with slow tests run first."""
 
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,3 +34,11 @@ def tenplex():
         return result.exit_code, result.stdout, result.stderr
 
     return call
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with more `slow` tests first, each file's tests together and in their order: on
+    `-n` workers the long tests start early and spread over the workers instead of ending the
+    run on one of them."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
