@@ -153,7 +153,7 @@ def _agents(workers: int, timeout: float, round_timeout: float) -> contextlib.Ab
 
     hosts = [f"w{i}" for i in range(workers)]
     return Runtime.local(hosts, timeout=timeout, round_timeout=round_timeout, start_timeout=max(60.0, timeout),
-                         link=False)  # fmt: skip
+                         link=False, fork=True)  # fmt: skip
 
 
 def _on_agents(rt: Any, steps: list[Step], src_files: dict, values: dict, dst: PTC, out: Path,
