@@ -59,17 +59,19 @@ class Runtime:
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
               start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None,
-              link: bool = True, fork: bool = False) -> Runtime:  # fmt: skip
+              link: bool = True, fork: bool = False, transport: str = "ucx") -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
         `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
         `link=False` returns once the processes are started (`link()` connects them later).
         `fork=True` forks the agents from this process where that is safe (`client.fork_safe`:
-        one thread, no UCX loaded), so they start without importing anything; else they are spawned."""
+        one thread, no UCX loaded), so they start without importing anything; else they are spawned.
+        `transport="cma"`: the agents move bytes by reading each other's memory (`transport.cma`:
+        one copy, no packing, UCX never loaded) where the kernel allows it, else over UCX."""
         rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
-            client.spawn_local(rt.agents, hosts, timeout, local_dir, fork)
+            client.spawn_local(rt.agents, hosts, timeout, local_dir, fork, transport)
             if link:
                 rt._link(start_timeout)
         return rt

@@ -6,6 +6,7 @@ Real agent processes (`Runtime.local`), real pipes and threads."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import select
 import threading
@@ -18,31 +19,45 @@ from tenplex.runtime.runtime import Runtime
 
 def _spawned(rt: Runtime) -> dict[str, bool]:
     """Per host, whether its agent runs a fresh interpreter (`spawn`) rather than a fork of this one."""
+    with open("/proc/self/cmdline", "rb") as f:
+        mine = f.read()
     out = {}
     for host, agent in rt.agents.items():
         with open(f"/proc/{agent.proc.pid}/cmdline", "rb") as f:
-            out[host] = b"spawn_main" in f.read()
+            out[host] = f.read() != mine  # a fork runs this process's command line
     return out
+
+
+def _forked_agents(conn) -> None:
+    """In a fresh interpreter (one thread, no UCX): fork two agents with a pipe open, then report
+    (whether they were spawned, their names, whether the pipe reads EOF once this process closed
+    its write end)."""
+    r, w = os.pipe()
+    with Runtime.local(["w0", "w1"], timeout=20.0, fork=True, link=False) as rt:
+        names = rt._all({h: ("name", {}) for h in rt.agents}, 20.0)
+        spawned = _spawned(rt)
+        os.close(w)
+        eof = bool(select.select([r], [], [], 5.0)[0]) and os.read(r, 1) == b""
+    conn.send((spawned, names, eof, fork_safe()))
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_forked_agents_answer_and_hold_no_descriptor_of_the_parent():
-    if fork_safe() is not None:
-        pytest.skip(f"this test process cannot fork agents: {fork_safe()}")
-    r, w = os.pipe()
+    ctx = mp.get_context("spawn")  # a process that can fork agents, whatever this one loaded
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_forked_agents, args=(theirs,))  # not a daemon: it starts children
+    proc.start()
     try:
-        with Runtime.local(["w0", "w1"], timeout=20.0, fork=True, link=False) as rt:
-            assert _spawned(rt) == {"w0": False, "w1": False}
-            assert rt._all({h: ("name", {}) for h in rt.agents}, 20.0) == {"w0": "w0", "w1": "w1"}
-            os.close(w)
-            w = -1
-            assert select.select([r], [], [], 5.0)[0], "an agent kept the pipe's write end open"
-            assert os.read(r, 1) == b""  # EOF: no agent holds the write end
+        assert mine.poll(30), "the helper process did not report"
+        spawned, names, eof, why = mine.recv()
     finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert spawned == {"w0": False, "w1": False}, why
+    assert names == {"w0": "w0", "w1": "w1"}
+    assert eof, "an agent kept the parent's pipe open"
 
 
 @pytest.mark.multiprocess
@@ -54,8 +69,8 @@ def test_a_process_with_threads_spawns_its_agents():
     try:
         assert "threads" in (fork_safe() or "")
         with Runtime.local(["w0"], timeout=20.0, start_timeout=60.0, fork=True, link=False) as rt:
+            assert rt.call("w0", "name", 60.0) == "w0"  # first: a spawned child has exec'd once it answers
             assert _spawned(rt) == {"w0": True}
-            assert rt.call("w0", "name", 60.0) == "w0"
     finally:
         stop.set()
         thread.join()

@@ -76,12 +76,12 @@ def connect(address: str, token: str | None, timeout: float) -> tuple[Channel, s
 
 
 def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: float, local_dir: str | None,
-                fork: bool = False) -> None:  # fmt: skip
+                fork: bool = False, transport: str = "ucx") -> None:  # fmt: skip
     """Start one agent process per host on this machine (a socket pair each) and add its handle to
     `agents` as it starts, so a failure part-way leaves the started ones to close; with
     `local_dir`, each also serves its store on `local_dir/<host>.store`. Processes are `spawn`ed
     (a fresh interpreter that imports the agent), or with `fork` forked from this one, which has
-    the modules already (see `fork_safe`)."""
+    the modules already (see `fork_safe`). `transport`: see `Agent`."""
     hosts = list(dict.fromkeys(hosts))
     if local_dir:
         os.makedirs(local_dir, exist_ok=True)
@@ -90,7 +90,8 @@ def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: f
     for host in hosts:
         mine, theirs = socket.socketpair()
         local = os.path.join(local_dir, f"{host}.store") if local_dir else None
-        target, args = (_forked, (theirs, host, timeout, local)) if forked else (serve, (theirs, host, timeout, local))
+        args = (theirs, host, timeout, local, transport)
+        target = _forked if forked else serve
         proc = ctx.Process(target=target, args=args, name=f"tenplex-agent-{host}", daemon=True)
         proc.start()
         theirs.close()
@@ -110,14 +111,14 @@ def fork_safe() -> str | None:
     return None
 
 
-def _forked(sock: socket.socket, host: str, timeout: float, local: str | None) -> None:
+def _forked(sock: socket.socket, host: str, timeout: float, local: str | None, transport: str) -> None:
     """A forked agent's target: close every descriptor it inherited but its own socket and the
     standard streams (as a spawned agent has: a peer waiting for EOF on a pipe or another agent's
     control socket of this process must see it when this process closes them), then `serve`."""
     keep = sock.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, _max_fd())
-    serve(sock, host, timeout, local)
+    serve(sock, host, timeout, local, transport)
 
 
 def _max_fd() -> int:
