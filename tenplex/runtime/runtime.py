@@ -65,10 +65,8 @@ class Runtime:
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
         `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
         `link=False` returns once the processes are started (`link()` connects them later).
-        `fork=True` forks the agents from this process where that is safe (`client.fork_safe`:
-        one thread, no UCX loaded), so they start without importing anything; else they are spawned.
-        `transport="cma"`: the agents move bytes by reading each other's memory (`transport.cma`:
-        one copy, no packing, UCX never loaded) where the kernel allows it, else over UCX."""
+        `fork=True`: forked where safe, importing nothing (`client.fork_safe`), else spawned.
+        `transport="cma"`: agents read each other's memory (`transport.cma`), no UCX loaded."""
         rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
             client.spawn_local(rt.agents, hosts, timeout, local_dir, fork, transport)
