@@ -98,3 +98,36 @@ def test_cma_agents_execute_a_plan_without_loading_ucx():
         for agent in rt.agents.values():
             with open(f"/proc/{agent.proc.pid}/maps") as f:
                 assert "libucp" not in f.read()
+
+
+def _silent_child(conn) -> None:
+    peer = cma.CmaPeer("quiet", timeout=10.0)
+    conn.send(peer.address)
+    peer.accept()
+    conn.recv()  # until the parent's exchange timed out; then exit without a word
+    peer.shutdown()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_silent_peer_times_out_and_a_gone_one_is_named():
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_silent_child, args=(theirs,), daemon=True)
+    proc.start()
+    try:
+        peer = cma.CmaPeer("parent", timeout=0.5)
+        ep = peer.connect(mine.recv(), "quiet")
+        with pytest.raises(
+            TransportError, match=r"exchange timed out; still waiting for receive of message 5 from 'quiet'"
+        ):
+            peer.exchange([], [(ep, np.zeros(4), 5)])
+        mine.send("go")
+        proc.join(10)
+        peer.timeout = 10.0
+        with pytest.raises(TransportError, match="peer 'quiet' closed the connection"):
+            peer.exchange([], [(ep, np.zeros(4), 6)])
+        peer.shutdown()
+    finally:
+        if proc.is_alive():
+            proc.kill()
