@@ -13,7 +13,8 @@ plan's copies (`checkpoint.planned`). With more, each agent maps the src files o
 itself, and the dst arrays it stores are the dst files themselves (new `.npy` files in OUT_DIR's
 temporary, memory-mapped: `agent.files`), so the plan's copies and receives write the output in
 place; no array byte crosses a control connection, only the bytes that change workers move,
-over UCX. The agents start while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
+each read by its receiver out of the sender's memory (`Runtime.local(transport="cma")`: no UCX
+loaded, nothing packed; UCX where the kernel forbids that). The agents start while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
 the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
 also after a crash, and an existing OUT_DIR is an error.
 """
@@ -153,7 +154,7 @@ def _agents(workers: int, timeout: float, round_timeout: float) -> contextlib.Ab
 
     hosts = [f"w{i}" for i in range(workers)]
     return Runtime.local(hosts, timeout=timeout, round_timeout=round_timeout, start_timeout=max(60.0, timeout),
-                         link=False)  # fmt: skip
+                         link=False, fork=True, transport="cma")  # fmt: skip
 
 
 def _on_agents(rt: Any, steps: list[Step], src_files: dict, values: dict, dst: PTC, out: Path,

@@ -59,15 +59,17 @@ class Runtime:
     @classmethod
     def local(cls, hosts: Iterable[str], timeout: float = 30.0, round_timeout: float = 600.0,
               start_timeout: float = 60.0, liveness: float = LIVENESS_S, local_dir: str | None = None,
-              link: bool = True) -> Runtime:  # fmt: skip
+              link: bool = True, fork: bool = False, transport: str = "ucx") -> Runtime:  # fmt: skip
         """One agent process per host on this machine, all connected (UCX shared memory).
         `timeout` bounds each UCX wait inside agents; `round_timeout` each round barrier;
         `liveness` how long an agent may stay silent (no heartbeat) before it is taken for dead;
         `local_dir`: each agent also serves its store to local processes on `local_dir/<host>.store`.
-        `link=False` returns once the processes are started (`link()` connects them later)."""
+        `link=False` returns once the processes are started (`link()` connects them later).
+        `fork=True`: forked where safe, importing nothing (`client.fork_safe`), else spawned.
+        `transport="cma"`: agents read each other's memory (`transport.cma`), no UCX loaded."""
         rt = cls({}, round_timeout, liveness)
         with rt._closed_on_error("starting agents"):
-            client.spawn_local(rt.agents, hosts, timeout, local_dir)
+            client.spawn_local(rt.agents, hosts, timeout, local_dir, fork, transport)
             if link:
                 rt._link(start_timeout)
         return rt

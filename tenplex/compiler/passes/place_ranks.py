@@ -14,6 +14,7 @@ a plan move more bytes.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import attrs
@@ -136,15 +137,39 @@ def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights, 
     return best[1] if best else {}
 
 
+SMALL = 6  # up to this many rows, assignments are enumerated (720) instead of importing scipy
+
+
 def _assign(weights: np.ndarray) -> list[int]:
     """Max-weight perfect assignment rows -> columns; the identity wins ties."""
     if weights.size == 0:
         return []
-    from scipy.optimize import linear_sum_assignment  # here: importing scipy costs ~0.4 s per process
     scale = max(1.0, float(weights.max()) / 1e9)  # keep the tie-break bonus above float precision
     bonus = 0.5 / len(weights)
-    rows, cols = linear_sum_assignment(weights / scale + bonus * np.eye(len(weights)), maximize=True)
+    scores = weights / scale + bonus * np.eye(len(weights))
+    best = _unique_best(scores)
+    if best is not None:
+        return best
+    from scipy.optimize import linear_sum_assignment  # here: importing scipy costs ~0.4 s per process
+
+    rows, cols = linear_sum_assignment(scores, maximize=True)
     return [int(c) for _, c in sorted(zip(rows, cols))]
+
+
+def _unique_best(scores: np.ndarray) -> list[int] | None:
+    """The assignment of a small matrix (at most SMALL rows) whose sum beats every other one by
+    more than float rounding, so that it is the one `linear_sum_assignment` returns too; None
+    when the matrix is larger or the best is not clear (then scipy decides, as before)."""
+    n = len(scores)
+    if n > SMALL:
+        return None
+    perms = np.array(list(itertools.permutations(range(n))), dtype=np.intp)
+    sums = scores[np.arange(n), perms].sum(axis=1)
+    order = np.argsort(sums)
+    top = float(sums[order[-1]])
+    if n > 1 and top - float(sums[order[-2]]) <= 1e-9 * max(1.0, abs(top)):
+        return None
+    return [int(c) for c in perms[order[-1]]]
 
 
 def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:

@@ -1,4 +1,5 @@
-"""A per-host agent: owns the host's `TensorStore` and `UcxPeer` and executes its share of a plan.
+"""A per-host agent: owns the host's `TensorStore` and transport (a `UcxPeer`, or with
+`transport="cma"` a `CmaPeer` between agents of one machine) and executes its share of a plan.
 
 The agent obeys commands from a runtime; `agent.server` runs it as a process (spawned by
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
@@ -61,8 +62,9 @@ class Agent(TagCommands):
     resident bytes (beyond it, arrays spill to `spill_dir`, or a put fails cleanly)."""
 
     def __init__(self, host: str, timeout: float = 30.0, ucx_ip: str | None = None, ucx_port: int = 0,
-                 memory_budget: int | None = None, spill_dir: str | None = None, local: str | None = None):  # fmt: skip
-        self.host, self.timeout = host, timeout
+                 memory_budget: int | None = None, spill_dir: str | None = None, local: str | None = None,
+                 transport: str = "ucx"):  # fmt: skip
+        self.host, self.timeout, self.transport = host, timeout, transport
         self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
         self.store = TensorStore(memory_budget, spill_dir)
         self.peer: Any = None
@@ -74,6 +76,17 @@ class Agent(TagCommands):
         self.pool = shared.ArenaPool() if memory_budget is None else None
         self.rest: Any = None
         self.local = StoreServer(self.store, local, host).start() if local else None
+
+    def _peer(self) -> Any:
+        """The transport: with `transport="cma"` (agents of `Runtime.local(transport="cma")`, all
+        on this machine) a `CmaPeer` where the kernel lets agents read each other's memory, which
+        never loads UCX; else the `UcxPeer`."""
+        if self.peer is None and self.transport == "cma" and self.ucx_ip is None:
+            from tenplex.runtime.transport import cma
+
+            if cma.unusable() is None:
+                self.peer = cma.CmaPeer(self.host, self.timeout)
+        return self._ucx()
 
     def _ucx(self) -> Any:
         if self.peer is None:
@@ -89,7 +102,9 @@ class Agent(TagCommands):
     def address(self) -> dict[str, Any]:
         """How peers reach this agent: {"worker": UCX worker address, "node": machine and network
         namespace, "tcp": [ip, port] of the UCX listener or None}."""
-        peer = self._ucx()
+        peer = self._peer()
+        if getattr(peer, "takes_views", False):
+            return {"worker": None, "cma": peer.address, "node": node_id(), "tcp": None}
         tcp = [self.ucx_ip, peer.listen(self.ucx_port)] if self.ucx_ip is not None else None
         return {"worker": peer.address, "node": node_id(), "tcp": tcp}
 
@@ -101,8 +116,11 @@ class Agent(TagCommands):
         dialling order has no cycle and every pair connects once."""
         me = node_id()
         remote = sorted(h for h, a in peers.items() if h != self.host and h not in self.endpoints and a["node"] != me)
-        for host, addr in sorted(peers.items()):
-            if host != self.host and host not in self.endpoints and addr["node"] == me:
+        local = {h: a for h, a in sorted(peers.items()) if h != self.host and h not in self.endpoints and a["node"] == me}
+        if getattr(self._peer(), "takes_views", False) or any(a.get("cma") for a in local.values()):
+            self._connect_cma(local)
+        for host, addr in local.items():
+            if host not in self.endpoints:
                 self.endpoints[host] = self._ucx().connect(addr["worker"])
         for host in (h for h in remote if h > self.host):
             if peers[host]["tcp"] is None:
@@ -118,6 +136,22 @@ class Agent(TagCommands):
                 raise ExecutionError(f"agent {self.host!r} accepted an unexpected peer {ep.remote_name!r}")
             self.endpoints[ep.remote_name] = ep
         return {h: ep.mode for h, ep in sorted(self.endpoints.items())}
+
+    def _connect_cma(self, local: Mapping[str, Mapping[str, Any]]) -> None:
+        """Connect the peers on this machine over `CmaPeer`s: dial those named after this one,
+        then accept those named before it. Every agent must use them (one transport per agent)."""
+        peer = self._peer()
+        other = sorted(h for h, a in local.items() if bool(a.get("cma")) != getattr(peer, "takes_views", False))
+        if other:
+            raise ExecutionError(f"agent {self.host!r} and agent(s) {other} on its machine use different transports "
+                                 "(cross memory attach and UCX); start them alike")  # fmt: skip
+        for host in (h for h in local if h > self.host):
+            self.endpoints[host] = peer.connect(local[host]["cma"], host)
+        for _ in (h for h in local if h < self.host):
+            ep = peer.accept()
+            if ep.remote_name not in local or ep.remote_name in self.endpoints:
+                raise ExecutionError(f"agent {self.host!r} accepted an unexpected peer {ep.remote_name!r}")
+            self.endpoints[ep.remote_name] = ep
 
     def load(self, job: str, tag: str, arrays: Mapping[Instance, np.ndarray], values: Mapping | None = None) -> int:
         """Put a state into `/job/<job>/<tag>` (replacing it); returns the bytes stored."""
@@ -201,7 +235,7 @@ class Agent(TagCommands):
         ex = self._execution()
         if ex.done:
             raise ExecutionError("the prepared execution already ran")
-        return rounds.run(ex, self.store, values or {}, self._ucx, self._endpoint, self.scratch, epoch % 256)
+        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256)
 
     def commit(self, job: str, dst_tag: str) -> dict[str, float]:
         """Make the dst tag visible (rename staging); returns the execution's seconds per activity."""

@@ -18,6 +18,8 @@ import contextlib
 import multiprocessing as mp
 import os
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import wait
@@ -73,21 +75,56 @@ def connect(address: str, token: str | None, timeout: float) -> tuple[Channel, s
         raise ExecutionError(str(e)) from None
 
 
-def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: float, local_dir: str | None) -> None:
-    """Start one agent process per host on this machine (`spawn` context, a socket pair each) and
-    add its handle to `agents` as it starts, so a failure part-way leaves the started ones to close;
-    with `local_dir`, each also serves its store on `local_dir/<host>.store`."""
+def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: float, local_dir: str | None,
+                fork: bool = False, transport: str = "ucx") -> None:  # fmt: skip
+    """Start one agent process per host on this machine (a socket pair each) and add its handle to
+    `agents` as it starts, so a failure part-way leaves the started ones to close; with
+    `local_dir`, each also serves its store on `local_dir/<host>.store`. Processes are `spawn`ed
+    (a fresh interpreter that imports the agent), or with `fork` forked from this one, which has
+    the modules already (see `fork_safe`). `transport`: see `Agent`."""
     hosts = list(dict.fromkeys(hosts))
     if local_dir:
         os.makedirs(local_dir, exist_ok=True)
-    ctx = mp.get_context("spawn")
+    forked = fork and fork_safe() is None
+    ctx = mp.get_context("fork" if forked else "spawn")
     for host in hosts:
         mine, theirs = socket.socketpair()
         local = os.path.join(local_dir, f"{host}.store") if local_dir else None
-        proc = ctx.Process(target=serve, args=(theirs, host, timeout, local), name=f"tenplex-agent-{host}", daemon=True)
+        args = (theirs, host, timeout, local, transport)
+        target = _forked if forked else serve
+        proc = ctx.Process(target=target, args=args, name=f"tenplex-agent-{host}", daemon=True)
         proc.start()
         theirs.close()
         agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
+
+
+def fork_safe() -> str | None:
+    """None when this process may fork agents, else why not: forking is safe only from a process
+    with one thread (a lock another thread held stays locked in the child) that has not loaded
+    UCX (whose context and threads do not survive a fork), on a system with `fork`."""
+    if "fork" not in mp.get_all_start_methods():
+        return "no fork on this system"
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} threads"
+    if any(name == "ucxx" or name.startswith("ucxx.") for name in sys.modules):
+        return "UCX is loaded"
+    return None
+
+
+def _forked(sock: socket.socket, host: str, timeout: float, local: str | None, transport: str) -> None:
+    """A forked agent's target: close every descriptor it inherited but its own socket and the
+    standard streams (as a spawned agent has: a peer waiting for EOF on a pipe or another agent's
+    control socket of this process must see it when this process closes them), then `serve`."""
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
+    serve(sock, host, timeout, local, transport)
+
+
+def _max_fd() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
+    return os.sysconf("SC_OPEN_MAX")
 
 
 def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:

@@ -140,20 +140,21 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
     sends: list = []
     recvs: list = []
     unpacks: list[tuple[str, list[np.ndarray], np.ndarray]] = []
+    direct = getattr(peer, "takes_views", False)  # the transport reads and writes the views themselves
     with ex.timed("pack"):
         todo = ex.sliced.network[r]
-        scratch.reserve(sum(p.nbytes for p in todo if not p.in_place))
+        scratch.reserve(0 if direct else sum(p.nbytes for p in todo if not p.in_place))
         for p in todo:
             with _named(p.what):
                 views = [ex.view(i) for i in p.regions]
-                buffer = views[0] if p.in_place else scratch.take(p.nbytes)
-                if p.outgoing and not p.in_place:
+                buffer = views if direct else views[0] if p.in_place else scratch.take(p.nbytes)
+                if p.outgoing and not p.in_place and not direct:
                     parts.pack(views, buffer)
             if p.outgoing:
                 sends.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
             else:
                 recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
-                if not p.in_place:
+                if not p.in_place and not direct:
                     unpacks.append((p.what, views, buffer))
     try:
         with ex.timed("exchange"):
@@ -168,7 +169,7 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
         for what, views, buffer in unpacks:
             with _named(what):
                 parts.unpack(views, buffer)
-    return sum(b.nbytes for _, b, _ in sends)
+    return sum(p.nbytes for p in ex.sliced.network[r] if p.outgoing)
 
 
 @contextlib.contextmanager

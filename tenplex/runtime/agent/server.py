@@ -51,11 +51,11 @@ REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
 log = logging.getLogger("tenplex.agent")
 
 
-def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | None = None) -> None:
-    """The process target of `Runtime.local`: one agent, one connection (`local`: see `Agent`)."""
-    agent = Agent(host, timeout, local=local)
-    with contextlib.suppress(Exception):  # UCX now, while the runtime still works; a failure shows in `address`
-        agent._ucx()
+def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | None = None, transport: str = "ucx") -> None:
+    """The process target of `Runtime.local`: one agent, one connection (`local`, `transport`: see `Agent`)."""
+    agent = Agent(host, timeout, local=local, transport=transport)
+    with contextlib.suppress(Exception):  # the transport now, while the runtime still works; a failure shows in `address`
+        agent._peer()
     channel = Channel(sock, "runtime")
     try:
         handle(agent, channel)

@@ -1,0 +1,103 @@
+"""Agents forked from the runtime's process (`Runtime.local(fork=True)`, as `tenplex reshard
+--workers N` starts them): they start without importing anything, hold none of the parent's
+descriptors, and the runtime falls back to spawning where a fork is not safe.
+
+Real agent processes (`Runtime.local`), real pipes and threads."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tenplex.runtime.agent.client import fork_safe
+from tenplex.runtime.runtime import Runtime
+
+
+def _spawned(rt: Runtime) -> dict[str, bool]:
+    """Per host, whether its agent runs a fresh interpreter (`spawn`) rather than a fork of this one."""
+    with open("/proc/self/cmdline", "rb") as f:
+        mine = f.read()
+    out = {}
+    for host, agent in rt.agents.items():
+        with open(f"/proc/{agent.proc.pid}/cmdline", "rb") as f:
+            out[host] = f.read() != mine  # a fork runs this process's command line
+    return out
+
+
+def _forked_agents(conn) -> None:
+    """In a fresh interpreter (one thread, no UCX): fork two agents with a pipe open, then report
+    (whether they were spawned, their names, whether the pipe reads EOF once this process closed
+    its write end)."""
+    r, w = os.pipe()
+    with Runtime.local(["w0", "w1"], timeout=20.0, fork=True, link=False) as rt:
+        names = rt._all({h: ("name", {}) for h in rt.agents}, 20.0)
+        spawned = _spawned(rt)
+        os.close(w)
+        eof = bool(select.select([r], [], [], 5.0)[0]) and os.read(r, 1) == b""
+    conn.send((spawned, names, eof, fork_safe()))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_forked_agents_answer_and_hold_no_descriptor_of_the_parent():
+    ctx = mp.get_context("spawn")  # a process that can fork agents, whatever this one loaded
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_forked_agents, args=(theirs,))  # not a daemon: it starts children
+    proc.start()
+    try:
+        assert mine.poll(30), "the helper process did not report"
+        spawned, names, eof, why = mine.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert spawned == {"w0": False, "w1": False}, why
+    assert names == {"w0": "w0", "w1": "w1"}
+    assert eof, "an agent kept the parent's pipe open"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_a_process_with_threads_spawns_its_agents():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert "threads" in (fork_safe() or "")
+        with Runtime.local(["w0"], timeout=20.0, start_timeout=60.0, fork=True, link=False) as rt:
+            assert rt.call("w0", "name", 60.0) == "w0"  # first: a spawned child has exec'd once it answers
+            assert _spawned(rt) == {"w0": True}
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_two_worker_reshard_loads_neither_scipy_nor_ucx(tmp_path):
+    from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.ir.serialize import dumps
+    from tenplex.runtime.arrays import arange_tensors, materialize
+    from tenplex.runtime.checkpoint.directory import read_checkpoint, write_checkpoint
+
+    src, dst = ptc_from_spec("gpt-tiny:tp2,pp2@1x4"), ptc_from_spec("gpt-tiny:tp4,pp1@1x4")
+    tensors = arange_tensors(src)
+    values = {p.id: {n: v.value if v.value is not None else 7 for n, v in p.values} for p in src.partitions}
+    write_checkpoint(src, {st.id: materialize(src, tensors, st) for st in src.subtensors}, values, tmp_path / "a")
+    (tmp_path / "dst.json").write_text(dumps(dst))
+    argv = ["reshard", str(tmp_path / "a"), "--to", str(tmp_path / "dst.json"), "--out", str(tmp_path / "b"), "--workers", "2"]  # fmt: skip
+    script = (f"import sys; from tenplex.cli.app import cli; cli.main({argv!r}, standalone_mode=False); "
+              f"print([m for m in ('scipy', 'ucxx', 'torch') if m in sys.modules])")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=80, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    _, arrays, _ = read_checkpoint(tmp_path / "b")
+    assert all(arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes() for st in dst.subtensors)
