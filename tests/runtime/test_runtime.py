@@ -73,6 +73,9 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         _assert_nothing_committed(rt)
         sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
         assert sum(sent.values()) == plan.stats.network_bytes
+        # one node: every part went by a copy into the peer's shared memory, none through UCX
+        assert {h: s["ucx_bytes"] for h, s in rt.host_seconds.items()} == dict.fromkeys(HOSTS, 0)
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
         assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
         assert rt.exists(JOB, ".staging-v1") == dict.fromkeys(HOSTS, False)
         got, got_values = rt.fetch(JOB, "v1")
@@ -102,6 +105,24 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         with pytest.raises(ExecutionError, match=r"slice id 'other' was not sent to agent 'h1' on this connection"):
             rt.call("h1", "prepare", job=JOB, src_tag="v0", dst_tag="v3", slice_id="other")
         assert rt.exists(JOB, ".staging-v3") == dict.fromkeys(HOSTS, False)
+
+
+@pytest.mark.timeout(60)
+def test_parts_into_mapped_files_go_through_ucx_and_the_rest_by_copy(case, tmp_path):
+    """h1's dst arrays are new `.npy` files, not in an arena: h1 refuses h0's copies, so h0's parts
+    to h1 travel through UCX while h1's parts to h0 still go by a copy into h0's arena."""
+    src, dst, plan, tensors, arrays, values = case
+    placed = dst.with_allocation(plan.allocation)
+    mine = [(st.id, d) for st in placed.subtensors for d in placed.devices_of_subtensor(st.id)
+            if placed.topology.host_of(d) == "h1"]  # fmt: skip
+    files = {"h1": [(sid, d, str(tmp_path / f"{k}.npy")) for k, (sid, d) in enumerate(mine)]}
+    with _runtime(src, arrays, values) as rt:
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1", files=files)
+        assert sum(sent.values()) == plan.stats.network_bytes
+        ways = {h: (s["direct_bytes"], s["ucx_bytes"]) for h, s in rt.host_seconds.items()}
+        assert ways == {"h0": (0, sent["h0"]), "h1": (sent["h1"], 0)} and sent["h0"] > 0 and sent["h1"] > 0
+        assert check_state(placed, tensors, rt.fetch(JOB, "v1")[0]) > 0
+    assert len(list(tmp_path.glob("*.npy"))) == len(mine)
 
 
 @pytest.mark.timeout(60)
