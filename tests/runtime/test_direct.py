@@ -101,7 +101,7 @@ def test_refusals_and_mismatches(pair, tmp_path):
     maps.close()
 
 
-def test_a_mapping_is_the_peers_memory_checked_by_inode():
+def test_a_mapping_is_the_peers_sealed_memory_checked_by_inode():
     arena = Arena.create(1 << 16)
     st = os.fstat(arena.fd)
     maps = direct.Mappings()
@@ -110,5 +110,10 @@ def test_a_mapping_is_the_peers_memory_checked_by_inode():
     assert bytes(arena.map[:5]) == b"\x01\x02\x03\x04\x05"
     assert maps._map(os.getpid(), arena.fd, st.st_ino + 1, st.st_dev, arena.size) is None
     assert maps._map(os.getpid(), arena.fd, st.st_ino, st.st_dev, arena.size * 2) is None  # larger than the file
+    unsealed = os.memfd_create("x", os.MFD_CLOEXEC)  # the right file, but resizable: refused
+    os.ftruncate(unsealed, 1 << 16)
+    st = os.fstat(unsealed)
+    assert maps._map(os.getpid(), unsealed, st.st_ino, st.st_dev, 1 << 16) is None
+    os.close(unsealed)
     maps.close()
     arena.close()

@@ -3,7 +3,8 @@
 Two agents on the same node (same boot and network namespace: `Agent.connect`'s "address"
 endpoints) need not pass a part's bytes through UCX: the receiver's dst arrays live in shared
 memory arenas (`store.shared`, memfd), so the sender maps them (`/proc/<pid>/fd/<fd>`, checked
-by inode, device and size) and copies each of its regions straight into the receiver's view: one
+by inode, device, size and seals: only a memory file sealed against resizing, never a file on
+disk, never shrunk under the mapping) and copies each of its regions straight into the receiver's view: one
 copy, strided on both sides, no pack, no unpack, no scratch, no UCX transfer. Per execution:
 
 1. at the start of `rounds.run`, each agent sends every same-node peer it receives parts from an
@@ -29,6 +30,7 @@ inside an execution that offered it the arena, and every write ends before that 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -38,6 +40,7 @@ import numpy as np
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.store.layout import array_path
+from tenplex.runtime.store.shared import SEALS
 from tenplex.runtime.store.tree import TensorStore
 from tenplex.runtime.transport.ucx.wire import CTL
 
@@ -184,6 +187,8 @@ class Mappings:
                 st = os.fstat(f)
                 if (st.st_ino, st.st_dev) != (ino, dev) or st.st_size < size or size <= 0:
                     return None  # not the peer's arena (another pid namespace) or nothing to map
+                if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                    return None  # only a sealed memory file: never a file on disk, never shrunk under the mapping
                 m = mmap.mmap(f, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             except OSError:
                 return None
