@@ -126,6 +126,24 @@ def test_parts_into_mapped_files_go_through_ucx_and_the_rest_by_copy(case, tmp_p
 
 
 @pytest.mark.timeout(60)
+def test_rounds_that_forward_what_earlier_rounds_received_wait_for_their_done():
+    """DP 1 -> 4 on two hosts in 2 MiB rounds: later rounds copy dst regions that earlier rounds
+    filled, some by the peer's copies into this host's arena (each round's `done` orders them)."""
+    from tenplex.compiler.plan import CompileOptions
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec("gpt-tiny:tp1,pp1,dp1@1x1"), ptc_from_spec("gpt-tiny:tp1,pp1,dp4@2x2")
+    plan = compile_plan(src, dst, CompileOptions(max_message_bytes=1 << 20, memory_budget_bytes=2 << 20))
+    assert plan.stats.rounds > 2 and any(isinstance(op, CopyOp) and op.src_side == "dst" for op in plan.ops)
+    tensors, values = arange_tensors(src), arange_values(src)
+    with _runtime(src, materialize_all(src, tensors), values) as rt:
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert sum(sent.values()) == plan.stats.network_bytes
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
+        assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v1")[0]) > 0
+
+
+@pytest.mark.timeout(60)
 def test_killed_agent_names_host_and_commits_nothing(case):
     src, dst, plan, _, arrays, values = case
     with _runtime(src, arrays, values, timeout=3.0) as rt:  # h0 runs on until its UCX wait for h1 times out

@@ -15,8 +15,10 @@ copy, strided on both sides, no pack, no unpack, no scratch, no UCX transfer. Pe
    readable, another pid namespace, a mismatch); that peer's parts then go directly or through
    UCX as before, both ways agreed, for the whole execution;
 3. per round, a sender copies its direct parts, then sends each such peer `done` for the round;
-   a receiver ends the round only after every direct peer's `done`, so later rounds (and the
-   commit) see the bytes, as with UCX.
+   a receiver ends the round only after every direct peer's `done`, so later rounds see the
+   bytes, as with UCX. The last round has no `done`: the runtime commits only after every
+   agent's `run` returned, every sender's copies with it (a one-round plan then has no wait
+   between the agents but the offer's).
 
 Control messages are UCX tagged messages of kind CTL (`ucx.wire`) in the execution's epoch, so
 nothing of an aborted execution matches a later one. A sender keeps the mappings of the last

@@ -186,7 +186,7 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
 def _direct(ex: Execution, r: int, todo: list, endpoint: Callable[[str], Any], epoch: int,
             links: direct.Links) -> tuple[list, list, int]:  # fmt: skip
     """Round `r`'s parts to `links.out` peers copied into their memory; returns the `done`
-    control sends and receives of the round (`direct`) and the bytes copied."""
+    control sends and receives of the round (`direct`; none in the last round) and the bytes copied."""
     sends, recvs, moved, done = [], [], 0, direct.ctl(epoch, r)
     with ex.timed("direct"):
         for p in todo:
@@ -194,6 +194,8 @@ def _direct(ex: Execution, r: int, todo: list, endpoint: Callable[[str], Any], e
                 with _named(p.what):
                     direct.copy(ex, p, links.out[p.peer][p.tag])
                 moved += p.nbytes
+    if r == ex.rounds - 1:  # the last round's barrier is the runtime's: it commits after every agent's run
+        return sends, recvs, moved
     for h in sorted({p.peer for p in todo if p.outgoing and p.peer in links.out}):
         sends.append((endpoint(h), np.ones(1, "<i8"), done, CTL))
     for h in sorted({p.peer for p in todo if not p.outgoing and p.peer in links.into}):
