@@ -57,6 +57,8 @@ def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
     h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
     parts = _parts(h0, True)
     assert parts and any(not p.in_place for p in _parts(h1, False))  # strided regions on the receiving side
+    sure = direct.offer(h1, s1, _parts(h1, False), sure=True)  # asks for no answer; the same regions
+    assert sure[3] == 1 and np.array_equal(np.delete(sure, 3), np.delete(direct.offer(h1, s1, _parts(h1, False)), 3))
     maps = direct.Mappings()
     views = maps.views(h0, "h1", _offered(h0, h1, s1), parts)
     assert views is not None and len(maps.maps) == 1  # h1's one dst arena, mapped a second time

@@ -94,6 +94,8 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         rt.drop(JOB, "v1")
         rounds: list[tuple[int, int]] = []
         assert rt.execute(plan, src, dst, JOB, "v0", "v2", on_round=lambda *r: rounds.append(r)) == sent
+        # each peer answered yes before: the offers were sure (no answer), the parts still direct
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
         assert rounds == [(r + 1, plan.stats.rounds) for r in range(plan.stats.rounds)]
         assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v2")[0]) > 0
         # each agent kept its decoded slice: a prepare naming only the slice id runs (then aborted);

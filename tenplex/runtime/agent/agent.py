@@ -186,8 +186,10 @@ class Agent(TagCommands):
         return self.slices[slice_id]
 
     def forget_slices(self) -> None:
-        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)."""
+        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)
+        and what peers answered to this agent's offers (`direct`)."""
         self.slices.clear()
+        self.maps.forget_peers()
 
     def reserve(self, nbytes: int) -> int:
         """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
@@ -217,8 +219,10 @@ class Agent(TagCommands):
         return {**ex.seconds, **ex.sent}
 
     def abort(self, job: str, dst_tag: str) -> bool:
-        """Drop the staging tag (if any); True if there was one."""
+        """Drop the staging tag (if any); True if there was one. Peers are asked again whether
+        they map this agent's offers (`direct`): the failed execution may have ended theirs early."""
         self._finish()
+        self.maps.forget_peers()
         path = tag_path(job, staging_tag(dst_tag))
         if self.store.exists(path):
             self.store.delete(path)

@@ -13,7 +13,10 @@ copy, strided on both sides, no pack, no unpack, no scratch, no UCX transfer. Pe
    arrays made one by one under a memory budget);
 2. each sender maps what it was offered (`Mappings`) and answers yes or no (no: /proc not
    readable, another pid namespace, a mismatch); that peer's parts then go directly or through
-   UCX as before, both ways agreed, for the whole execution;
+   UCX as before, both ways agreed, for the whole execution. A receiver that a peer answered
+   yes before marks its next offers to it *sure*: no answer travels, one wait less per
+   execution, and a sender that cannot map a sure offer fails the execution, naming both
+   agents, rather than fall back alone (an abort, or a new runtime, makes the receiver ask again);
 3. per round, a sender copies its direct parts, then sends each such peer `done` for the round;
    a receiver ends the round only after every direct peer's `done`, so later rounds see the
    bytes, as with UCX. The last round has no `done`: the runtime commits only after every
@@ -48,7 +51,7 @@ from tenplex.runtime.transport.ucx.wire import CTL
 
 EPOCH_SHIFT = 28  # as `rounds`: a control message id is the epoch above a code
 OFFER, ANSWER = (1 << EPOCH_SHIFT) - 1, (1 << EPOCH_SHIFT) - 2  # codes below: a round's `done`
-HEAD, ARENA = 3, 4  # int64s of an offer's header (pid, arenas, rows) and of each arena (fd, ino, dev, size)
+HEAD, ARENA = 4, 4  # int64s of an offer's header (pid, arenas, rows, sure) and of each arena (fd, ino, dev, size)
 
 
 class Links(NamedTuple):
@@ -77,26 +80,33 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
     out = sorted({p.peer for p in parts if p.outgoing})
     if not parts:
         return NONE
-    offers = {h: offer(ex, store, [p for p in parts if p.peer == h and not p.outgoing]) for h in into}
-    got = {h: np.empty(capacity(ex, [p for p in parts if p.peer == h and p.outgoing]), "<i8") for h in out}
+    mine = {(h, way): [p for p in parts if p.peer == h and p.outgoing == way] for h in same for way in (True, False)}
+    offers = {h: offer(ex, store, mine[h, False], h in maps.mapped_by) for h in into}
+    got = {h: np.empty(capacity(ex, mine[h, True]), "<i8") for h in out}
     peer.exchange([(endpoint(h), offers[h], ctl(epoch, OFFER), CTL) for h in into],
                   [(endpoint(h), got[h], ctl(epoch, OFFER), CTL) for h in out], work=work, finish_work=False)  # fmt: skip
     links: dict[str, dict[int, list[np.ndarray]]] = {}
     for h in out:
-        views = maps.views(ex, h, got[h], [p for p in parts if p.peer == h and p.outgoing])
+        views = maps.views(ex, h, got[h], mine[h, True])
         if views is not None:
             links[h] = views
+        elif got[h][3]:  # the peer counts on this host's copies and waits for no answer
+            raise ExecutionError(f"agent {ex.host!r} cannot map the arena that agent {h!r} offered (it could before)")
     maps.keep_only()
-    answers = {h: np.array([int(h in links)], "<i8") for h in out}
-    heard = {h: np.zeros(1, "<i8") for h in into}
-    peer.exchange([(endpoint(h), answers[h], ctl(epoch, ANSWER), CTL) for h in out],
-                  [(endpoint(h), heard[h], ctl(epoch, ANSWER), CTL) for h in into], work=work, finish_work=False)  # fmt: skip
-    return Links(links, frozenset(h for h in into if heard[h][0] == 1 and offers[h][1] >= 0))
+    ask = [h for h in out if got[h][1] >= 0 and not got[h][3]]  # a refusal or a sure offer needs no answer
+    wait = [h for h in into if offers[h][1] >= 0 and not offers[h][3]]
+    heard = {h: np.zeros(1, "<i8") for h in wait}
+    if ask or wait:
+        answer = ctl(epoch, ANSWER)
+        peer.exchange([(endpoint(h), np.array([int(h in links)], "<i8"), answer, CTL) for h in ask],
+                      [(endpoint(h), heard[h], answer, CTL) for h in wait], work=work, finish_work=False)  # fmt: skip
+    maps.mapped_by.update(h for h in wait if heard[h][0] == 1)
+    return Links(links, frozenset(h for h in into if offers[h][1] >= 0 and (offers[h][3] or heard[h][0] == 1)))
 
 
-def offer(ex: Any, store: TensorStore, parts: list) -> np.ndarray:
-    """The offer (int64s, module doc) of this host's dst regions of `parts`, or a refusal
-    (arena count -1) when one of them is not in a shared arena."""
+def offer(ex: Any, store: TensorStore, parts: list, sure: bool = False) -> np.ndarray:
+    """The offer (int64s, module doc) of this host's dst regions of `parts` (`sure`: asking for no
+    answer), or a refusal (arena count -1) when one of them is not in a shared arena."""
     arenas: dict[int, int] = {}  # fd -> index
     heads: list[int] = []
     rows: list[int] = []
@@ -106,7 +116,7 @@ def offer(ex: Any, store: TensorStore, parts: list) -> np.ndarray:
             side, sid, device, *_ = ex.meta[v.array]
             shared = store.shared(array_path(ex.job, ex.staging, device, sid)) if side == "dst" else None
             if shared is None or shared[0].fd < 0:
-                return np.array([os.getpid(), -1, 0], "<i8")
+                return np.array([os.getpid(), -1, 0, 0], "<i8")
             arena, at = shared
             if arena.fd not in arenas:
                 st = os.fstat(arena.fd)
@@ -114,7 +124,7 @@ def offer(ex: Any, store: TensorStore, parts: list) -> np.ndarray:
                 heads += [arena.fd, st.st_ino, st.st_dev, arena.size]
             item = ex.arrays[v.array].dtype.itemsize
             rows += [p.tag, arenas[arena.fd], at + v.offset, item, len(v.shape), *v.shape, *v.strides]
-    return np.array([os.getpid(), len(arenas), sum(len(p.regions) for p in parts), *heads, *rows], "<i8")
+    return np.array([os.getpid(), len(arenas), sum(len(p.regions) for p in parts), int(sure), *heads, *rows], "<i8")
 
 
 def capacity(ex: Any, parts: list) -> int:
@@ -135,11 +145,12 @@ class Mappings:
     def __init__(self) -> None:
         self.maps: dict[tuple[int, int, int], tuple[mmap.mmap, np.ndarray]] = {}
         self.used: set[tuple[int, int, int]] = set()
+        self.mapped_by: set[str] = set()  # peers that answered yes to this agent's offers (`sure` ones since)
 
     def views(self, ex: Any, host: str, got: np.ndarray, parts: list) -> dict[int, list[np.ndarray]] | None:
         """{part tag: [peer's view per region]} from `host`'s offer `got`; None when refused or
         not mappable here. Raises ExecutionError when the offer does not describe `parts`."""
-        pid, n_arenas, n_rows = (int(x) for x in got[:HEAD])
+        pid, n_arenas, n_rows, _ = (int(x) for x in got[:HEAD])
         if n_arenas < 0:
             return None
         arenas = []
@@ -212,6 +223,11 @@ class Mappings:
         with contextlib.suppress(BufferError):  # a view still maps it: unmapped when the last one goes
             m.close()
 
+    def forget_peers(self) -> None:
+        """Ask every peer for an answer again (after a failed execution or with a new runtime)."""
+        self.mapped_by.clear()
+
     def close(self) -> None:
+        self.forget_peers()
         for key in list(self.maps):
             self._unmap(key)
