@@ -5,7 +5,9 @@ host's src and dst arrays and builds each region's view from its row. `run` exec
 round in order: fills and values first, then per round the local copies (region to region)
 overlapping the round's network parts, all posted at once to all peers (`UcxPeer.exchange`,
 no headers): a part contiguous on this side goes straight from or into its view, the others
-are packed into and unpacked from the scratch pool (`parts`). No barrier between rounds: a
+are packed into and unpacked from the scratch pool (`parts`). Parts between agents on one
+node skip UCX: the sender copies them into the receiver's dst arena (`direct`: an offer at
+the start, a `done` per round but the last). No barrier between rounds: a
 round's data only depends on earlier rounds of the hosts that send it, which they finish
 before sending. Every failure is an ExecutionError naming the op or message.
 """
@@ -27,7 +29,7 @@ from tenplex.runtime.store.layout import staging_tag, value_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
 from tenplex.runtime.transport.ucx.wire import CTL
 
-EPOCH_SHIFT = direct.EPOCH_SHIFT  # a part's UCX tag: the execution's epoch (8 bits) above the part's plan-wide index
+EPOCH_SHIFT = direct.EPOCH_SHIFT  # a part's UCX tag: the epoch (8 bits) above the part's plan-wide index
 
 
 class Execution:
