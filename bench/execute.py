@@ -9,8 +9,10 @@ warm `np.copyto` of the same bytes in the bench process (the anchor); ratio = me
 execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥ 0.9×). Fresh agents
 are also timed against a fresh memcpy (`bench.runtime.fresh_memcpy_seconds`: a new process copying
 the same bytes into pages that the copy faults in), the physical limit of a first execute whose
-dst pages are new on this VM kind. The dst of the first and the last execute of the first agents
-is checked byte for byte against the source.
+dst pages are new on this VM kind. Repeated executes are also timed in CPU seconds of the
+runtime and both agents (every thread, `cpu_seconds`) against the CPU seconds of the memcpy
+(`memcpy_cpu_seconds`): the work they cost, which other load on the machine does not inflate. The dst of the first and the last
+execute of the first agents is checked byte for byte against the source.
 
 `execute`: a small plan (gpt-tiny, 328 ops) executed repeatedly on the same 2 agents: ms per
 `Runtime.execute` (prepare, rounds, commit) and ms of its prepare, min/median/max over 30 repeats
@@ -80,7 +82,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
     src, dst, plan, moved = _case(model)
     tensors, placed = arange_tensors(src), dst.with_allocation(plan.allocation)
     dst_bytes = max(_arena_bytes(placed, h) for h in placed.topology.hosts)
-    ratios: dict[str, list[float]] = {"fresh": [], "reserved": [], "repeated": [], "fresh_vs_fresh": []}
+    ratios: dict[str, list[float]] = {k: [] for k in ("fresh", "reserved", "repeated", "fresh_vs_fresh", "repeated_cpu")}
     checked = 0
     for k in range(repeats):
         for reserve in (k % 2 == 1, k % 2 == 0):  # alternate which kind of fresh agents goes first
@@ -89,14 +91,17 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                 if reserve:
                     rt.reserve(dst_bytes)  # the pool faulted in before the clock starts
                 runs = repeats + 1 if (k, reserve) == (0, False) else 1  # these agents also run the repeated executes
+                pids = [os.getpid(), *(a.proc.pid for a in rt.agents.values())]
                 for j in range(runs):
                     anchor = memcpy_seconds(moved)
                     fresh_anchor = fresh_memcpy_seconds(moved) if j == 0 and not reserve else None
-                    t0 = time.perf_counter()
+                    c0, t0 = cpu_seconds(pids), time.perf_counter()
                     rt.execute(plan, src, dst, "bench", "src", "dst")
-                    took = time.perf_counter() - t0
+                    took, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
                     kind = "repeated" if j else "reserved" if reserve else "fresh"
                     ratios[kind].append(anchor / took)
+                    if j:  # the work of an execute, which other load on the machine does not inflate
+                        ratios["repeated_cpu"].append(memcpy_cpu_seconds(moved) / cpu)
                     if fresh_anchor is not None:  # the same bytes copied into pages faulted in by the copy
                         ratios["fresh_vs_fresh"].append(fresh_anchor / took)
                     if j in (0, runs - 1) and k == 0:
@@ -132,6 +137,20 @@ def measure_execute(model: str, repeats: int) -> dict[str, Any]:
             "checked_bytes": checked}  # fmt: skip
 
 
+def memcpy_cpu_seconds(nbytes: int, repeat: int = 3) -> float:
+    """Least CPU seconds (this thread) of a numpy copy of `nbytes` between touched buffers: the
+    anchor of an execute's CPU seconds, both not inflated by waiting for a core."""
+    import numpy as np
+
+    a, b = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.thread_time()
+        np.copyto(b, a)
+        best = min(best, time.thread_time() - t0)
+    return best
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """CPU seconds the processes `pids` (every thread) ran so far (/proc/PID/task/*/schedstat, ns):
     the work of an execute, which a loaded machine does not inflate as it does wall time."""
@@ -154,14 +173,16 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
     progress(row, row["name"])
     if kind == "agents":
         headers = ["case", "status", "moved", "fresh / memcpy", "fresh / fresh memcpy", "fresh, pool reserved / memcpy",
-                   "repeated / memcpy", "checked"]  # fmt: skip
+                   "repeated / memcpy", "repeated: memcpy / CPU", "checked"]  # fmt: skip
         cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["fresh_vs_fresh"]),
-                 fmt(row["reserved"]), fmt(row["repeated"]), fmt_bytes(row["checked_bytes"])] if row["status"] == "ok"
-                 else ["", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+                 fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]), fmt_bytes(row["checked_bytes"])]
+                 if row["status"] == "ok" else ["", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
         what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
                 f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×). "
                 "Fresh memcpy: a new process copying the same bytes into pages that the copy faults in (the "
-                "physical limit of a first execute, whose dst pages are new).")
+                "physical limit of a first execute, whose dst pages are new). memcpy / CPU: the CPU seconds of the memcpy over "
+                "those of the runtime and both agents (every thread) during a repeated execute: the work it costs, "
+                "which other load on the machine does not inflate (1x: every byte copied once at memcpy speed).")
     else:
         headers = ["case", "status", "ops", "execute ms", "prepare ms", "execute / goal", "CPU ms (runtime + agents)", "checked"]
         ok = row["status"] == "ok"

@@ -50,7 +50,7 @@ class Runtime:
         self.round_timeout = round_timeout
         self.liveness = liveness  # seconds an agent may send neither a heartbeat nor a reply
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
-        self.host_seconds: dict[str, dict[str, float]] = {}  # per host: seconds per activity, last `execute`
+        self.host_seconds: dict[str, dict[str, float]] = {}  # per host, last `execute`: `Agent.commit`'s
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
         self._sliced: tuple[tuple, dict[str, dict], tuple, str] | None = None  # the last plan's slices and their id
         self._slice_ids = (f"{secrets.token_hex(6)}-{n}" for n in itertools.count())  # unique to this runtime

@@ -73,6 +73,9 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         _assert_nothing_committed(rt)
         sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
         assert sum(sent.values()) == plan.stats.network_bytes
+        # one node: every part went by a copy into the peer's shared memory, none through UCX
+        assert {h: s["transport_bytes"] for h, s in rt.host_seconds.items()} == dict.fromkeys(HOSTS, 0)
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
         assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
         assert rt.exists(JOB, ".staging-v1") == dict.fromkeys(HOSTS, False)
         got, got_values = rt.fetch(JOB, "v1")
@@ -91,6 +94,8 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         rt.drop(JOB, "v1")
         rounds: list[tuple[int, int]] = []
         assert rt.execute(plan, src, dst, JOB, "v0", "v2", on_round=lambda *r: rounds.append(r)) == sent
+        # each peer answered yes before: the offers were sure (no answer), the parts still direct
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
         assert rounds == [(r + 1, plan.stats.rounds) for r in range(plan.stats.rounds)]
         assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v2")[0]) > 0
         # each agent kept its decoded slice: a prepare naming only the slice id runs (then aborted);
@@ -102,6 +107,42 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         with pytest.raises(ExecutionError, match=r"slice id 'other' was not sent to agent 'h1' on this connection"):
             rt.call("h1", "prepare", job=JOB, src_tag="v0", dst_tag="v3", slice_id="other")
         assert rt.exists(JOB, ".staging-v3") == dict.fromkeys(HOSTS, False)
+
+
+@pytest.mark.timeout(60)
+def test_parts_into_mapped_files_go_through_ucx_and_the_rest_by_copy(case, tmp_path):
+    """h1's dst arrays are new `.npy` files, not in an arena: h1 refuses h0's copies, so h0's parts
+    to h1 travel through UCX while h1's parts to h0 still go by a copy into h0's arena."""
+    src, dst, plan, tensors, arrays, values = case
+    placed = dst.with_allocation(plan.allocation)
+    mine = [(st.id, d) for st in placed.subtensors for d in placed.devices_of_subtensor(st.id)
+            if placed.topology.host_of(d) == "h1"]  # fmt: skip
+    files = {"h1": [(sid, d, str(tmp_path / f"{k}.npy")) for k, (sid, d) in enumerate(mine)]}
+    with _runtime(src, arrays, values) as rt:
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1", files=files)
+        assert sum(sent.values()) == plan.stats.network_bytes
+        ways = {h: (s["direct_bytes"], s["transport_bytes"]) for h, s in rt.host_seconds.items()}
+        assert ways == {"h0": (0, sent["h0"]), "h1": (sent["h1"], 0)} and sent["h0"] > 0 and sent["h1"] > 0
+        assert check_state(placed, tensors, rt.fetch(JOB, "v1")[0]) > 0
+    assert len(list(tmp_path.glob("*.npy"))) == len(mine)
+
+
+@pytest.mark.timeout(60)
+def test_rounds_that_forward_what_earlier_rounds_received_wait_for_their_done():
+    """DP 1 -> 4 on two hosts in 2 MiB rounds: later rounds copy dst regions that earlier rounds
+    filled, some by the peer's copies into this host's arena (each round's `done` orders them)."""
+    from tenplex.compiler.plan import CompileOptions
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec("gpt-tiny:tp1,pp1,dp1@1x1"), ptc_from_spec("gpt-tiny:tp1,pp1,dp4@2x2")
+    plan = compile_plan(src, dst, CompileOptions(max_message_bytes=1 << 20, memory_budget_bytes=2 << 20))
+    assert plan.stats.rounds > 2 and any(isinstance(op, CopyOp) and op.src_side == "dst" for op in plan.ops)
+    tensors, values = arange_tensors(src), arange_values(src)
+    with _runtime(src, materialize_all(src, tensors), values) as rt:
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert sum(sent.values()) == plan.stats.network_bytes
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
+        assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v1")[0]) > 0
 
 
 @pytest.mark.timeout(60)

@@ -19,7 +19,8 @@ the staging tag. `run` runs every round in order, without a barrier between roun
 values first, then per round the local copies (region to region) overlapping every network part
 of the round, posted at once to all peers (`UcxPeer.exchange`: no headers, no ordering between
 them, so no deadlock and every link busy), contiguous parts zero-copy and the rest through the
-scratch pool (`parts`). The plan's schedule bounds a round's bytes per host, and so the scratch
+scratch pool (`parts`); parts between agents on one node go by one copy into the receiver's
+shared memory instead (`direct`). The plan's schedule bounds a round's bytes per host, and so the scratch
 pool. `commit` renames staging to the dst tag in one store step; `abort` deletes staging. The
 src tag is only ever read.
 """
@@ -34,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent import direct, parts, rounds
 from tenplex.runtime.agent import files as local_files
-from tenplex.runtime.agent import parts, rounds
 from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.agent.sliced import Sliced
 from tenplex.runtime.agent.tags import TagCommands
@@ -72,6 +73,7 @@ class Agent(TagCommands):
         self.execution: Execution | None = None
         self.slices: dict[str, Sliced] = {}  # decoded slices sent on this connection, by slice id (oldest first)
         self.scratch = parts.Scratch()  # pack and landing buffers, reused round after round
+        self.maps = direct.Mappings()  # same-node peers' dst arenas this agent copies into
         # dst arenas of dropped tags, pages kept for the next execution (none under a memory budget)
         self.pool = shared.ArenaPool() if memory_budget is None else None
         self.rest: Any = None
@@ -218,8 +220,10 @@ class Agent(TagCommands):
         return self.slices[slice_id]
 
     def forget_slices(self) -> None:
-        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)."""
+        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)
+        and what peers answered to this agent's offers (`direct`)."""
         self.slices.clear()
+        self.maps.forget_peers()
 
     def reserve(self, nbytes: int) -> int:
         """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
@@ -235,20 +239,24 @@ class Agent(TagCommands):
         ex = self._execution()
         if ex.done:
             raise ExecutionError("the prepared execution already ran")
-        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256)
+        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps)
 
     def commit(self, job: str, dst_tag: str) -> dict[str, float]:
-        """Make the dst tag visible (rename staging); returns the execution's seconds per activity."""
+        """Make the dst tag visible (rename staging); returns the execution's seconds per activity
+        and the bytes it sent by a copy into same-node peers' memory (`direct_bytes`) and through
+        the transport, UCX or cma (`transport_bytes`)."""
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):
             raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
         self._finish()
         self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
-        return ex.seconds
+        return {**ex.seconds, **ex.sent}
 
     def abort(self, job: str, dst_tag: str) -> bool:
-        """Drop the staging tag (if any); True if there was one."""
+        """Drop the staging tag (if any); True if there was one. Peers are asked again whether
+        they map this agent's offers (`direct`): the failed execution may have ended theirs early."""
         self._finish()
+        self.maps.forget_peers()
         path = tag_path(job, staging_tag(dst_tag))
         if self.store.exists(path):
             self.store.delete(path)
@@ -276,6 +284,7 @@ class Agent(TagCommands):
             self.local.stop()
         self._finish()
         self.scratch.release()
+        self.maps.close()
         if self.pool is not None:
             self.pool.clear()
         if self.rest is not None:

@@ -5,7 +5,9 @@ host's src and dst arrays and builds each region's view from its row. `run` exec
 round in order: fills and values first, then per round the local copies (region to region)
 overlapping the round's network parts, all posted at once to all peers (`UcxPeer.exchange`,
 no headers): a part contiguous on this side goes straight from or into its view, the others
-are packed into and unpacked from the scratch pool (`parts`). No barrier between rounds: a
+are packed into and unpacked from the scratch pool (`parts`). Parts between agents on one
+node skip UCX: the sender copies them into the receiver's dst arena (`direct`: an offer at
+the start, a `done` per round but the last). No barrier between rounds: a
 round's data only depends on earlier rounds of the hosts that send it, which they finish
 before sending. Every failure is an ExecutionError naming the op or message.
 """
@@ -20,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
-from tenplex.runtime.agent import parts
+from tenplex.runtime.agent import direct, parts
 from tenplex.runtime.agent.sliced import Sliced
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.store.layout import staging_tag, value_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
+from tenplex.runtime.transport.ucx.wire import CTL
 
-EPOCH_SHIFT = 28  # a part's UCX tag: the execution's epoch (8 bits) above the part's plan-wide index
+EPOCH_SHIFT = direct.EPOCH_SHIFT  # a part's UCX tag: the epoch (8 bits) above the part's plan-wide index
 
 
 class Execution:
@@ -45,7 +48,8 @@ class Execution:
         self.copies, self.parts = s.copies, s.parts
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
         self.done = 0  # rounds finished
-        self.seconds: dict[str, float] = {"local": 0.0}  # time per activity: local, pack, exchange, unpack
+        self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, pack, exchange, unpack
+        self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
 
     def view(self, r: int) -> np.ndarray:
         """The strided view of region row `r` in its array (bounds checked by numpy)."""
@@ -86,14 +90,20 @@ def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, s
 
 
 def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Callable[[], Any],
-        endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int) -> int:  # fmt: skip
-    """Every round of this host's slice, in order; returns the bytes it sent."""
+        endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int, maps: direct.Mappings) -> int:  # fmt: skip
+    """Every round of this host's slice, in order; returns the bytes it sent (`maps`: this
+    agent's mappings of same-node peers' arenas, `direct`)."""
     sent = 0
     fills_and_values(ex, store, values)
+    links, first = direct.NONE, local(ex, ex.sliced.batches.get(0, []))
+    if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already
+        # round 0's local copies run while the offers and answers travel
+        with ex.timed("setup"), _named(f"setting up shared memory with the peers on this node ({ex.host})"):
+            links = direct.setup(ex, store, peer(), endpoint, maps, epoch, first)
     for r in range(ex.rounds):
-        work = local(ex, ex.sliced.batches.get(r, []))
+        work = first if r == 0 else local(ex, ex.sliced.batches.get(r, []))
         if ex.sliced.network.get(r):
-            sent += network(ex, r, peer(), endpoint, scratch, epoch, work)
+            sent += network(ex, r, peer(), endpoint, scratch, epoch, work, links)
         else:
             for _ in work:
                 pass
@@ -134,27 +144,29 @@ def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:
 
 
 def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], scratch: parts.Scratch,
-            epoch: int, work: Iterator[None]) -> int:  # fmt: skip
+            epoch: int, work: Iterator[None], links: direct.Links) -> int:  # fmt: skip
     """Exchange round `r`'s network parts with every peer at once; returns bytes sent. `work`
-    (the round's local copies) runs while the transfers progress."""
-    sends: list = []
-    recvs: list = []
+    (the round's local copies) runs while the transfers progress. Parts to `links.out` peers are
+    copied into their memory first (then their `done` goes with the UCX sends), parts from
+    `links.into` peers are only waited for (their `done`)."""
+    todo = ex.sliced.network[r]
+    sends, recvs, moved = _direct(ex, r, todo, endpoint, epoch, links)
+    todo = [p for p in todo if p.peer not in (links.out if p.outgoing else links.into)]
     unpacks: list[tuple[str, list[np.ndarray], np.ndarray]] = []
-    direct = getattr(peer, "takes_views", False)  # the transport reads and writes the views themselves
+    by_views = getattr(peer, "takes_views", False)  # the transport reads and writes the views themselves
     with ex.timed("pack"):
-        todo = ex.sliced.network[r]
-        scratch.reserve(0 if direct else sum(p.nbytes for p in todo if not p.in_place))
+        scratch.reserve(0 if by_views else sum(p.nbytes for p in todo if not p.in_place))
         for p in todo:
             with _named(p.what):
                 views = [ex.view(i) for i in p.regions]
-                buffer = views if direct else views[0] if p.in_place else scratch.take(p.nbytes)
-                if p.outgoing and not p.in_place and not direct:
+                buffer = views if by_views else views[0] if p.in_place else scratch.take(p.nbytes)
+                if p.outgoing and not p.in_place and not by_views:
                     parts.pack(views, buffer)
             if p.outgoing:
                 sends.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
             else:
                 recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
-                if not p.in_place and not direct:
+                if not p.in_place and not by_views:
                     unpacks.append((p.what, views, buffer))
     try:
         with ex.timed("exchange"):
@@ -169,7 +181,30 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
         for what, views, buffer in unpacks:
             with _named(what):
                 parts.unpack(views, buffer)
-    return sum(p.nbytes for p in ex.sliced.network[r] if p.outgoing)
+    through = sum(p.nbytes for p in todo if p.outgoing)
+    ex.sent["direct_bytes"] += moved
+    ex.sent["transport_bytes"] += through
+    return moved + through
+
+
+def _direct(ex: Execution, r: int, todo: list, endpoint: Callable[[str], Any], epoch: int,
+            links: direct.Links) -> tuple[list, list, int]:  # fmt: skip
+    """Round `r`'s parts to `links.out` peers copied into their memory; returns the `done`
+    control sends and receives of the round (`direct`; none in the last round) and the bytes copied."""
+    sends, recvs, moved, done = [], [], 0, direct.ctl(epoch, r)
+    with ex.timed("direct"):
+        for p in todo:
+            if p.outgoing and p.peer in links.out:
+                with _named(p.what):
+                    direct.copy(ex, p, links.out[p.peer][p.tag])
+                moved += p.nbytes
+    if r == ex.rounds - 1:  # the last round's barrier is the runtime's: it commits after every agent's run
+        return sends, recvs, moved
+    for h in sorted({p.peer for p in todo if p.outgoing and p.peer in links.out}):
+        sends.append((endpoint(h), np.ones(1, "<i8"), done, CTL))
+    for h in sorted({p.peer for p in todo if not p.outgoing and p.peer in links.into}):
+        recvs.append((endpoint(h), np.zeros(1, "<i8"), done, CTL))
+    return sends, recvs, moved
 
 
 @contextlib.contextmanager

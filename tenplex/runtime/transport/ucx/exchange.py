@@ -1,8 +1,9 @@
 """`UcxPeer.exchange`: a batch of sends and receives posted at once and progressed together.
 
 No headers: both sides know every message of the batch (its id and exact size, from the plan),
-so a send goes out as one tagged payload (tag MSG | sender | message id) and a receive is posted
-straight into the caller's buffer under the same tag, with no extra one-way hop. A message
+so a send goes out as one tagged payload (tag MSG | sender | message id; or kind CTL where the
+tuple names it, for control messages in their own id space) and a receive is posted straight
+into the caller's buffer under the same tag, with no extra one-way hop. A message
 longer than its receive buffer fails the receive (UCX truncation), named by message id; the
 caller must give each receive exactly the message's size. The batch ends when every request
 completed; on a timeout or a failure every in-flight request is cancelled and its buffers are
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tenplex.runtime.transport.ucx.wire import FULL_MASK, MSG, TransportError, check_user_tag, make_tag
+from tenplex.runtime.transport.ucx.wire import CTL, FULL_MASK, MSG, TransportError, check_user_tag, make_tag
 from tenplex.runtime.transport.ucx.worker import Received, Timeout, UcxEndpoint, Worker, as_bytes
 
 
@@ -25,18 +26,18 @@ class Exchange:
         self.keep: list = []  # buffers UCX may still use
         self.reqs: list = []  # (request, what) of every send and receive
 
-    def run(self, sends: list[tuple[UcxEndpoint, Any, int]], recvs: list[tuple[UcxEndpoint, Any, int]],
-            work: Iterable[Any] | None) -> list[Received]:  # fmt: skip
+    def run(self, sends: list[tuple], recvs: list[tuple],
+            work: Iterable[Any] | None, finish_work: bool = True) -> list[Received]:  # fmt: skip
         results = []
-        for ep, out, message_id in recvs:  # receives first: a payload that arrives finds its buffer
-            results.append(self._post(ep, out, message_id, False))
-        for ep, buffer, message_id in sends:
-            self._post(ep, buffer, message_id, True)
+        for ep, out, message_id, *kind in recvs:  # receives first: a payload that arrives finds its buffer
+            results.append(self._post(ep, out, message_id, False, kind[0] if kind else MSG))
+        for ep, buffer, message_id, *kind in sends:
+            self._post(ep, buffer, message_id, True, kind[0] if kind else MSG)
         what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
         reqs = [r for r, _ in self.reqs]
         try:
             self.peer._progress_until(lambda: all(r.completed for r in reqs), self.deadline, what,
-                                      iter(work) if work is not None else None)  # fmt: skip
+                                      iter(work) if work is not None else None, finish_work)  # fmt: skip
         except TransportError as e:
             self.peer._abandon(self.keep + reqs)
             if not isinstance(e, Timeout):
@@ -54,18 +55,19 @@ class Exchange:
                 raise TransportError(f"{name} failed: {type(e).__name__}: {e}") from e
         return results
 
-    def _post(self, ep: UcxEndpoint, buffer: Any, message_id: int, outgoing: bool) -> Received:
+    def _post(self, ep: UcxEndpoint, buffer: Any, message_id: int, outgoing: bool, kind: int = MSG) -> Received:
         check_user_tag(message_id)
         self.peer._check_open(ep)
         direction = "to" if outgoing else "from"
-        name = f"{'send' if outgoing else 'recv'} of message {message_id} {direction} peer {ep.remote_name!r}"
+        what = "control message" if kind == CTL else "message"
+        name = f"{'send' if outgoing else 'recv'} of {what} {message_id} {direction} peer {ep.remote_name!r}"
         view = as_bytes(buffer, not outgoing, name)
         arr = self.A(view)
         name += f" ({arr.nbytes} B)"
         if outgoing:
-            req = ep._ep.tag_send(arr, self.T(make_tag(MSG, self.peer.id, message_id)))
+            req = ep._ep.tag_send(arr, self.T(make_tag(kind, self.peer.id, message_id)))
         else:
-            req = self.peer._worker.tag_recv(arr, self.T(make_tag(MSG, ep.remote_id, message_id)), self.M(FULL_MASK))
+            req = self.peer._worker.tag_recv(arr, self.T(make_tag(kind, ep.remote_id, message_id)), self.M(FULL_MASK))
         self.keep += [arr, view]
         self.reqs.append((req, name))
         return Received(message_id, view, ep.remote_name)

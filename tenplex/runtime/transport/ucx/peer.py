@@ -160,19 +160,22 @@ class UcxPeer(Worker):
             self._wait([req], [arr, view], deadline, f"recv of message {message_id} ({nbytes} B)", peer)
         return Received(message_id, view, peer)
 
-    def exchange(self, sends: list[tuple[UcxEndpoint, Any, int]], recvs: list[tuple[UcxEndpoint, Any, int]],
-                 timeout: float | None = None, work: Iterable[Any] | None = None) -> list[Received]:  # fmt: skip
+    def exchange(self, sends: list[tuple], recvs: list[tuple],
+                 timeout: float | None = None, work: Iterable[Any] | None = None,
+                 finish_work: bool = True) -> list[Received]:  # fmt: skip
         """Post every send `(ep, buffer, message id)` and receive `(ep, out, message id)` at once
-        and progress them together until all complete (one deadline for the whole batch).
+        (a fourth item, `wire.CTL`, puts a control message in its own id space) and progress them
+        together until all complete (one deadline for the whole batch).
         `work`: an iterable that does a small piece of other work per item (e.g. local copies),
-        consumed between progress calls so that it overlaps the transfers; always consumed fully.
+        consumed between progress calls so that it overlaps the transfers; consumed fully unless
+        `finish_work` is False (then what is left when the batch completes stays in the iterator).
 
         The message id is also the tag: each receive matches exactly the send with the same id
         from that peer, and must be exactly its size (no header travels: `exchange`). Returns the
         receives in order, each the whole out buffer. Sends and receives overlap with each other
         and across peers, so a host exchanging with several peers keeps every link busy.
         """
-        return Exchange(self, timeout).run(sends, recvs, work)
+        return Exchange(self, timeout).run(sends, recvs, work, finish_work)
 
     # ---- closing -----------------------------------------------------------------------
     def close(self, ep: UcxEndpoint, timeout: float | None = None) -> None:

@@ -7,6 +7,8 @@ receiver can match one sender exactly or any sender (mask the id out):
     DATA  kind=2 | src id | sequence (36 bits)      its payload, matched to the header exactly
     FIN   kind=3 | src id | 0                       acknowledged close
     MSG   kind=4 | src id | message id (36 bits)    a headerless message of an `exchange`
+    CTL   kind=5 | src id | message id (36 bits)    a headerless control message of an `exchange`
+                                                    (its ids never match a MSG's)
 
 A header is `<4s I Q Q Q Q`: magic, src id, message id, nbytes, sequence, reserved.
 A peer address is `TPXA`, the peer id, the peer's name and the UCX worker address.
@@ -23,7 +25,7 @@ class TransportError(TenplexError):
     """A transfer failed or timed out; the message names the peer and the operation."""
 
 
-HDR, DATA, FIN, MSG = 1, 2, 3, 4
+HDR, DATA, FIN, MSG, CTL = 1, 2, 3, 4, 5
 KIND_SHIFT = 60
 ID_BITS = 24
 ID_SHIFT = 36

@@ -115,9 +115,11 @@ class Worker:
     def _deadline(self, timeout: float | None) -> float:
         return time.monotonic() + (self.timeout if timeout is None else timeout)
 
-    def _progress_until(self, done: Any, deadline: float, what: str, work: Iterator[Any] | None = None) -> None:
+    def _progress_until(self, done: Any, deadline: float, what: str, work: Iterator[Any] | None = None,
+                        finish_work: bool = True) -> None:  # fmt: skip
         """Progress the worker until `done()`; between progress calls, run `work` items one at a
-        time (non-blocking progress while there is work, sleeping on the worker's fd after)."""
+        time (non-blocking progress while there is work, sleeping on the worker's fd after); the
+        items left when `done()` are run then (`finish_work`) or left to the caller."""
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -127,7 +129,7 @@ class Worker:
                 continue
             work = None
             self._worker.progress_worker_event(epoll_timeout=max(1, min(_POLL_MS, int(left * 1000))))
-        for _ in work or ():  # the transfers finished first: the rest of the work now
+        for _ in work if finish_work and work is not None else ():  # the transfers finished first: the rest now
             pass
 
     def _wait(self, reqs: list, keep: list, deadline: float, what: str, peer: str) -> None:

@@ -1,0 +1,121 @@
+"""Parts between agents on one node by one copy into the receiver's shared memory (`agent.direct`),
+in one process: the receiver's real offer of its arena, mapped again through /proc like a peer
+does, the sender's copies checked byte for byte; refusals, mismatches and unmappable offers."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tenplex.compiler import compile_plan
+from tenplex.compiler.emit.slices import host_slices
+from tenplex.frontends.spec import ptc_from_spec
+from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent import direct
+from tenplex.runtime.agent.files import dst_arrays
+from tenplex.runtime.agent.rounds import Execution
+from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.store.shared import Arena
+from tenplex.runtime.store.tree import TensorStore
+
+
+def _execution(host: str, sl: dict, store: TensorStore) -> Execution:
+    """`host`'s execution with src arrays of distinct bytes and its dst arrays made as `Agent.prepare` does."""
+    ex = Execution(host, "j", "a", "b", sl)
+    made = dst_arrays(store, ex, {}, None)
+    src = {i: np.frombuffer(np.random.default_rng(i).bytes(int(np.prod(shape)) * np_dtype(dtype).itemsize), np_dtype(dtype))
+           .reshape(shape) for i, (side, _, _, dtype, shape) in enumerate(ex.meta) if side == "src"}  # fmt: skip
+    ex.arrays = [src[i] if i in src else made[i] for i in range(len(ex.meta))]
+    return ex
+
+
+@pytest.fixture(scope="module")
+def pair():
+    src = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp2,pp1,dp1@2x1")
+    dst = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp1,pp2,dp1@2x1")
+    plan = compile_plan(src, dst)
+    return host_slices(plan, src, dst, ["h0", "h1"])
+
+
+def _parts(ex: Execution, outgoing: bool) -> list:
+    return [p for r in sorted(ex.sliced.network) for p in ex.sliced.network[r] if p.outgoing == outgoing]
+
+
+def _offered(sender: Execution, receiver: Execution, store: TensorStore) -> np.ndarray:
+    """h1's offer for h0's parts, received into the buffer h0 sizes for it (as over UCX)."""
+    made = direct.offer(receiver, store, _parts(receiver, False))
+    got = np.zeros(direct.capacity(sender, _parts(sender, True)), "<i8")
+    assert made.size <= got.size
+    got[: made.size] = made
+    return got
+
+
+def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
+    s0, s1 = TensorStore(), TensorStore()
+    h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
+    parts = _parts(h0, True)
+    assert parts and any(not p.in_place for p in _parts(h1, False))  # strided regions on the receiving side
+    sure = direct.offer(h1, s1, _parts(h1, False), sure=True)  # asks for no answer; the same regions
+    assert sure[3] == 1 and np.array_equal(np.delete(sure, 3), np.delete(direct.offer(h1, s1, _parts(h1, False)), 3))
+    maps = direct.Mappings()
+    views = maps.views(h0, "h1", _offered(h0, h1, s1), parts)
+    assert views is not None and len(maps.maps) == 1  # h1's one dst arena, mapped a second time
+    for p in parts:
+        direct.copy(h0, p, views[p.tag])
+    into = {p.tag: p for p in _parts(h1, False)}
+    for p in parts:  # every byte where h1 reads it, region by region in op order
+        assert into[p.tag].nbytes == p.nbytes
+        for mine, theirs in zip(p.regions, into[p.tag].regions, strict=True):
+            assert h1.view(theirs).tobytes() == h0.view(mine).tobytes()
+    maps.keep_only()  # this execution's mapping is kept for the next one
+    assert len(maps.maps) == 1
+    maps.keep_only()  # the next one named no arena: unmapped
+    assert maps.maps == {}
+    maps.close()
+
+
+def test_refusals_and_mismatches(pair, tmp_path):
+    s0, s1 = TensorStore(), TensorStore()
+    h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
+    parts = _parts(h0, True)
+    maps = direct.Mappings()
+    # a receiver whose dst arrays are not in an arena (made one by one under a memory budget) refuses
+    budget = TensorStore(memory_budget_bytes=1, spill_dir=str(tmp_path))
+    spilled = _execution("h1", pair["h1"], budget)
+    assert direct.offer(spilled, budget, _parts(spilled, False))[1] == -1
+    assert maps.views(h0, "h1", _offered(h0, spilled, budget), parts) is None
+    # an offer naming an arena this process cannot map as described: no mapping, UCX instead
+    got = _offered(h0, h1, s1)
+    wrong = got.copy()
+    wrong[direct.HEAD + 1] += 1  # another inode
+    assert maps.views(h0, "h1", wrong, parts) is None
+    gone = got.copy()
+    gone[0] = 2**22 + 12345  # no such process
+    assert maps.views(h0, "h1", gone, parts) is None
+    assert maps.maps == {}
+    # an offer that does not describe the sender's parts is a protocol error, named
+    bad = got.copy()
+    bad[direct.HEAD + direct.ARENA * int(got[1])] += 1  # the first region's part tag
+    with pytest.raises(ExecutionError, match=r"message \d+ \(h0 -> h1, round 0.*peer 'h1' offered region"):
+        maps.views(h0, "h1", bad, parts)
+    maps.close()
+
+
+def test_a_mapping_is_the_peers_sealed_memory_checked_by_inode():
+    arena = Arena.create(1 << 16)
+    st = os.fstat(arena.fd)
+    maps = direct.Mappings()
+    view = maps._map(os.getpid(), arena.fd, st.st_ino, st.st_dev, arena.size)
+    view[:5] = [1, 2, 3, 4, 5]
+    assert bytes(arena.map[:5]) == b"\x01\x02\x03\x04\x05"
+    assert maps._map(os.getpid(), arena.fd, st.st_ino + 1, st.st_dev, arena.size) is None
+    assert maps._map(os.getpid(), arena.fd, st.st_ino, st.st_dev, arena.size * 2) is None  # larger than the file
+    unsealed = os.memfd_create("x", os.MFD_CLOEXEC)  # the right file, but resizable: refused
+    os.ftruncate(unsealed, 1 << 16)
+    st = os.fstat(unsealed)
+    assert maps._map(os.getpid(), unsealed, st.st_ino, st.st_dev, 1 << 16) is None
+    os.close(unsealed)
+    maps.close()
+    arena.close()
