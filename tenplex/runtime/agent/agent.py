@@ -140,20 +140,15 @@ class Agent(TagCommands):
         return {h: ep.mode for h, ep in sorted(self.endpoints.items())}
 
     def _connect_cma(self, local: Mapping[str, Mapping[str, Any]]) -> None:
-        """Connect the peers on this machine over `CmaPeer`s: dial those named after this one,
-        then accept those named before it. Every agent must use them (one transport per agent)."""
+        """Connect the peers on this machine over `CmaPeer`s (`cma.pair`); every agent must use them."""
         peer = self._peer()
         other = sorted(h for h, a in local.items() if bool(a.get("cma")) != getattr(peer, "takes_views", False))
         if other:
             raise ExecutionError(f"agent {self.host!r} and agent(s) {other} on its machine use different transports "
                                  "(cross memory attach and UCX); start them alike")  # fmt: skip
-        for host in (h for h in local if h > self.host):
-            self.endpoints[host] = peer.connect(local[host]["cma"], host)
-        for _ in (h for h in local if h < self.host):
-            ep = peer.accept()
-            if ep.remote_name not in local or ep.remote_name in self.endpoints:
-                raise ExecutionError(f"agent {self.host!r} accepted an unexpected peer {ep.remote_name!r}")
-            self.endpoints[ep.remote_name] = ep
+        from tenplex.runtime.transport import cma
+
+        self.endpoints.update(cma.pair(peer, self.host, {h: a["cma"] for h, a in local.items()}))
 
     def load(self, job: str, tag: str, arrays: Mapping[Instance, np.ndarray], values: Mapping | None = None) -> int:
         """Put a state into `/job/<job>/<tag>` (replacing it); returns the bytes stored."""

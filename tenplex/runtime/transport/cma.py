@@ -35,7 +35,7 @@ import numpy as np
 
 from tenplex.runtime.transport.ucx.wire import TransportError
 
-__all__ = ["CmaEndpoint", "CmaPeer", "iovecs", "unusable"]
+__all__ = ["CmaEndpoint", "CmaPeer", "iovecs", "pair", "unusable"]
 
 IOV_MAX = 1024  # runs per process_vm_readv call (Linux UIO_MAXIOV)
 HEAD = struct.Struct("<BxxxIQ")  # kind, count (runs of an OFFER, status of a DONE), tag
@@ -274,3 +274,16 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
             raise OSError("connection closed")
         data += chunk
     return data
+
+
+def pair(peer: CmaPeer, me: str, addresses: dict[str, Any]) -> dict[str, CmaEndpoint]:
+    """Endpoints to every host of `addresses` ({host: its `CmaPeer.address`}, this machine's
+    other agents): dial those named after `me`, then accept those named before it, so the
+    dialling order has no cycle and every pair connects once."""
+    endpoints = {host: peer.connect(addresses[host], host) for host in sorted(h for h in addresses if h > me)}
+    for _ in (h for h in addresses if h < me):
+        ep = peer.accept()
+        if ep.remote_name not in addresses or ep.remote_name in endpoints:
+            raise TransportError(f"agent {me!r} accepted an unexpected peer {ep.remote_name!r}")
+        endpoints[ep.remote_name] = ep
+    return endpoints
