@@ -29,6 +29,15 @@ SRC, DST = "gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,pp1@1x4"
 JOB = "j"
 
 
+def _is_agent(pid: int, parent: int) -> bool:
+    """An agent the reshard started: spawned by multiprocessing, or forked (the parent's command line)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        return "spawn" in cmdline or cmdline == Path(f"/proc/{parent}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -82,7 +91,7 @@ def test_ctrl_c_ends_a_reshard_whose_agent_is_stopped(checkpoint, tmp_path):
     deadline = time.monotonic() + 60
     agents = []
     while len(agents) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        agents = [p for p in _children(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+        agents = [p for p in _children(proc.pid) if _is_agent(p, proc.pid)]
         time.sleep(0.05)
     assert agents, "the reshard did not start its agents"
     os.kill(agents[0], signal.SIGSTOP)

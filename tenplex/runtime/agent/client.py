@@ -27,6 +27,7 @@ from typing import Any
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial
+from tenplex.runtime.agent.forked import Forked
 from tenplex.runtime.agent.server import serve
 from tenplex.runtime.agent.wire import WireError
 
@@ -86,14 +87,16 @@ def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: f
     if local_dir:
         os.makedirs(local_dir, exist_ok=True)
     forked = fork and fork_safe() is None
-    ctx = mp.get_context("fork" if forked else "spawn")
+    ctx = mp.get_context("spawn")
     for host in hosts:
         mine, theirs = socket.socketpair()
         local = os.path.join(local_dir, f"{host}.store") if local_dir else None
         args = (theirs, host, timeout, local, transport)
-        target = _forked if forked else serve
-        proc = ctx.Process(target=target, args=args, name=f"tenplex-agent-{host}", daemon=True)
-        proc.start()
+        if forked:
+            proc: Any = Forked(serve, args, keep=theirs)
+        else:
+            proc = ctx.Process(target=serve, args=args, name=f"tenplex-agent-{host}", daemon=True)
+            proc.start()
         theirs.close()
         agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
 
@@ -101,30 +104,19 @@ def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: f
 def fork_safe() -> str | None:
     """None when this process may fork agents, else why not: forking is safe only from a process
     with one thread (a lock another thread held stays locked in the child) that has not loaded
-    UCX (whose context and threads do not survive a fork), on a system with `fork`."""
-    if "fork" not in mp.get_all_start_methods():
-        return "no fork on this system"
+    UCX (whose context and threads do not survive a fork), on a system with `fork` and pidfds
+    (`forked.Forked`'s sentinel)."""
+    if "fork" not in mp.get_all_start_methods() or not hasattr(os, "pidfd_open"):
+        return "no fork or no pidfd_open on this system"
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as e:
+        return f"pidfd_open: {e.strerror}"
     if threading.active_count() != 1:
         return f"{threading.active_count()} threads"
     if any(name == "ucxx" or name.startswith("ucxx.") for name in sys.modules):
         return "UCX is loaded"
     return None
-
-
-def _forked(sock: socket.socket, host: str, timeout: float, local: str | None, transport: str) -> None:
-    """A forked agent's target: close every descriptor it inherited but its own socket and the
-    standard streams (as a spawned agent has: a peer waiting for EOF on a pipe or another agent's
-    control socket of this process must see it when this process closes them), then `serve`."""
-    keep = sock.fileno()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, _max_fd())
-    serve(sock, host, timeout, local, transport)
-
-
-def _max_fd() -> int:
-    with contextlib.suppress(OSError, ValueError):
-        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
-    return os.sysconf("SC_OPEN_MAX")
 
 
 def agent_of(agents: Mapping[str, AgentHandle], host: str) -> AgentHandle:
@@ -269,5 +261,7 @@ def close_all(agents: Mapping[str, AgentHandle], timeout: float = 5.0) -> None:
             if agent.proc.is_alive():
                 agent.proc.kill()
                 agent.proc.join(5)
+            if isinstance(agent.proc, Forked):
+                agent.proc.close()
         agent.dead = agent.dead or "closed"
         agent.channel.close()
