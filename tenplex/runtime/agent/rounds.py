@@ -5,7 +5,9 @@ host's src and dst arrays and builds each region's view from its row. `run` exec
 round in order: fills and values first, then per round the local copies (region to region)
 overlapping the round's network parts, all posted at once to all peers (`UcxPeer.exchange`,
 no headers): a part contiguous on this side goes straight from or into its view, the others
-are packed into and unpacked from the scratch pool (`parts`). No barrier between rounds: a
+are packed into and unpacked from the scratch pool (`parts`). Sends to pack are staged: the
+ready ones go out first and each packed one is posted as soon as it is packed, so the links
+carry bytes from the start of the round instead of after every pack. No barrier between rounds: a
 round's data only depends on earlier rounds of the hosts that send it, which they finish
 before sending. Every failure is an ExecutionError naming the op or message.
 """
@@ -147,10 +149,9 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
             with _named(p.what):
                 views = [ex.view(i) for i in p.regions]
                 buffer = views[0] if p.in_place else scratch.take(p.nbytes)
-                if p.outgoing and not p.in_place:
-                    parts.pack(views, buffer)
-            if p.outgoing:
-                sends.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
+            if p.outgoing:  # a packed part is staged: packed while the ready parts already travel
+                ready = buffer if p.in_place else _packer(ex, p.what, views, buffer)
+                sends.append((endpoint(p.peer), ready, (epoch << EPOCH_SHIFT) | p.tag))
             else:
                 recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
                 if not p.in_place:
@@ -168,7 +169,18 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
         for what, views, buffer in unpacks:
             with _named(what):
                 parts.unpack(views, buffer)
-    return sum(b.nbytes for _, b, _ in sends)
+    return sum(p.nbytes for p in todo if p.outgoing)
+
+
+def _packer(ex: Execution, what: str, views: list[np.ndarray], buffer: np.ndarray) -> Callable[[], np.ndarray]:
+    """A staged send's buffer maker (`UcxPeer.exchange`): packs `views` into `buffer` when called."""
+
+    def make() -> np.ndarray:
+        with ex.timed("pack"), _named(what):
+            parts.pack(views, buffer)
+        return buffer
+
+    return make
 
 
 @contextlib.contextmanager
