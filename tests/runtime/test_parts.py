@@ -11,7 +11,7 @@ from tenplex.ir.box import Box
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.tensor import Piece
 from tenplex.runtime.agent.parts import Scratch, pack, unpack
-from tenplex.runtime.agent.rounds import Execution, _alongside
+from tenplex.runtime.agent.rounds import Execution
 from tenplex.runtime.arrays import region
 
 
@@ -156,28 +156,3 @@ def test_a_decoded_slice_batches_copies_and_checks_part_sizes(monkeypatch):
     rows[0, 4] += 1  # one byte more than its regions hold
     with pytest.raises(ExecutionError, match=r"message \d+ \((h0 -> h1|h1 -> h0), round \d+, ops .*\): its regions hold \d+ B, the plan says \d+ B"):
         sliced.Sliced("h0", {**sl, "parts": rows.tobytes()})
-
-
-def test_work_alongside_runs_in_a_thread_to_its_end_and_raises_its_error_after_the_block():
-    import threading
-
-    ran: list = []
-
-    def work(fail: bool):
-        for k in range(3):
-            ran.append((k, threading.current_thread().name))
-            yield
-        if fail:
-            raise ExecutionError("copy 3 failed")
-
-    with _alongside(work(False)):
-        pass
-    assert [k for k, _ in ran] == [0, 1, 2] and {n for _, n in ran} == {"tenplex-local-copies"}
-    ran.clear()
-    with pytest.raises(ExecutionError, match="copy 3 failed"), _alongside(work(True)):
-        pass
-    assert len(ran) == 3  # joined before the error came out
-    ran.clear()
-    with pytest.raises(ValueError, match="exchange failed"), _alongside(work(True)):  # the block's error wins
-        raise ValueError("exchange failed")
-    assert len(ran) == 3

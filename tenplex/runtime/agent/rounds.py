@@ -7,11 +7,7 @@ overlapping the round's network parts, all posted at once to all peers (`UcxPeer
 no headers): a part contiguous on this side goes straight from or into its view, the others
 are packed into and unpacked from the scratch pool (`parts`). Sends to pack are staged: the
 ready ones go out first and each packed one is posted as soon as it is packed, so the links
-carry bytes from the start of the round instead of after every pack. Over TCP (another node)
-the local copies run in a thread beside the exchange, whose progress then only sleeps on the
-sockets and refills them the moment they drain (a copy between two progress calls could leave a
-link idle on a busy machine); over shared memory progress is itself the copying, so they
-interleave with it in the one thread. No barrier between rounds: a
+carry bytes from the start of the round instead of after every pack. No barrier between rounds: a
 round's data only depends on earlier rounds of the hosts that send it, which they finish
 before sending. Every failure is an ExecutionError naming the op or message.
 """
@@ -19,7 +15,6 @@ before sending. Every failure is an ExecutionError naming the op or message.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -161,10 +156,9 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
                 recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
                 if not p.in_place:
                     unpacks.append((p.what, views, buffer))
-    tcp = any(getattr(ep, "mode", None) == "tcp" for ep, _, _ in sends + recvs)
-    try:  # over TCP the local copies run in a thread: progress only waits on the sockets, never on a copy
-        with ex.timed("exchange"), _alongside(work) if tcp else contextlib.nullcontext():
-            peer.exchange(sends, recvs, work=None if tcp else work)
+    try:
+        with ex.timed("exchange"):
+            peer.exchange(sends, recvs, work=work)
     except ExecutionError:
         raise
     except Exception as e:
@@ -187,29 +181,6 @@ def _packer(ex: Execution, what: str, views: list[np.ndarray], buffer: np.ndarra
         return buffer
 
     return make
-
-
-@contextlib.contextmanager
-def _alongside(work: Iterator[None]) -> Iterator[None]:
-    """Runs `work` to its end in a thread while the block runs; on leaving, waits for it and
-    raises its error (after the block's own, which wins)."""
-    failed: list[BaseException] = []
-
-    def drain() -> None:
-        try:
-            for _ in work:
-                pass
-        except BaseException as e:  # noqa: BLE001 (re-raised in the calling thread)
-            failed.append(e)
-
-    thread = threading.Thread(target=drain, name="tenplex-local-copies", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()  # the copies touch arrays an abort may drop: never leave them running
-    if failed:
-        raise failed[0]
 
 
 @contextlib.contextmanager
