@@ -8,19 +8,24 @@ gather on h0, scatter from it, the paper's Tenplex-Central) run on the same agen
 src state; both dst states are fetched and checked byte for byte against the source oracle.
 Reported: seconds of each, central / P2P (goal ≥ 2.5×), and P2P / the plan's bandwidth bound
 (goal ≤ 1.3×). The bound is `Stats.lower_bound_seconds` with the link rate as network bandwidth:
-the busiest host's ingress, or all bytes over all NICs. Needs root and iproute2; skipped with the
+the busiest host's ingress, or all bytes over all NICs. tbf counts every frame's headers against
+the rate, so TCP payload can reach at most 1448/1514 of it at the default MTU of 1500 (P2P/bound
+≥ 1.046 whatever the execution does) and 8948/9014 with jumbo frames: `BENCH_HOSTS_MTU=9000`
+runs the links at MTU 9000 (the table says which). Needs root and iproute2; skipped with the
 reason otherwise. Results: bench/results/hosts.{md,json} (hosts-quick.* with --quick).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 HOSTS = 4
 RATE, RATE_BYTES = "1gbit", 125e6  # tbf rate and the same in bytes/s (as demo.hosts)
+MTU = int(os.environ.get("BENCH_HOSTS_MTU", "1500"))  # of every link (1500: the kernel's default)
 GOAL_SPEEDUP, GOAL_BOUND = 2.5, 1.3
 MODEL = "gpt-tiny:layers=4,hidden=768,heads=12,ffn=3072,vocab=8192"
 QUICK_MODEL = "gpt-tiny:layers=4,hidden=256,heads=8,ffn=1024,vocab=4096"
@@ -44,13 +49,14 @@ def cases(quick: bool) -> list[tuple[str, str, str, str]]:
 def measure(model: str, src: str, dst: str) -> dict[str, Any]:
     from demo.hosts import run_hosts
 
-    rows, reason = run_hosts(model, [("case", src, dst)], RATE, RATE_BYTES)
+    rows, reason = run_hosts(model, [("case", src, dst)], RATE, RATE_BYTES, None if MTU == 1500 else MTU)
     if reason:
         return {"skipped": reason}
     row = rows[0]
     if "error" in row:
         raise SystemExit(row["error"])
-    return {"hosts": HOSTS, "rate": RATE, **{k: v for k, v in row.items() if k not in ("name", "src", "dst")}}
+    kept = {k: v for k, v in row.items() if k not in ("name", "src", "dst")}
+    return {"hosts": HOSTS, "rate": RATE, "mtu": MTU, **kept}
 
 
 # ---- the driver --------------------------------------------------------------------------
@@ -72,7 +78,7 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
     return "\n".join([
         "# Emulated hosts: peer-to-peer vs centralized (`python -m bench --only hosts`)", "",
         f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
-        f"{HOSTS} emulated hosts (network namespaces, bridge, tbf {RATE} on every link), one `tenplex agent` each, "
+        f"{HOSTS} emulated hosts (network namespaces, bridge, tbf {RATE} and MTU {MTU} on every link), one `tenplex agent` each, "
         "UCX over TCP between them, 2 devices per host. P2P: the compiled plan. Central: gather everything on h0, "
         "scatter from it (the paper's Tenplex-Central). Seconds of `Runtime.execute` (prepare, rounds, commit). "
         f"Goals: central/P2P ≥ {GOAL_SPEEDUP}×, P2P/bound ≤ {GOAL_BOUND}×. 'checked': dst bytes of both runs "
@@ -93,7 +99,7 @@ def run(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> t
         row = {"name": name, "src": f"{model},{src}", "dst": f"{model},{dst}"}
         rows.append(run_json(["bench.hosts", model, src, dst], row, timeout_s))
         progress(rows[-1], name)
-    print(f"\nEmulated hosts ({HOSTS} x {RATE}): P2P vs central (goals >= {GOAL_SPEEDUP}x, <= {GOAL_BOUND}x bound)")
+    print(f"\nEmulated hosts ({HOSTS} x {RATE}, MTU {MTU}): P2P vs central (goals >= {GOAL_SPEEDUP}x, <= {GOAL_BOUND}x bound)")  # fmt: skip
     print(text_table(HEADERS, [row_cells(r) for r in rows]) + "\n", flush=True)
     stem = "hosts-quick" if quick else "hosts"
     return rows, write_results(out_dir, stem, {"machine": info, "hosts": rows}, markdown(info, rows))

@@ -99,9 +99,10 @@ def unavailable() -> str | None:
 
 
 def run_hosts(model: str, moves: Sequence[tuple[str, str, str]], rate: str = RATE,
-              rate_bytes: float = RATE_BYTES) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
+              rate_bytes: float = RATE_BYTES, mtu: int | None = None) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
     """[{name, src, dst, **compare(...)} or {name, error}] per (name, src layout, dst layout)
-    move of `model` on one emulated cluster; ([], reason) when it cannot run here."""
+    move of `model` on one emulated cluster (links of `mtu`, else 1500); ([], reason) when it
+    cannot run here."""
     reason = unavailable()
     if reason is not None:
         return [], reason
@@ -113,7 +114,7 @@ def run_hosts(model: str, moves: Sequence[tuple[str, str, str]], rate: str = RAT
              for name, a, b in moves]  # fmt: skip
     hosts = sorted({h for _, s, d in pairs for h in s.topology.union(d.topology).hosts})
     rows: list[dict[str, Any]] = []
-    with EmulatedHosts(len(hosts), rate=rate) as net, AgentFleet(hosts, hosts=net, timeout=120.0) as fleet, \
+    with EmulatedHosts(len(hosts), rate=rate, mtu=mtu) as net, AgentFleet(hosts, hosts=net, timeout=120.0) as fleet, \
             Runtime.connect(fleet.controls, round_timeout=600.0) as rt:  # fmt: skip
         for (name, a, b), (_, src, dst) in zip(moves, pairs):
             row = {"name": name, "src": _spec(model, a), "dst": _spec(model, b)}

@@ -112,6 +112,13 @@ def test_emulated_hosts_p2p_and_central_over_tcp():
         _assert_oracle(rt, "central", dst, central.scatter.allocation, tensors)
         assert rt.exists(JOB, ".central-central") == dict.fromkeys(names, False)
         assert {"gather rounds", "scatter rounds"} <= set(rt.phases)
+        # TP 2 -> 4: the senders pack many parts (staged sends) and copy locally over TCP
+        tp = ptc_from_spec("gpt-tiny:tp4,pp2,dp1@4x2")
+        plan = compile_plan(src, tp)
+        sent = rt.execute(plan, src, tp, JOB, "v0", "tp4")
+        assert sum(sent.values()) == plan.stats.network_bytes
+        assert all(rt.host_seconds[h]["pack"] > 0 and rt.host_seconds[h]["local"] > 0 for h in ("h0", "h1"))
+        _assert_oracle(rt, "tp4", tp, plan.allocation, tensors)
 
 
 def test_control_addresses_and_tokens():

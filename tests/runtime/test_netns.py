@@ -7,6 +7,7 @@ The module skips, with the reason, where namespaces cannot be made (not root, no
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -166,7 +167,24 @@ def test_teardown_leaves_nothing():
     assert hosts.hosts == []
 
 
+@pytest.mark.timeout(20)
+def test_mtu_is_set_on_both_ends_of_every_link():
+    with EmulatedHosts(2, rate="1gbit", mtu=9000) as hosts:
+        for h in hosts.hosts:
+            link = subprocess.run(
+                ["ip", "-n", h.netns, "-j", "link", "show", h.iface], capture_output=True, text=True, check=True
+            )
+            assert json.loads(link.stdout)[0]["mtu"] == 9000
+        ports = subprocess.run(
+            ["ip", "-n", hosts.switch_netns, "-j", "link"], capture_output=True, text=True, check=True
+        )
+        assert {p["ifname"]: p["mtu"] for p in json.loads(ports.stdout) if p["ifname"] != "lo"} == {
+            hosts.bridge: 9000, **{f"{hosts.prefix}s{i}": 9000 for i in range(2)}}  # fmt: skip
+
+
 def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mtu must be in 576..65535, got 100"):
+        EmulatedHosts(2, mtu=100)
     with pytest.raises(ValueError):
         EmulatedHosts(0)
     with pytest.raises(ValueError):

@@ -153,11 +153,15 @@ def test_exchange_posts_both_directions_at_once_and_matches_by_message_id():
     with _connected(_child_exchanger) as (proc, conn, peer, ep):
         # receives listed in the reverse order of the sends: matching is by id, not arrival
         outs = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(SIZES)}
-        done: list[int] = []
+        done: list = []
         work = (done.append(k) for k in range(50))  # other work between progress calls, all of it run
-        got = peer.exchange([(ep, pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)],
-                            [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))], work=work)  # fmt: skip
-        assert done == list(range(50))
+
+        def staged(i: int, n: int):  # a send whose buffer is made (packed) once the ready ones are posted
+            return lambda: done.append(f"made {i}") or pattern(n, 50 + i)
+
+        sends = [(ep, staged(i, n) if i != 1 else pattern(n, 50 + i), 20 + i) for i, n in enumerate(SIZES)]
+        got = peer.exchange(sends, [(ep, outs[i], 10 + i) for i in reversed(range(len(SIZES)))], work=work)
+        assert done == ["made 0", "made 2", *range(50)]  # staged sends first, in order, then the work
         for g, i in zip(got, reversed(range(len(SIZES)))):
             assert g.message_id == 10 + i and np.shares_memory(g.data, outs[i])
             assert np.array_equal(g.data, pattern(SIZES[i], i))
@@ -174,6 +178,22 @@ def test_exchange_into_a_too_small_buffer_names_the_message():
     message = r"recv of message 11 from peer .xchild. \(16 B\) failed: .*[Tt]runcat"
     with _connected(_child_exchanger, timeout=5.0) as (_, _, peer, ep), pytest.raises(TransportError, match=message):
         peer.exchange([], [(ep, np.zeros(1, np.uint8), 10), (ep, np.zeros(16, np.uint8), 11)])
+
+
+@needs_ucx
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_exchange_whose_staged_send_fails_raises_its_error_and_abandons_the_batch():
+    def broken():
+        raise ValueError("pack failed")
+
+    with _connected(_child_idle) as (proc, conn, peer, ep):
+        assert _pipe_recv(conn) == "ready"
+        out = np.zeros(1 << 20, np.uint8)
+        with pytest.raises(ValueError, match="pack failed"):
+            peer.exchange([(ep, pattern(64, 1), 30), (ep, broken, 31)], [(ep, out, 32)], work=iter(range(3)))
+        assert len(peer._abandoned) == 1  # the posted send and receive stay referenced, never freed under UCX
+        proc.kill()
 
 
 @needs_ucx

@@ -5,7 +5,9 @@ host's src and dst arrays and builds each region's view from its row. `run` exec
 round in order: fills and values first, then per round the local copies (region to region)
 overlapping the round's network parts, all posted at once to all peers (`UcxPeer.exchange`,
 no headers): a part contiguous on this side goes straight from or into its view, the others
-are packed into and unpacked from the scratch pool (`parts`). Parts between agents on one
+are packed into and unpacked from the scratch pool (`parts`). Sends to pack are staged: the
+ready ones go out first and each packed one is posted as soon as it is packed, so the links
+carry bytes from the start of the round instead of after every pack. Parts between agents on one
 node skip UCX: the sender copies them into the receiver's dst arena (`direct`: an offer at
 the start, a `done` per round but the last). No barrier between rounds: a
 round's data only depends on earlier rounds of the hosts that send it, which they finish
@@ -160,10 +162,9 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
             with _named(p.what):
                 views = [ex.view(i) for i in p.regions]
                 buffer = views if by_views else views[0] if p.in_place else scratch.take(p.nbytes)
-                if p.outgoing and not p.in_place and not by_views:
-                    parts.pack(views, buffer)
-            if p.outgoing:
-                sends.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
+            if p.outgoing:  # a packed part is staged: packed while the ready parts already travel
+                ready = buffer if p.in_place or by_views else _packer(ex, p.what, views, buffer)
+                sends.append((endpoint(p.peer), ready, (epoch << EPOCH_SHIFT) | p.tag))
             else:
                 recvs.append((endpoint(p.peer), buffer, (epoch << EPOCH_SHIFT) | p.tag))
                 if not p.in_place and not by_views:
@@ -205,6 +206,17 @@ def _direct(ex: Execution, r: int, todo: list, endpoint: Callable[[str], Any], e
     for h in sorted({p.peer for p in todo if not p.outgoing and p.peer in links.into}):
         recvs.append((endpoint(h), np.zeros(1, "<i8"), done, CTL))
     return sends, recvs, moved
+
+
+def _packer(ex: Execution, what: str, views: list[np.ndarray], buffer: np.ndarray) -> Callable[[], np.ndarray]:
+    """A staged send's buffer maker (`UcxPeer.exchange`): packs `views` into `buffer` when called."""
+
+    def make() -> np.ndarray:
+        with ex.timed("pack"), _named(what):
+            parts.pack(views, buffer)
+        return buffer
+
+    return make
 
 
 @contextlib.contextmanager

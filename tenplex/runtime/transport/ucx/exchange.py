@@ -5,14 +5,17 @@ so a send goes out as one tagged payload (tag MSG | sender | message id; or kind
 tuple names it, for control messages in their own id space) and a receive is posted straight
 into the caller's buffer under the same tag, with no extra one-way hop. A message
 longer than its receive buffer fails the receive (UCX truncation), named by message id; the
-caller must give each receive exactly the message's size. The batch ends when every request
-completed; on a timeout or a failure every in-flight request is cancelled and its buffers are
-kept alive (never freed under UCX).
+caller must give each receive exactly the message's size. A send whose buffer is a callable is
+staged: every receive and every ready send is posted first, then each staged send's callable
+makes its buffer (e.g. packs it) and it is posted at once, one per progress step, before any
+`work` item: the links carry the ready sends while the staged ones are packed. The batch ends
+when every request completed; on a timeout or a failure every in-flight request is cancelled
+and its buffers are kept alive (never freed under UCX).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tenplex.runtime.transport.ucx.wire import CTL, FULL_MASK, MSG, TransportError, check_user_tag, make_tag
@@ -31,22 +34,28 @@ class Exchange:
         results = []
         for ep, out, message_id, *kind in recvs:  # receives first: a payload that arrives finds its buffer
             results.append(self._post(ep, out, message_id, False, kind[0] if kind else MSG))
+        staged = [s for s in sends if callable(s[1])]
         for ep, buffer, message_id, *kind in sends:
-            self._post(ep, buffer, message_id, True, kind[0] if kind else MSG)
+            if not callable(buffer):
+                self._post(ep, buffer, message_id, True, kind[0] if kind else MSG)
         what = f"exchange of {len(sends)} sends and {len(recvs)} receives"
-        reqs = [r for r, _ in self.reqs]
+        total = len(sends) + len(recvs)
+        reqs = self.reqs
+
+        def done() -> bool:
+            return len(reqs) == total and all(r.completed for r, _ in reqs)
+
         try:
-            self.peer._progress_until(lambda: all(r.completed for r in reqs), self.deadline, what,
-                                      iter(work) if work is not None else None, finish_work)  # fmt: skip
+            self.peer._progress_until(done, self.deadline, what, self._staged(staged, work), finish_work)
         except TransportError as e:
-            self.peer._abandon(self.keep + reqs)
+            self.peer._abandon(self.keep + [r for r, _ in reqs])
             if not isinstance(e, Timeout):
                 raise
             waiting = [name for r, name in self.reqs if not r.completed]
             raise TransportError(f"{what}: timed out (peer {self.peer.name!r}); still waiting for "
                                  f"{', '.join(waiting[:8])}{'...' if len(waiting) > 8 else ''}") from None  # fmt: skip
         except BaseException:  # the caller's work failed: UCX may still use the buffers
-            self.peer._abandon(self.keep + reqs)
+            self.peer._abandon(self.keep + [r for r, _ in reqs])
             raise
         for r, name in self.reqs:
             try:
@@ -54,6 +63,14 @@ class Exchange:
             except Exception as e:
                 raise TransportError(f"{name} failed: {type(e).__name__}: {e}") from e
         return results
+
+    def _staged(self, staged: list[tuple], work: Iterable[Any] | None) -> Iterator[None]:
+        """Work items: make and post each staged send, then the caller's `work`."""
+        for ep, make, message_id, *kind in staged:
+            self._post(ep, make(), message_id, True, kind[0] if kind else MSG)
+            yield
+        if work is not None:
+            yield from work
 
     def _post(self, ep: UcxEndpoint, buffer: Any, message_id: int, outgoing: bool, kind: int = MSG) -> Received:
         check_user_tag(message_id)

@@ -169,6 +169,8 @@ class UcxPeer(Worker):
         `work`: an iterable that does a small piece of other work per item (e.g. local copies),
         consumed between progress calls so that it overlaps the transfers; consumed fully unless
         `finish_work` is False (then what is left when the batch completes stays in the iterator).
+        A send whose buffer is a callable is staged: called (to pack its buffer) and posted one per
+        progress step after every ready send and before `work`, so the ready ones travel meanwhile.
 
         The message id is also the tag: each receive matches exactly the send with the same id
         from that peer, and must be exactly its size (no header travels: `exchange`). Returns the
