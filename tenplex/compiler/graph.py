@@ -53,7 +53,12 @@ class OpGraph:
         return key
 
     def add_all(self, ops: Iterable[Op]) -> list[int]:
-        return [self.add(op) for op in ops]
+        self._mutable()
+        ops = list(ops)
+        keys = range(self._next, self._next + len(ops))
+        self._ops.update(zip(keys, ops))
+        self._next += len(ops)
+        return list(keys)
 
     def add_edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.ORDER) -> None:
         self._mutable()

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import attrs
 
-from tenplex.compiler.plan import Message
+from tenplex.compiler.plan import trusted_message
 from tenplex.compiler.program import Program
 
 
@@ -32,7 +32,7 @@ class Schedule:
             if m.id not in rounds:
                 deps = {message_of[p] for op in m.ops for p in program.graph.predecessors(op)}
                 rounds[m.id] = max((rounds[d] + 1 for d in deps), default=0)
-        placed = tuple(Message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id]) for m in messages)
+        placed = tuple(trusted_message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id]) for m in messages)
         return attrs.evolve(program, messages=placed)
 
 

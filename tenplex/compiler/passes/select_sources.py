@@ -23,7 +23,7 @@ import attrs
 
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.graph import OpGraph
-from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp
+from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp, trusted_copy
 from tenplex.compiler.program import Program
 from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
@@ -76,7 +76,7 @@ class _State:
         self.indexes: dict[int, tuple] = {}
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
-        return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
+        return trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
 
     def chunked(self, op: CopyOp) -> list[CopyOp]:
         if op.src_device == op.dst_device:
@@ -84,7 +84,8 @@ class _State:
         limit = max(1, self.p.options.max_message_bytes // self.size[op.tensor])
         if op.box.volume <= limit:
             return [op]
-        return [attrs.evolve(op, box=b) for b in split_box(op.box, limit)]
+        o = op
+        return [trusted_copy(o.tensor, b, o.src_device, o.src_subtensor, o.src_piece, o.dst_device, o.dst_subtensor, o.dst_piece) for b in split_box(o.box, limit)]
 
     def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, Holder], dict[str, list[Holder]]]:
         """The first holder per device and all holders per host (cached: diff shares tuples)."""
@@ -164,7 +165,7 @@ class _State:
         (landing, at), *rest = wants
         first = out.add(self.copy(landing, at, holder, box))
         for n, d in rest:
-            fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
+            fwd = trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst")
             out.add_edge(first, out.add(fwd))
 
 
