@@ -69,8 +69,13 @@ def trusted_message(id: int, src_host: str, dst_host: str, ops: tuple[int, ...],
     """A `Message` from fields the compiler's passes built (ints, host names, a tuple of op
     ids): sets the slots without `__init__`'s checks (plan files never come through here)."""
     m = object.__new__(Message)
-    for setter, value in zip(_MESSAGE_SET, (id, src_host, dst_host, ops, nbytes, round)):
-        setter(m, value)
+    set_id, set_src, set_dst, set_ops, set_bytes, set_round = _MESSAGE_SET
+    set_id(m, id)
+    set_src(m, src_host)
+    set_dst(m, dst_host)
+    set_ops(m, ops)
+    set_bytes(m, nbytes)
+    set_round(m, round)
     return m
 
 

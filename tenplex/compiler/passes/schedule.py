@@ -53,23 +53,25 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
     rounds: dict[int, int] = {}
     r = 0
     while queues:
-        used: dict[str, int] = defaultdict(int)
         sent: dict[str, int] = defaultdict(int)
         received: dict[str, int] = defaultdict(int)
-        alive = sorted(queues, key=lambda p: (-max(left[p[0]], left[p[1]]), p))
+        used: dict[str, int] = defaultdict(int)
+        alive = [p for _, p in sorted([(-max(left[p[0]], left[p[1]]), p) for p in queues])]
         while alive:  # a pair whose next message does not fit stays out for the round: loads only grow
             still = []
             for pair in alive:
                 q = queues[pair]
-                if not _fits(q[-1].bytes, pair, used, sent, received, budget, half):
+                src, dst = pair  # never equal: network messages only
+                nbytes = q[-1].bytes
+                out, into = used[src] + nbytes, used[dst] + nbytes
+                if out > budget or into > budget or sent[src] + nbytes > half or received[dst] + nbytes > half:
                     continue
-                m = q.pop()
-                sent[pair[0]] += m.bytes
-                received[pair[1]] += m.bytes
-                for h in pair:
-                    used[h] += m.bytes
-                    left[h] -= m.bytes
-                rounds[m.id] = r
+                sent[src] += nbytes
+                received[dst] += nbytes
+                used[src], used[dst] = out, into
+                left[src] -= nbytes
+                left[dst] -= nbytes
+                rounds[q.pop().id] = r
                 if q:
                     still.append(pair)
                 else:
@@ -77,9 +79,3 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
             alive = still
         r += 1
     return rounds
-
-
-def _fits(nbytes: int, pair: tuple[str, str], used, sent, received, budget: int, half: int) -> bool:
-    src, dst = pair
-    return (sent[src] + nbytes <= half and received[dst] + nbytes <= half
-            and used[src] + nbytes <= budget and used[dst] + nbytes <= budget)  # fmt: skip

@@ -74,6 +74,7 @@ class _State:
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
+        self.atom_shapes: dict[tuple, list[tuple[Box, list[int], dict[str, list[Holder]]]]] = {}
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
         return trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
@@ -129,6 +130,19 @@ class _State:
         return out
 
     def atoms(self, wants: list[Want]) -> list[Atom]:
+        """`cut`'s atoms, memoized by the wants' needs and the order of their devices: hosts
+        alike (DP replicas of one stage) want the same needs on their own devices, so their
+        atoms are the same with their own devices in the wants."""
+        rank = {d: i for i, d in enumerate(sorted({d for _, d in wants}))}
+        key = tuple([(id(n), rank[d]) for n, d in wants])  # needs stay alive in the lowered graph
+        shape = self.atom_shapes.get(key)
+        if shape is None:
+            pos = {(id(n), d): i for i, (n, d) in enumerate(wants)}
+            shape = [(box, [pos[(id(n), d)] for n, d in ws], hosts) for box, ws, hosts in self.cut(wants)]
+            self.atom_shapes[key] = shape
+        return [(box, [wants[i] for i in idx], hosts) for box, idx, hosts in shape]
+
+    def cut(self, wants: list[Want]) -> list[Atom]:
         """Disjoint regions of one tensor needed on one host, each with the wants containing it
         (landing first) and their holders by host, cut to the message size limit."""
         by_box: dict[Box, list[Want]] = defaultdict(list)
