@@ -46,7 +46,8 @@ class OpGraph:
         self.__dict__.pop("nx", None)
 
     def add(self, op: Op) -> int:
-        self._mutable()
+        if self._frozen or "nx" in self.__dict__:
+            self._mutable()
         key = self._next
         self._ops[key] = op
         self._next += 1

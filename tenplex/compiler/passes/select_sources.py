@@ -56,7 +56,7 @@ class SelectSources:
             else:
                 out.add(op)
         atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
-        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0]))
+        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0].start, a[0].stop))
         for box, wants, hosts in atoms:
             state.network(out, box, wants, hosts)
         return attrs.evolve(program, graph=out)
