@@ -46,14 +46,20 @@ class OpGraph:
         self.__dict__.pop("nx", None)
 
     def add(self, op: Op) -> int:
-        self._mutable()
+        if self._frozen or "nx" in self.__dict__:
+            self._mutable()
         key = self._next
         self._ops[key] = op
         self._next += 1
         return key
 
     def add_all(self, ops: Iterable[Op]) -> list[int]:
-        return [self.add(op) for op in ops]
+        self._mutable()
+        ops = list(ops)
+        keys = range(self._next, self._next + len(ops))
+        self._ops.update(zip(keys, ops))
+        self._next += len(ops)
+        return list(keys)
 
     def add_edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.ORDER) -> None:
         self._mutable()

@@ -55,10 +55,13 @@ class Box:
         """A box from coordinates already known valid (derived from valid boxes): skips the
         converters and checks on the compiler's hot paths."""
         box = object.__new__(cls)
-        shape = tuple(b - a for a, b in zip(start, stop))
-        for name, value in (("start", start), ("stop", stop), ("shape", shape), ("volume", math.prod(shape))):
-            object.__setattr__(box, name, value)
-        object.__setattr__(box, "_attrs_cached_hash", None)  # attrs' hash cache (cache_hash=True)
+        shape = tuple(map(operator.sub, stop, start))
+        set_start, set_stop, set_shape, set_volume, set_hash = _BOX_SLOTS
+        set_start(box, start)
+        set_stop(box, stop)
+        set_shape(box, shape)
+        set_volume(box, math.prod(shape))
+        set_hash(box, None)  # attrs' hash cache (cache_hash=True)
         return box
 
     def __lt__(self, other: Box) -> bool:
@@ -176,6 +179,10 @@ class Box:
         lo = Box(self.start, self.stop[:dim] + (at,) + self.stop[dim + 1 :])
         hi = Box(self.start[:dim] + (at,) + self.start[dim + 1 :], self.stop)
         return lo, hi
+
+
+# slot setters of `Box._trusted` (attrs' hash cache last)
+_BOX_SLOTS = tuple(Box.__dict__[n].__set__ for n in ("start", "stop", "shape", "volume", "_attrs_cached_hash"))
 
 
 def subtract_all(boxes: Iterable[Box], cut: Box) -> list[Box]:

@@ -15,7 +15,7 @@ from collections import defaultdict
 import attrs
 
 from tenplex.compiler.ops import CopyOp
-from tenplex.compiler.plan import Message
+from tenplex.compiler.plan import Message, trusted_message
 from tenplex.compiler.program import Program
 
 
@@ -62,7 +62,7 @@ class _Packer:
         out, batch, size = [], [], 0
         for key, nbytes in ops + [(-1, self.limit + 1)]:
             if batch and (key < 0 or size + nbytes > self.limit):
-                m = Message(len(self.messages), src_host, dst_host, tuple(batch), size)
+                m = trusted_message(len(self.messages), src_host, dst_host, tuple(batch), size)
                 self.messages.append(m)
                 out.append(m)
                 batch, size = [], 0

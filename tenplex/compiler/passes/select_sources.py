@@ -23,7 +23,7 @@ import attrs
 
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.graph import OpGraph
-from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp
+from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp, trusted_copy
 from tenplex.compiler.program import Program
 from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
@@ -56,7 +56,7 @@ class SelectSources:
             else:
                 out.add(op)
         atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
-        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0]))
+        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0].start, a[0].stop))
         for box, wants, hosts in atoms:
             state.network(out, box, wants, hosts)
         return attrs.evolve(program, graph=out)
@@ -74,9 +74,10 @@ class _State:
         self.sent_device: Counter[int] = Counter()
         self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
+        self.atom_shapes: dict[tuple, list[tuple[Box, list[int], dict[str, list[Holder]]]]] = {}
 
     def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
-        return CopyOp(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
+        return trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
 
     def chunked(self, op: CopyOp) -> list[CopyOp]:
         if op.src_device == op.dst_device:
@@ -84,7 +85,8 @@ class _State:
         limit = max(1, self.p.options.max_message_bytes // self.size[op.tensor])
         if op.box.volume <= limit:
             return [op]
-        return [attrs.evolve(op, box=b) for b in split_box(op.box, limit)]
+        o = op
+        return [trusted_copy(o.tensor, b, o.src_device, o.src_subtensor, o.src_piece, o.dst_device, o.dst_subtensor, o.dst_piece) for b in split_box(o.box, limit)]
 
     def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, Holder], dict[str, list[Holder]]]:
         """The first holder per device and all holders per host (cached: diff shares tuples)."""
@@ -128,6 +130,19 @@ class _State:
         return out
 
     def atoms(self, wants: list[Want]) -> list[Atom]:
+        """`cut`'s atoms, memoized by the wants' needs and the order of their devices: hosts
+        alike (DP replicas of one stage) want the same needs on their own devices, so their
+        atoms are the same with their own devices in the wants."""
+        rank = {d: i for i, d in enumerate(sorted({d for _, d in wants}))}
+        key = tuple([(id(n), rank[d]) for n, d in wants])  # needs stay alive in the lowered graph
+        shape = self.atom_shapes.get(key)
+        if shape is None:
+            pos = {(id(n), d): i for i, (n, d) in enumerate(wants)}
+            shape = [(box, [pos[(id(n), d)] for n, d in ws], hosts) for box, ws, hosts in self.cut(wants)]
+            self.atom_shapes[key] = shape
+        return [(box, [wants[i] for i in idx], hosts) for box, idx, hosts in shape]
+
+    def cut(self, wants: list[Want]) -> list[Atom]:
         """Disjoint regions of one tensor needed on one host, each with the wants containing it
         (landing first) and their holders by host, cut to the message size limit."""
         by_box: dict[Box, list[Want]] = defaultdict(list)
@@ -164,7 +179,7 @@ class _State:
         (landing, at), *rest = wants
         first = out.add(self.copy(landing, at, holder, box))
         for n, d in rest:
-            fwd = CopyOp(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, src_side="dst")
+            fwd = trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst")
             out.add_edge(first, out.add(fwd))
 
 
