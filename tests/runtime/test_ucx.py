@@ -240,3 +240,19 @@ def test_wire_format_round_trips():
     assert t & ucx_wire.ANY_SOURCE_MASK == ucx_wire.make_tag(ucx_wire.HDR, 0, 12)
     with pytest.raises(TransportError, match="corrupt"):
         ucx_wire.unpack_header(b"\0" * ucx_wire.HEADER_SIZE)
+
+
+@needs_ucx
+def test_work_left_when_a_batch_ends_stays_with_the_caller_after_staged_sends():
+    """`finish_work=False` (the direct path's offers overlap round 0's copies): the work left when
+    the batch completes is the caller's to run, also when staged sends wrapped it; closing the
+    wrapper must not close the caller's generator (it did: round 0's last copies were lost)."""
+    from tenplex.runtime.transport.ucx.exchange import Exchange
+
+    batch, posted = Exchange.__new__(Exchange), []
+    batch._post = lambda ep, buffer, message_id, outgoing, kind=None: posted.append((message_id, buffer))
+    work = (k for k in range(5))
+    items = batch._staged([(None, lambda: b"packed", 7)], work)
+    assert [next(items), next(items)] == [None, 0] and posted == [(7, b"packed")]
+    items.close()  # what dropping the wrapper does when the exchange returns
+    assert list(work) == [1, 2, 3, 4]

@@ -64,13 +64,20 @@ class Exchange:
                 raise TransportError(f"{name} failed: {type(e).__name__}: {e}") from e
         return results
 
-    def _staged(self, staged: list[tuple], work: Iterable[Any] | None) -> Iterator[None]:
+    def _staged(self, staged: list[tuple], work: Iterable[Any] | None) -> Iterator[Any] | None:
         """Work items: make and post each staged send, then the caller's `work`."""
+        if not staged:
+            return iter(work) if work is not None else None
+        return self._then(staged, iter(work) if work is not None else iter(()))
+
+    def _then(self, staged: list[tuple], work: Iterator[Any]) -> Iterator[Any]:
         for ep, make, message_id, *kind in staged:
             self._post(ep, make(), message_id, True, kind[0] if kind else MSG)
             yield
-        if work is not None:
-            yield from work
+        # not `yield from`: closing this generator (the batch done, `finish_work=False`) must
+        # leave the rest of the caller's `work` to the caller, not close it
+        for item in work:  # noqa: UP028 (see above)
+            yield item
 
     def _post(self, ep: UcxEndpoint, buffer: Any, message_id: int, outgoing: bool, kind: int = MSG) -> Received:
         check_user_tag(message_id)
