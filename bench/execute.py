@@ -11,7 +11,7 @@ are also timed against a fresh memcpy (`bench.runtime.fresh_memcpy_seconds`: a n
 the same bytes into pages that the copy faults in), the physical limit of a first execute whose
 dst pages are new on this VM kind. Repeated executes are also timed in CPU seconds of the
 runtime and both agents (every thread, `cpu_seconds`) against the CPU seconds of the memcpy
-(`memcpy_cpu_seconds`): the work they cost, which other load on the machine does not inflate. The dst of the first and the last
+(`demo.agents.memcpy_seconds` by `time.thread_time`): the work they cost, which other load on the machine does not inflate. The dst of the first and the last
 execute of the first agents is checked byte for byte against the source.
 
 `execute`: a small plan (gpt-tiny, 328 ops) executed repeatedly on the same 2 agents: ms per
@@ -101,7 +101,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                     kind = "repeated" if j else "reserved" if reserve else "fresh"
                     ratios[kind].append(anchor / took)
                     if j:  # the work of an execute, which other load on the machine does not inflate
-                        ratios["repeated_cpu"].append(memcpy_cpu_seconds(moved) / cpu)
+                        ratios["repeated_cpu"].append(memcpy_seconds(moved, clock=time.thread_time) / cpu)
                     if fresh_anchor is not None:  # the same bytes copied into pages faulted in by the copy
                         ratios["fresh_vs_fresh"].append(fresh_anchor / took)
                     if j in (0, runs - 1) and k == 0:
@@ -135,20 +135,6 @@ def measure_execute(model: str, repeats: int) -> dict[str, Any]:
     return {"ops": len(plan.ops), "moved_bytes": moved, "first_ms": total[0] * 1e3, "ms": spread([t * 1e3 for t in total[1:]]),
             "prepare_ms": spread([t * 1e3 for t in prepare[1:]]), "cpu_ms": spread([t * 1e3 for t in cpu[1:]]),
             "checked_bytes": checked}  # fmt: skip
-
-
-def memcpy_cpu_seconds(nbytes: int, repeat: int = 3) -> float:
-    """Least CPU seconds (this thread) of a numpy copy of `nbytes` between touched buffers: the
-    anchor of an execute's CPU seconds, both not inflated by waiting for a core."""
-    import numpy as np
-
-    a, b = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.thread_time()
-        np.copyto(b, a)
-        best = min(best, time.thread_time() - t0)
-    return best
 
 
 def cpu_seconds(pids: list[int]) -> float:
