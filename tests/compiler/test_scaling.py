@@ -12,12 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenplex.compiler.cost import host_lower_bounds
-from tenplex.compiler.passes.schedule import _fits, _network_rounds
+from tenplex.compiler.passes.schedule import _network_rounds
 from tenplex.compiler.passes.select_sources import LeastSent
 from tenplex.compiler.plan import Message
 from tests.problems import problems
 
 HOSTS = [f"h{i}" for i in range(5)]
+
+
+def _fits(nbytes: int, pair: tuple[str, str], used, sent, received, budget: int, half: int) -> bool:
+    src, dst = pair
+    return (sent[src] + nbytes <= half and received[dst] + nbytes <= half
+            and used[src] + nbytes <= budget and used[dst] + nbytes <= budget)  # fmt: skip
 
 
 def rescanning_rounds(network: list[Message], budget: int) -> dict[int, int]:

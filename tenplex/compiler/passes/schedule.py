@@ -80,9 +80,3 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
         r += 1
     return rounds
 
-
-def _fits(nbytes: int, pair: tuple[str, str], used, sent, received, budget: int, half: int) -> bool:
-    """The fit test that `_network_rounds` inlines (kept for the tests' rescanning filler)."""
-    src, dst = pair
-    return (sent[src] + nbytes <= half and received[dst] + nbytes <= half
-            and used[src] + nbytes <= budget and used[dst] + nbytes <= budget)  # fmt: skip

@@ -85,8 +85,8 @@ class _State:
         limit = max(1, self.p.options.max_message_bytes // self.size[op.tensor])
         if op.box.volume <= limit:
             return [op]
-        o = op
-        return [trusted_copy(o.tensor, b, o.src_device, o.src_subtensor, o.src_piece, o.dst_device, o.dst_subtensor, o.dst_piece) for b in split_box(o.box, limit)]
+        return [trusted_copy(op.tensor, b, op.src_device, op.src_subtensor, op.src_piece, op.dst_device, op.dst_subtensor,
+                             op.dst_piece) for b in split_box(op.box, limit)]  # fmt: skip
 
     def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, Holder], dict[str, list[Holder]]]:
         """The first holder per device and all holders per host (cached: diff shares tuples)."""

@@ -88,7 +88,7 @@ class Agent(TagCommands):
 
             if cma.unusable() is None:
                 self.peer = cma.CmaPeer(self.host, self.timeout)
-        return self._ucx()
+        return self.peer if self.peer is not None else self._ucx()
 
     def _ucx(self) -> Any:
         if self.peer is None:

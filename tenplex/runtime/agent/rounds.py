@@ -50,7 +50,7 @@ class Execution:
         self.copies, self.parts = s.copies, s.parts
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
         self.done = 0  # rounds finished
-        self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, pack, exchange, unpack
+        self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, views, exchange (pack within), unpack
         self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
 
     def view(self, r: int) -> np.ndarray:
@@ -156,7 +156,7 @@ def network(ex: Execution, r: int, peer: Any, endpoint: Callable[[str], Any], sc
     todo = [p for p in todo if p.peer not in (links.out if p.outgoing else links.into)]
     unpacks: list[tuple[str, list[np.ndarray], np.ndarray]] = []
     by_views = getattr(peer, "takes_views", False)  # the transport reads and writes the views themselves
-    with ex.timed("pack"):
+    with ex.timed("views"):  # the parts' views and buffers; packing runs inside the exchange (`_packer`)
         scratch.reserve(0 if by_views else sum(p.nbytes for p in todo if not p.in_place))
         for p in todo:
             with _named(p.what):
