@@ -1,6 +1,6 @@
 """`reshard --workers N` (N >= 2): agents map the src `.npy` files and execute into dst files
 that they create and map themselves (`agent.files`), no array bytes on the control connections; a worker that dies
-leaves no OUT and the src intact, with an error naming it; the one-worker command starts
+leaves no OUT and the src intact, with an error naming it; the command (one or two workers) starts
 without the modules it does not need.
 
 Real agents (`Agent` in-process for the file commands, `Runtime.local` processes for the
@@ -147,15 +147,25 @@ def test_a_worker_that_dies_leaves_no_out_and_the_src_intact(case, tmp_path):
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("tenplex-agent-")]
 
 
-@pytest.mark.timeout(60)
-def test_one_worker_reshard_imports_only_what_it_needs(case, tmp_path):
-    _, dst, _, a = case
+# --workers 2 forks its agents (no imports) and moves bytes between them without UCX (cma)
+LIGHT = {1: ["networkx", "scipy", "argparse", "importlib.metadata", "torch", "rich", "aiohttp", "ucxx"],
+         2: ["scipy", "ucxx", "torch"]}  # fmt: skip
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_reshard_command_imports_only_what_it_needs(case, tmp_path, workers):
+    _, dst, tensors, a = case
     (tmp_path / "dst.json").write_text(dumps(dst))
-    heavy = ["networkx", "scipy", "argparse", "importlib.metadata", "torch", "rich", "aiohttp", "ucxx"]
-    script = (f"import sys; from tenplex.cli.app import cli; cli.main({['reshard', str(a), '--to', str(tmp_path / 'dst.json'), '--out', str(tmp_path / 'b')]!r}, standalone_mode=False); "
-              f"print([m for m in {heavy!r} if m in sys.modules])")  # fmt: skip
+    argv = ["reshard", str(a), "--to", str(tmp_path / "dst.json"), "--out", str(tmp_path / "b"), "--workers", str(workers)]  # fmt: skip
+    script = (f"import sys; from tenplex.cli.app import cli; cli.main({argv!r}, standalone_mode=False); "
+              f"print([m for m in {LIGHT[workers]!r} if m in sys.modules])")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=80, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
-    assert "resharded into" in done.stdout and (tmp_path / "b" / "ptc.json").exists()
+    assert "resharded into" in done.stdout
+    _, arrays, _ = read_checkpoint(tmp_path / "b")
+    assert all(arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes() for st in dst.subtensors)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".b.tmp-")]
