@@ -29,6 +29,8 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterator
 
 from tenplex.runtime.fuse import mount as fusemount
@@ -40,6 +42,7 @@ from tenplex.runtime.fuse.mount import (
     read_ahead_of,
 )
 from tenplex.runtime.fuse.npy import NpyFile, load_npy, npy_descr, parse_npy
+from tenplex.runtime.fuse.session import SessionUnavailable, mount_session
 from tenplex.runtime.fuse.store.ops import DTYPE_XATTR, StoreFS
 from tenplex.runtime.store.tree import TensorStore
 
@@ -49,6 +52,7 @@ __all__ = [
 ]  # fmt: skip
 
 FuseError = FuseUnavailable  # FUSE cannot be used here, or a mount failed
+log = logging.getLogger(__name__)
 
 
 def serve(store: TensorStore, directory: str, *, prefix: str = "/", read_only: bool = False,
@@ -66,18 +70,32 @@ def serve(store: TensorStore, directory: str, *, prefix: str = "/", read_only: b
 
 @contextlib.contextmanager
 def mount(store: TensorStore, directory: str, *, prefix: str = "/", timeout: float = 10.0, read_only: bool = False,
-          keep_cache: bool = False, read_ahead_kb: int | None = READ_AHEAD_KB) -> Iterator[str]:  # fmt: skip
+          keep_cache: bool = False, read_ahead_kb: int | None = READ_AHEAD_KB,
+          lowlevel: bool | None = None) -> Iterator[str]:  # fmt: skip
     """Mount `store` (its subtree `prefix`) at `directory` in a background thread; yield the path.
 
-    The mount is live when the block starts and gone (unmounted, thread joined) when it ends.
+    The mount is live when the block starts and gone (unmounted, threads joined) when it ends.
+    A read-only mount is served by `fuse.session` (the kernel protocol without libfuse: leaves
+    held as `store.image`s are passed through to their memory files) where the process may
+    mount(2) (root); `lowlevel=False` always uses libfuse (mfusepy), `True` refuses to fall back.
     The view serves other processes. In this process, plain Python file I/O works, but numpy's
     C-level I/O on the mount (`np.load`, `np.save`, `np.fromfile`, and page faults of a
-    `mmap_mode` array) holds the GIL that the FUSE thread needs and deadlocks: use `serve` in a
-    separate process, or read the store directly, for that. While mounted, libfuse handles
+    `mmap_mode` array) holds the GIL that the FUSE threads need and deadlocks: use `serve` in a
+    separate process, or read the store directly, for that. While mounted by libfuse, it handles
     SIGTERM and SIGHUP (SIGINT too where it is at its default) unless the process has its own
     handlers, as `tenplex store mount` does. `read_ahead_kb=None` keeps the kernel's read-ahead.
     Raises: FuseError if FUSE is unavailable or the mount is not live within `timeout` seconds.
     """
+    if read_only and lowlevel is not False and (lowlevel or os.geteuid() == 0):
+        ops = StoreFS(store, prefix, read_only=True, keep_cache=keep_cache)
+        try:
+            with mount_session(ops, directory, read_ahead_kb=read_ahead_kb, what="store") as session:
+                yield session.directory
+            return
+        except SessionUnavailable as e:
+            if lowlevel:
+                raise FuseError(f"cannot mount the store at {directory}: {e}") from None
+            log.info("serving %s with libfuse: %s", directory, e)
 
     def serve_here(path: str) -> None:
         serve(store, path, prefix=prefix, read_only=read_only, keep_cache=keep_cache)
