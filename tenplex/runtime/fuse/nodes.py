@@ -1,6 +1,8 @@
-"""The node ids of a `fuse.session`: which path each id the kernel holds names, and how many
-lookups of it the kernel holds (LOOKUP replies and READDIRPLUS entries add one each; FORGET
-takes them back; at zero the id is free and a later lookup of the path gets a new one).
+"""The names a `fuse.session` gives the kernel: `Nodes`, which path each node id the kernel
+holds names and how many lookups of it the kernel holds (LOOKUP replies and READDIRPLUS entries
+add one each; FORGET takes them back; at zero the id is free and a later lookup of the path gets
+a new one), and `Listings`, the entries of each open directory, listed once at OPENDIR so that
+the READDIR(PLUS) requests that page through them see one listing.
 
 Invariants: the root `/` is id 1 and never forgotten; a held id names one path; ids are not
 reused while the session lives (a stale id from the kernel is ENOENT, never another file).
@@ -12,6 +14,7 @@ import errno
 import itertools
 import os
 import threading
+from typing import Any
 
 ROOT = 1
 
@@ -73,3 +76,37 @@ class Nodes:
 
     def __len__(self) -> int:
         return len(self._paths)
+
+
+class Listings:
+    """Open directories: handle -> (path, the operations' handle, [(name, attributes)])."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, tuple[str, int, list[tuple[bytes, dict]]]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def open(self, path: str, ops: Any) -> int:
+        """List `path` with `ops` (`opendir` if it has one, then `readdir_plus` or `readdir` and
+        `getattr`; without `.` and `..`); the handle of the listing."""
+        fh = ops.opendir(path) if hasattr(ops, "opendir") else 0
+        if (plus := getattr(ops, "readdir_plus", None)) is not None:
+            entries = plus(path, fh)
+        else:
+            base = path.rstrip("/") + "/"
+            entries = [(n, ops.getattr(base + n)) for n in ops.readdir(path, fh) if n not in (".", "..")]
+        with self._lock:
+            handle = next(self._ids)
+            self._open[handle] = (path, fh, [(n.encode(), a) for n, a in entries if n not in (".", "..")])
+        return handle
+
+    def get(self, handle: int) -> tuple[str, list[tuple[bytes, dict]]]:
+        path, _, entries = self._open[handle]
+        return path, entries
+
+    def close(self, handle: int, ops: Any) -> None:
+        """Forget the listing (and `releasedir` it with `ops` if it has that)."""
+        with self._lock:
+            path, fh, _ = self._open.pop(handle, (None, 0, None))
+        if path is not None and hasattr(ops, "releasedir"):
+            ops.releasedir(path, fh)

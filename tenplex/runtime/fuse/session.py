@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import itertools
 import logging
 import os
 import threading
@@ -43,7 +42,7 @@ from tenplex.runtime.fuse import kernel as k
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.backing import Backings
 from tenplex.runtime.fuse.mount import READ_AHEAD_KB, FuseUnavailable, is_mounted, mount_entry, set_read_ahead
-from tenplex.runtime.fuse.nodes import Nodes
+from tenplex.runtime.fuse.nodes import Listings, Nodes
 
 log = logging.getLogger(__name__)
 TIMEOUT = 1.0  # s that the kernel caches names and attributes (changes to the store show within it)
@@ -62,9 +61,7 @@ class Session:
         self.ops, self.directory, self.passthrough = ops, directory, False
         self.nodes = Nodes()
         self._want_passthrough = passthrough
-        self._dirs: dict[int, tuple[str, int, list[tuple[bytes, dict]]]] = {}  # our dir fh: (path, ops' fh, entries)
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self.listings = Listings()
         try:
             self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -199,25 +196,11 @@ class Session:
         self._reply(unique)
 
     def _opendir(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        path = self.nodes.path(nodeid)
-        ops_fh = self.ops.opendir(path) if hasattr(self.ops, "opendir") else 0
-        entries = [(name.encode(), attrs) for name, attrs in self._listing(path, ops_fh)]  # one snapshot
-        fh = next(self._ids)
-        with self._lock:
-            self._dirs[fh] = (path, ops_fh, entries)
-        self._reply(unique, [k.OPEN_OUT.pack(fh, 0, 0)])
-
-    def _listing(self, path: str, fh: int) -> list[tuple[str, dict]]:
-        plus = getattr(self.ops, "readdir_plus", None)
-        if plus is not None:
-            return [(n, a) for n, a in plus(path, fh) if n not in (".", "..")]
-        base = path.rstrip("/") + "/"
-        return [(n, self.ops.getattr(base + n)) for n in self.ops.readdir(path, fh) if n not in (".", "..")]
+        self._reply(unique, [k.OPEN_OUT.pack(self.listings.open(self.nodes.path(nodeid), self.ops), 0, 0)])
 
     def _readdir(self, unique: int, nodeid: int, arg: memoryview, plus: bool = False) -> None:
         fh, offset, size = k.READ_IN.unpack_from(arg)
-        with self._lock:
-            path, _, entries = self._dirs[fh]
+        path, entries = self.listings.get(fh)
         out, base = bytearray(), path.rstrip("/") + "/"
         for i in range(offset, len(entries)):
             name, attrs = entries[i]
@@ -235,14 +218,7 @@ class Session:
         self._readdir(unique, nodeid, arg, plus=True)
 
     def _releasedir(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        (fh,) = k.RELEASE_IN.unpack_from(arg)
-        with self._lock:
-            path, ops_fh, _ = self._dirs.pop(fh, (None, 0, None))
-        try:
-            if path is not None and hasattr(self.ops, "releasedir"):
-                self.ops.releasedir(path, ops_fh)
-        except Exception:
-            log.exception("FUSE releasedir of %s failed", path)
+        self.listings.close(k.RELEASE_IN.unpack_from(arg)[0], self.ops)
         self._reply(unique)
 
     def _getxattr(self, unique: int, nodeid: int, arg: memoryview, names: bool = False) -> None:
