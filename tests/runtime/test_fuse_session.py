@@ -241,3 +241,19 @@ def test_the_store_view_uses_the_session_read_only_and_libfuse_otherwise(tmp_pat
                 types = [line.split(" - ")[1].split()[0] for line in f if f" {m} " in line]
             assert types == [fstype], (read_only, lowlevel)
             assert _child("print(np.load(argv[0]).sum())", f"{m}/a.npy") == "45"
+
+
+def test_a_loaded_store_directory_holds_c_order_arrays_as_images(tmp_path):
+    from tenplex.runtime.checkpoint.store_dir import open_dir
+    from tenplex.runtime.checkpoint.write import save
+
+    want = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, ml_dtypes.bfloat16)}
+    save(want, tmp_path / "s")
+    sd = open_dir(tmp_path / "s")
+    leaves = {p.rsplit("/", 1)[1].split(".")[0]: p for p in sd.store.walk() if sd.store.meta(p).kind == "array"}
+    assert sorted(leaves) == ["b", "w"], leaves
+    for name, p in leaves.items():
+        assert NpyFile.from_leaf(sd.store.get(p), sd.store.shared(p)).image is not None, name
+        got = sd.store.get(p)
+        assert got.dtype == want[name].dtype and np.array_equal(got, want[name]), name
+    sd.store.close()
