@@ -8,7 +8,9 @@ the file where it is not, instead of returning raw uint16 bits) whose data bytes
 from the stored array: `NpyFile.segments` names a byte range as views of the header and of the
 array's memory (no copy) for C- or Fortran-contiguous arrays, which the mount splices into the
 kernel's reply (`fuse.splice`), and copies just the elements that cover the range of a strided
-view. A value leaf is its JSON plus a newline.
+view. A value leaf is its JSON plus a newline. A leaf that the store holds as a `.npy` image
+(`store.image`: a memory file holding exactly these bytes) names it as `NpyFile.image`, which a
+read-only mount hands the kernel instead (FUSE passthrough, `fuse.session`).
 
 `load_npy` is the reader's side: `numpy.load` for a file of the view, faster for large arrays
 because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no page
@@ -17,7 +19,8 @@ cache, one copy in all, as a tmpfs read; see bench/results/fuse.md).
 Invariants:
 - a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf, but for
   the `descr` of the `NAMED` dtypes;
-- `read(size, offset)` and `segments(size, offset)` serve the same bytes;
+- `read(size, offset)` and `segments(size, offset)` serve the same bytes, and so does `image`
+  where it is set (`store.image.is_image` checked it against the header and the array);
 - `parse_npy` returns a C- or F-contiguous array and rejects truncated, oversized, object-dtype
   or unsupported-version `.npy` bytes with a ValueError that says which.
 """

@@ -1,28 +1,35 @@
 """FUSE view of a TensorStore: a store (or a subtree of it) mounted as a directory.
 
 What the view shows and how writes map to the store is `StoreFS` (`fuse.store.ops`); the bytes of a
-file are `NpyFile` (`fuse.npy`). This module mounts it (`tenplex.runtime.fuse.mount`: mfusepy on libfuse3)
-and tunes reads:
+file are `NpyFile` (`fuse.npy`). This module mounts it, one of two ways:
 
-- reads copy nothing in user space: a read request names views of the stored array
-  (`NpyFile.segments`), which the mount splices into the reply (`fuse.splice`), and the kernel
-  copies them once, into the page cache or, with O_DIRECT, straight into the reader's buffer;
-- the page cache stays on (no `direct_io`, so `np.load(mmap_mode="r")` works), and with
-  `keep_cache` an open keeps the pages that earlier reads cached (see `StoreFS`);
-- kernel read-ahead for the mount is raised to `read_ahead_kb` (its backing device's
-  `/sys/class/bdi/<major:minor>/read_ahead_kb`; FUSE starts at 128 KiB), so sequential reads
-  arrive as requests of `splice.MAX_READ` (1 MiB less 4 pages: what a pipe splices), several at
-  a time. Without permission to write it (not root), the mount keeps the kernel's default.
+- read-only, where the process may mount(2) (root): `fuse.session`, the kernel's protocol served
+  without libfuse. A leaf held as a `.npy` image (`store.image`: a memory file that is exactly
+  the file's bytes; `put_image`, and `tenplex store mount` loads arrays so) is opened with FUSE
+  passthrough: the kernel reads and maps the memory file itself, so a buffered read, `mmap` or
+  `load_npy` of it costs what it costs on tmpfs and never reaches this process. Other leaves
+  are answered from the stored array's memory (one `writev` per request) through the page cache;
+- otherwise (writable, or not root) mfusepy on libfuse3 (`fuse.mount`): a read request names views
+  of the stored array (`NpyFile.segments`), which the mount splices into the reply
+  (`fuse.splice`), and the kernel copies them once, into the page cache or, with O_DIRECT,
+  straight into the reader's buffer.
 
-Buffered reads are bound by the reader's side (the kernel copies each byte twice: into the
-page cache, then out of it); a reader that opens with O_DIRECT (`load_npy`) gets one copy, as
-from tmpfs. Attributes and names are cached by the kernel for 1 s, so changes made to the store
-directly show in sizes and listings within a second. Numbers: bench/results/fuse.md
-(`python -m bench --only fuse`).
+Either way the page cache stays on for files not passed through (no `direct_io`, so
+`np.load(mmap_mode="r")` works), with `keep_cache` an open keeps the pages that earlier reads
+cached (see `StoreFS`), and the mount's kernel read-ahead is raised to `read_ahead_kb` (its
+backing device's `/sys/class/bdi/<major:minor>/read_ahead_kb`; FUSE starts at 128 KiB), so
+sequential reads arrive as requests of `splice.MAX_READ` (1 MiB less 4 pages), several at a
+time. Without permission to write it (not root), the mount keeps the kernel's default.
+
+Buffered reads of files not passed through are bound by the reader's side (the kernel copies
+each byte twice: into the page cache, then out of it); a reader that opens with O_DIRECT
+(`load_npy`) gets one copy, as from tmpfs. Attributes and names are cached by the kernel for
+1 s, so changes made to the store directly show in sizes and listings within a second. Numbers:
+bench/results/fuse.md (`python -m bench --only fuse`).
 
 Invariants:
 - `mount` returns only once the directory is a live mount point, and on exit unmounts it and
-  joins the FUSE thread whatever happened inside the block;
+  joins the FUSE threads whatever happened inside the block;
 - a mount with `read_only` is mounted `ro` and its `StoreFS` refuses every change (EROFS).
 """
 
