@@ -3,10 +3,25 @@ libfuse), to measure what the kernel allows that libfuse 3.14 cannot ask for: pa
 (FOPEN_PASSTHROUGH + FUSE_DEV_IOC_BACKING_OPEN), FOPEN_DIRECT_IO with
 FUSE_DIRECT_IO_ALLOW_MMAP and large requests, zero-message opens (FUSE_NO_OPEN_SUPPORT).
 
-    python experiments/fuse_raw.py big [--mib 1024] [--rounds 3]
-    python experiments/fuse_raw.py small [--kib 64] [--files 4096] [--rounds 3]
+    python experiments/fuse_raw.py big [--mib 1024] [--rounds 3] [--only passthrough direct_io page_cache]
+    python experiments/fuse_raw.py small [--kib 64] [--files 4096] [--rounds 3] [--configs ...]
+
+`big`: one `.npy` (header + float32 data) served from a memory file three ways, each read by a
+child (`python -m bench.fuse METHOD`) against the same bytes on tmpfs: `passthrough`
+(FOPEN_PASSTHROUGH, the memory file as backing file), `direct_io` (FOPEN_DIRECT_IO with
+FUSE_DIRECT_IO_ALLOW_MMAP: one copy per READ, `mmap` through the page cache), `page_cache` (what
+libfuse views do: READ replies into the page cache, read out again).
+
+`small`: many sample files of `--kib` KiB, 8 per directory, listed and read whole by a child,
+against `os.pread` of the same bytes from one tmpfs file: `cached` (OPEN, READ, RELEASE per
+file), `keep` (FOPEN_KEEP_CACHE), `no_open` (OPEN answered ENOSYS: the kernel stops sending
+OPEN/RELEASE), `direct` (FOPEN_DIRECT_IO), `passthrough` (a memory file per sample), `push`
+(no_open, and the server stores each listed directory's files into the kernel's page cache
+with FUSE_NOTIFY_STORE as soon as READDIRPLUS made their inodes); `+pin` pins the server
+threads to CPUs and the reader to CPU 0. FLUSH is answered ENOSYS (the kernel stops sending it).
 
 Needs root (mount(2), and CAP_SYS_ADMIN for backing files). Prints one line per measurement.
+What was learnt is in docs/design-notes.md ("FUSE views on the kernel protocol").
 """
 
 from __future__ import annotations
