@@ -131,7 +131,10 @@ class Session:
     def _init(self, unique: int, nodeid: int, arg: memoryview) -> None:
         major, minor, readahead, flags, flags2 = k.INIT_IN.unpack_from(arg)
         offered = flags | (flags2 << 32 if flags & k.INIT_EXT else 0)
-        want = k.ASYNC_READ | k.DO_READDIRPLUS | k.PARALLEL_DIROPS | k.MAX_PAGES | k.INIT_EXT
+        # libfuse's defaults that a read-only view uses (cached pages dropped when a file's size or
+        # mtime changes; several requests in flight for one O_DIRECT read), and what it cannot ask
+        want = k.ASYNC_READ | k.AUTO_INVAL_DATA | k.DO_READDIRPLUS | k.ASYNC_DIO | k.PARALLEL_DIROPS | k.MAX_PAGES
+        want |= k.INIT_EXT
         if self._want_passthrough:
             want |= k.PASSTHROUGH
         want &= offered
