@@ -206,6 +206,7 @@ def test_other_leaves_are_read_through_the_server(served):
     with open(f"{m}/d/cfg.json") as f:
         assert f.read() == '{"lr": 0.5}\n'
     assert os.getxattr(f"{m}/d/img.npy", "user.tenplex.dtype") == b"float32"
+    assert abs(os.stat(f"{m}/d/cfg.json").st_mtime - time.time()) < 600  # the view's ns times, as times
     with pytest.raises(FileNotFoundError):
         os.stat(f"{m}/d/nope.npy")
     with pytest.raises(OSError) as e, open(f"{m}/d/new.npy", "wb"):

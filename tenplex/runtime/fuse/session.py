@@ -6,21 +6,24 @@ without libfuse: what a root process uses to get what libfuse 3.14 cannot ask th
   image in a memory file) is opened with `FOPEN_PASSTHROUGH`: the kernel reads, and maps, the
   backing file itself, so reads and `mmap` never reach this process and cost what they cost on
   tmpfs;
-- other reads are answered with one `writev` from the memory the operations name (or spliced
-  from a file range, `fuse.splice`), in requests of up to `splice.MAX_READ` bytes;
+- other reads are answered with one `writev` from the memory the operations name (`fuse.splice`
+  segments; file ranges are read into one buffer first), in requests of up to
+  `splice.MAX_READ` bytes;
 - no FLUSH on close (answered ENOSYS once, the kernel stops sending it), listings carry the
   attributes (READDIRPLUS) and `default_permissions` lets the kernel check modes itself.
 
 The operations are path-based, as mfusepy's (`getattr`, `readdir_plus` or `readdir`, `open`,
 `open_flags`, `read_buf`, `release`, optional `opendir`, `releasedir`, `getxattr`, `listxattr`,
-`backing`); `Session` keeps the node ids the kernel holds (LOOKUP and READDIRPLUS entries count,
-FORGET releases) and runs `threads` threads reading requests.
+`backing`; times in ns where `ops.use_ns`, as mfusepy's); `Session` keeps the node ids the
+kernel holds (LOOKUP and READDIRPLUS entries count, FORGET releases) and runs `threads` threads
+reading requests.
 
 Invariants:
 - every request that wants a reply gets exactly one (an error for an operation the view lacks,
   or one that raised: OSError's errno, else EIO, logged);
 - a node id names one path for as long as the kernel holds it; the root is 1;
-- a backing id is registered for an open file and dropped at its RELEASE (or at close).
+- an open that the kernel did not take (interrupted) is released at once, as libfuse does;
+- backing ids live while open files use them (`fuse.backing`).
 
 Raises: `SessionUnavailable` when `/dev/fuse` cannot be opened or mount(2) is refused (not
 root): callers fall back to libfuse (`fuse.mount`).
@@ -114,13 +117,16 @@ class Session:
             log.exception("FUSE operation %d failed", op)
             self._error(unique, errno.EIO)
 
-    def _reply(self, unique: int, parts: Sequence[Any] = ()) -> None:
+    def _reply(self, unique: int, parts: Sequence[Any] = ()) -> bool:
+        """Send a reply; False if the kernel no longer waits for it (interrupted meanwhile)."""
         size = k.OUT_HEADER.size + sum(memoryview(p).nbytes for p in parts)
         try:
             os.writev(self.fd, [k.OUT_HEADER.pack(size, 0, unique), *parts])
         except OSError as e:
-            if e.errno != errno.ENOENT:  # ENOENT: the request was interrupted meanwhile
+            if e.errno != errno.ENOENT:
                 raise
+            return False
+        return True
 
     def _error(self, unique: int, err: int) -> None:
         with contextlib.suppress(OSError):
@@ -153,8 +159,10 @@ class Session:
         return k.entry(ino, self._attr(ino, attrs), TIMEOUT)
 
     def _attr(self, ino: int, a: dict) -> bytes:
+        mtime = a.get("st_mtime", 0)
+        mtime_ns = int(mtime if getattr(self.ops, "use_ns", False) else mtime * 1e9)
         return k.attr(ino, a["st_mode"], a.get("st_size", 0), a.get("st_nlink", 1), a.get("st_uid", os.geteuid()),
-                      a.get("st_gid", os.getegid()), int(a.get("st_mtime", 0)))  # fmt: skip
+                      a.get("st_gid", os.getegid()), mtime_ns)  # fmt: skip
 
     def _getattr(self, unique: int, nodeid: int, arg: memoryview) -> None:
         attrs = self.ops.getattr(self.nodes.path(nodeid))
@@ -174,12 +182,15 @@ class Session:
                 log.info("FUSE passthrough refused (%s); reads of %s go through this process", e, self.directory)
                 self.passthrough = False
                 flags, backing = self.backings.open(nodeid, fh, None, flags)
-            self._reply(unique, [k.OPEN_OUT.pack(fh, flags, backing)])
+            taken = self._reply(unique, [k.OPEN_OUT.pack(fh, flags, backing)])
         except BaseException:
-            self.backings.release(fh)
-            with contextlib.suppress(Exception):
-                self.ops.release(path, fh)
+            taken = False
             raise
+        finally:
+            if not taken:  # no RELEASE will come for it
+                self.backings.release(fh)
+                with contextlib.suppress(Exception):
+                    self.ops.release(path, fh)
 
     def _read(self, unique: int, nodeid: int, arg: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(arg)
