@@ -258,3 +258,51 @@ def test_a_loaded_store_directory_holds_c_order_arrays_as_images(tmp_path):
         got = sd.store.get(p)
         assert got.dtype == want[name].dtype and np.array_equal(got, want[name]), name
     sd.store.close()
+
+
+class _Broken:
+    """Operations whose file `bad` fails with a bug (not an OSError), and no xattrs at all."""
+
+    use_ns = True
+
+    def getattr(self, path: str) -> dict:
+        if path == "/bad":
+            raise ValueError("a bug")
+        if path in ("/", "/ok"):
+            return {"st_mode": 0o40755 if path == "/" else 0o100444, "st_size": 2 if path == "/ok" else 0}
+        raise OSError(errno.ENOENT, path)
+
+    def readdir(self, path: str, fh: int) -> list:
+        return [".", "..", "ok", "bad"]
+
+    def open(self, path: str, flags: int) -> int:
+        return 1
+
+    def open_flags(self, fh: int) -> tuple[bool, bool]:
+        return False, False
+
+    def read_buf(self, path, size, offset, fh):
+        return [b"hi"[offset : offset + size]]
+
+    def release(self, path, fh):
+        raise RuntimeError("ignored: the file is closed anyway")
+
+
+@pytest.mark.fuse
+@needs_mount
+def test_failures_become_errors_and_the_session_serves_on(tmp_path, caplog):
+    from tenplex.runtime.fuse.session import mount_session
+
+    (tmp_path / "m").mkdir()
+    with mount_session(_Broken(), str(tmp_path / "m"), read_ahead_kb=None) as session:
+        m = session.directory
+        with pytest.raises(OSError) as e:
+            os.stat(f"{m}/bad")
+        assert e.value.errno == errno.EIO and "a bug" in caplog.text  # logged, answered EIO
+        assert sorted(os.listdir(m)) == ["bad", "ok"]  # plain READDIR: attributes by getattr
+        with open(f"{m}/ok", "rb") as f:
+            assert f.read() == b"hi"
+        with pytest.raises(OSError) as e:
+            os.getxattr(f"{m}/ok", "user.x")
+        assert e.value.errno in (errno.ENOSYS, errno.EOPNOTSUPP)  # the view has no xattrs
+        assert os.statvfs(m).f_bsize == 4096

@@ -88,13 +88,14 @@ class Listings:
 
     def open(self, path: str, ops: Any) -> int:
         """List `path` with `ops` (`opendir` if it has one, then `readdir_plus` or `readdir` and
-        `getattr`; without `.` and `..`); the handle of the listing."""
+        `getattr`, None for an entry whose `getattr` fails; without `.` and `..`); the handle of
+        the listing."""
         fh = ops.opendir(path) if hasattr(ops, "opendir") else 0
         if (plus := getattr(ops, "readdir_plus", None)) is not None:
             entries = plus(path, fh)
         else:
             base = path.rstrip("/") + "/"
-            entries = [(n, ops.getattr(base + n)) for n in ops.readdir(path, fh) if n not in (".", "..")]
+            entries = [(n, _attrs(ops, base + n)) for n in ops.readdir(path, fh) if n not in (".", "..")]
         with self._lock:
             handle = next(self._ids)
             self._open[handle] = (path, fh, [(n.encode(), a) for n, a in entries if n not in (".", "..")])
@@ -110,3 +111,10 @@ class Listings:
             path, fh, _ = self._open.pop(handle, (None, 0, None))
         if path is not None and hasattr(ops, "releasedir"):
             ops.releasedir(path, fh)
+
+
+def _attrs(ops: Any, path: str) -> dict | None:
+    try:
+        return ops.getattr(path)
+    except Exception:  # listed without attributes: a lookup of it reports the failure
+        return None

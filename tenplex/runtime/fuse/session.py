@@ -221,11 +221,13 @@ class Session:
             need = len(k.dirent(0, 0, name, 0)) + (k.ENTRY.size + k.ATTR.size if plus else 0)
             if len(out) + need > size:
                 break
-            if plus:  # the kernel holds the entry as if looked up
+            mode = 0 if attrs is None else attrs["st_mode"]  # 0: DT_UNKNOWN
+            if plus and attrs is not None:  # the kernel holds the entry as if looked up
                 entry = self._entry(base + name.decode(), attrs)
-                out += entry + k.dirent(k.ENTRY.unpack_from(entry)[0], i + 1, name, attrs["st_mode"])
-            else:
-                out += k.dirent(self.nodes.peek(base + name.decode()), i + 1, name, attrs["st_mode"])
+                out += entry + k.dirent(k.ENTRY.unpack_from(entry)[0], i + 1, name, mode)
+            else:  # with node id 0 in a READDIRPLUS entry the kernel takes no lookup of it
+                head = bytes(k.ENTRY.size + k.ATTR.size) if plus else b""
+                out += head + k.dirent(self.nodes.peek(base + name.decode()), i + 1, name, mode)
         self._reply(unique, [out])
 
     def _readdirplus(self, unique: int, nodeid: int, arg: memoryview) -> None:
