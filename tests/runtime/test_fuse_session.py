@@ -306,3 +306,18 @@ def test_failures_become_errors_and_the_session_serves_on(tmp_path, caplog):
             os.getxattr(f"{m}/ok", "user.x")
         assert e.value.errno in (errno.ENOSYS, errno.EOPNOTSUPP)  # the view has no xattrs
         assert os.statvfs(m).f_bsize == 4096
+
+
+@pytest.mark.fuse
+@needs_mount
+def test_without_passthrough_images_are_read_through_the_server(tmp_path):
+    from tenplex.runtime.fuse.session import mount_session
+
+    store = TensorStore()
+    put_image(store, "/img", np.arange(1 << 16, dtype=np.int32))
+    _Counting.reads = 0
+    (tmp_path / "m").mkdir()
+    with mount_session(_Counting(store, read_only=True), str(tmp_path / "m"), passthrough=False) as session:
+        assert not session.passthrough
+        assert _child("print(np.load(argv[0])[-3:].tolist())", f"{session.directory}/img.npy") == "[65533, 65534, 65535]"
+    assert _Counting.reads > 0

@@ -238,24 +238,16 @@ class Session:
         self._reply(unique)
 
     def _getxattr(self, unique: int, nodeid: int, arg: memoryview, names: bool = False) -> None:
-        size = int.from_bytes(arg[:4], "little")
-        path = self.nodes.path(nodeid)
+        if (op := getattr(self.ops, "listxattr" if names else "getxattr", None)) is None:
+            raise OSError(errno.ENOSYS, "no extended attributes")  # the kernel stops asking
+        path, size = self.nodes.path(nodeid), int.from_bytes(arg[:4], "little")
         if names:
-            value = b"".join(n.encode() + b"\0" for n in self._xattr_op("listxattr")(path))
+            value = b"".join(n.encode() + b"\0" for n in op(path))
         else:
-            value = self._xattr_op("getxattr")(path, bytes(arg[8:]).split(b"\0", 1)[0].decode())
-        if size == 0:
-            self._reply(unique, [k.SIZE_OUT.pack(len(value), 0)])
-        elif len(value) > size:
+            value = op(path, bytes(arg[8:]).split(b"\0", 1)[0].decode())
+        if size and len(value) > size:
             raise OSError(errno.ERANGE, "xattr buffer too small")
-        else:
-            self._reply(unique, [value])
-
-    def _xattr_op(self, name: str) -> Any:
-        op = getattr(self.ops, name, None)
-        if op is None:
-            raise OSError(errno.ENOSYS, name)
-        return op
+        self._reply(unique, [value if size else k.SIZE_OUT.pack(len(value), 0)])
 
     def _listxattr(self, unique: int, nodeid: int, arg: memoryview) -> None:
         self._getxattr(unique, nodeid, arg, names=True)
@@ -298,7 +290,7 @@ def mount_session(ops: Any, directory: str, *, read_ahead_kb: int | None = READ_
     directory = os.path.realpath(directory)
     if is_mounted(directory):
         raise FuseUnavailable(f"cannot mount the {what} at {directory}: already a mount point")
-    session = Session(ops, directory)
+    session = Session(ops, directory, passthrough=passthrough)
     try:
         if read_ahead_kb is not None:
             set_read_ahead(directory, read_ahead_kb)
