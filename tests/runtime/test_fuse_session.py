@@ -321,3 +321,19 @@ def test_without_passthrough_images_are_read_through_the_server(tmp_path):
         assert not session.passthrough
         assert _child("print(np.load(argv[0])[-3:].tolist())", f"{session.directory}/img.npy") == "[65533, 65534, 65535]"
     assert _Counting.reads > 0
+
+
+def test_a_loaded_store_directory_falls_back_to_memory_without_descriptors(tmp_path, monkeypatch):
+    from tenplex.runtime.checkpoint import store_dir
+    from tenplex.runtime.checkpoint.write import save
+
+    save({"w": np.arange(6, dtype=np.float32)}, tmp_path / "s")
+
+    def no_fds(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(store_dir, "put_image", no_fds)
+    sd = store_dir.open_dir(tmp_path / "s")
+    (path,) = [p for p in sd.store.walk() if sd.store.meta(p).kind == "array"]
+    assert sd.store.shared(path) is None and sd.store.get(path).tolist() == list(range(6))
+    sd.store.close()

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shutil
@@ -128,9 +129,13 @@ def _adopt(store: TensorStore, leaf: str, mapped: np.ndarray) -> None:
     a read-only mount hands the kernel its memory file, FUSE passthrough), others in memory as
     they are laid out; either way one copy out of the file, the read."""
     if mapped.flags.c_contiguous and mapped.size:
-        put_image(store, leaf, mapped)
-    else:
-        store.put(leaf, np.array(mapped, order="K"), copy=False)
+        try:
+            put_image(store, leaf, mapped)
+            return
+        except OSError as e:  # out of descriptors (an image holds two): this one in plain memory
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+    store.put(leaf, np.array(mapped, order="K"), copy=False)
 
 
 def _inside(file: Any) -> str:
