@@ -12,8 +12,10 @@ that anchor in the same round: min / median / max over the rounds. Rows:
   protocol served without libfuse, `fuse.session`, the leaf held as a `.npy` image in a memory
   file, `store.image.put_image`): the same four reads, which the kernel serves from the memory
   file itself (no request reaches the server), each against its tmpfs anchor;
-- FUSE session, plain leaf: a 1 MiB read of the same view's leaf held in ordinary memory (not an
-  image): READ requests answered with one `writev` each, through the page cache;
+- FUSE session, plain leaf: reads of 1 MiB and 16 MiB and `mmap` of the same view's leaf held in
+  ordinary memory (not an image): opened with direct I/O (`fuse.store.view.DIRECT_IO_FROM`),
+  READ requests answered with one `writev` each straight into the reader's buffer; `mmap`
+  through the page cache (FUSE_DIRECT_IO_ALLOW_MMAP);
 - FUSE, libfuse (a writable mount, `fuse.mount` on mfusepy: splice replies, read-ahead
   `READ_AHEAD_KB`), plain leaf: the same reads (through the page cache: the kernel copies each
   byte twice, FUSE reply -> page cache -> reader) and `odirect` (O_DIRECT, 16 MiB buffer: one
@@ -55,7 +57,8 @@ R1, R16, MMAP, LOAD = ("read", MIB), ("read", 16 * MIB), ("mmap", 0), ("load_npy
 PT, PLAIN, LIBFUSE = "FUSE passthrough (.npy image)", "FUSE session, plain leaf", "FUSE libfuse, plain leaf"
 SESSION = [
     ("tmpfs", *R1, None), (PT, *R1, R1), (PLAIN, *R1, R1), ("tmpfs", *R16, None), (PT, *R16, R16),
-    ("tmpfs", *LOAD, None), (PT, *LOAD, LOAD), ("tmpfs", *MMAP, None), (PT, *MMAP, MMAP),
+    (PLAIN, *R16, R16), ("tmpfs", *LOAD, None), (PT, *LOAD, LOAD), ("tmpfs", *MMAP, None), (PT, *MMAP, MMAP),
+    (PLAIN, *MMAP, MMAP),
 ]  # fmt: skip
 TUNED = [
     ("tmpfs", *R1, None), (LIBFUSE, *R1, R1), ("tmpfs", *R16, None), (LIBFUSE, *R16, R16),

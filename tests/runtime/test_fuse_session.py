@@ -25,6 +25,7 @@ from tenplex.runtime.fuse.backing import Backings
 from tenplex.runtime.fuse.nodes import ROOT, Listings, Nodes
 from tenplex.runtime.fuse.npy import NpyFile
 from tenplex.runtime.fuse.store import StoreFS, fuse_unavailable_reason, mount
+from tenplex.runtime.fuse.store.view import DIRECT_IO_FROM
 from tenplex.runtime.store.image import is_image, npy_image, put_image
 from tenplex.runtime.store.shared import Arena
 from tenplex.runtime.store.tree import TensorStore
@@ -168,7 +169,7 @@ def served(tmp_path):
     store.put("/d/cfg", {"lr": 0.5})
     _Counting.reads = 0
     (tmp_path / "m").mkdir()
-    with mount_session(_Counting(store, read_only=True), str(tmp_path / "m")) as session:
+    with mount_session(_Counting(store, read_only=True), str(tmp_path / "m"), direct_io_from=DIRECT_IO_FROM) as session:
         yield store, session, big
     store.close()
 
@@ -203,6 +204,14 @@ def test_other_leaves_are_read_through_the_server(served):
     assert _child("print(np.load(argv[0]).sum() == np.arange(1 << 20, dtype=np.float32)[::2].sum())",
                   f"{m}/d/plain.npy") == "True"  # fmt: skip
     assert _Counting.reads > 0
+    # 2 MiB: opened with direct I/O (one copy per READ, no page cache: a second read asks again),
+    # still mapped shared (DIRECT_IO_ALLOW_MMAP); the small JSON file goes through the page cache
+    for name, again in (("plain.npy", True), ("cfg.json", False)):
+        with open(f"{m}/d/{name}", "rb", buffering=0) as f:
+            first, before = f.read(), _Counting.reads
+            f.seek(0)
+            assert f.read() == first and (_Counting.reads > before) == again, name
+    assert _child("print(int(np.load(argv[0], mmap_mode='r')[-1]))", f"{m}/d/plain.npy") == str((1 << 20) - 2)
     with open(f"{m}/d/cfg.json") as f:
         assert f.read() == '{"lr": 0.5}\n'
     assert os.getxattr(f"{m}/d/img.npy", "user.tenplex.dtype") == b"float32"

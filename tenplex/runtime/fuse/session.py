@@ -60,8 +60,9 @@ class Session:
     """`ops` mounted read-only at `directory` until `close` (see the module doc)."""
 
     def __init__(self, ops: Any, directory: str, *, threads: int = 2, passthrough: bool = True,
-                 fsname: str = "tenplex") -> None:  # fmt: skip
-        self.ops, self.directory, self.passthrough = ops, directory, False
+                 direct_io_from: int | None = None, fsname: str = "tenplex") -> None:  # fmt: skip
+        self.ops, self.directory, self.passthrough, self.direct_io_mmap = ops, directory, False, False
+        self.direct_io_from = direct_io_from
         self.nodes = Nodes()
         self._want_passthrough = passthrough
         self.listings = Listings()
@@ -143,8 +144,8 @@ class Session:
         want |= k.INIT_EXT
         if self._want_passthrough:
             want |= k.PASSTHROUGH
-        want &= offered
-        self.passthrough = bool(want & k.PASSTHROUGH)
+        want = (want | k.DIRECT_IO_ALLOW_MMAP) & offered
+        self.passthrough, self.direct_io_mmap = bool(want & k.PASSTHROUGH), bool(want & k.DIRECT_IO_ALLOW_MMAP)
         out = k.INIT_OUT.pack(k.MAJOR, min(minor, k.MINOR), readahead, want & 0xFFFFFFFF, 0, 0, 4096, 1,
                               max(1, splice.MAX_READ // 4096), 0, want >> 32, 1 if self.passthrough else 0, 0)  # fmt: skip
         self._reply(unique, [out])
@@ -173,6 +174,7 @@ class Session:
         fh = self.ops.open(path, int.from_bytes(arg[:4], "little"))
         try:
             direct_io, keep_cache = self.ops.open_flags(fh)
+            direct_io = direct_io or (not keep_cache and self._large(path))
             flags = (k.FOPEN_DIRECT_IO if direct_io else 0) | (k.FOPEN_KEEP_CACHE if keep_cache else 0)
             get = getattr(self.ops, "backing", None)
             fd = get(fh) if self.passthrough and get is not None else None
@@ -191,6 +193,13 @@ class Session:
                 self.backings.release(fh)
                 with contextlib.suppress(Exception):
                     self.ops.release(path, fh)
+
+    def _large(self, path: str) -> bool:
+        """Whether `path` is a file of at least `direct_io_from` bytes that direct I/O may serve
+        (the kernel maps such files shared through its page cache: DIRECT_IO_ALLOW_MMAP)."""
+        if self.direct_io_from is None or not self.direct_io_mmap:
+            return False
+        return self.ops.getattr(path).get("st_size", 0) >= self.direct_io_from
 
     def _read(self, unique: int, nodeid: int, arg: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(arg)
@@ -230,9 +239,6 @@ class Session:
                 out += head + k.dirent(self.nodes.peek(base + name.decode()), i + 1, name, mode)
         self._reply(unique, [out])
 
-    def _readdirplus(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        self._readdir(unique, nodeid, arg, plus=True)
-
     def _releasedir(self, unique: int, nodeid: int, arg: memoryview) -> None:
         self.listings.close(k.RELEASE_IN.unpack_from(arg)[0], self.ops)
         self._reply(unique)
@@ -249,20 +255,15 @@ class Session:
             raise OSError(errno.ERANGE, "xattr buffer too small")
         self._reply(unique, [value if size else k.SIZE_OUT.pack(len(value), 0)])
 
-    def _listxattr(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        self._getxattr(unique, nodeid, arg, names=True)
-
     def _statfs(self, unique: int, nodeid: int, arg: memoryview) -> None:
         self._reply(unique, [k.STATFS_OUT.pack(0, 0, 0, 0, 0, 4096, 255, 4096, 0)])
 
-    def _destroy(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        self._reply(unique)
-
     _HANDLERS = {
         k.INIT: _init, k.LOOKUP: _lookup, k.GETATTR: _getattr, k.OPEN: _open, k.READ: _read,
-        k.RELEASE: _release, k.OPENDIR: _opendir, k.READDIR: _readdir, k.READDIRPLUS: _readdirplus,
-        k.RELEASEDIR: _releasedir, k.GETXATTR: _getxattr, k.LISTXATTR: _listxattr, k.STATFS: _statfs,
-        k.DESTROY: _destroy,
+        k.RELEASE: _release, k.OPENDIR: _opendir, k.READDIR: _readdir, k.RELEASEDIR: _releasedir,
+        k.READDIRPLUS: lambda self, unique, nodeid, arg: self._readdir(unique, nodeid, arg, plus=True),
+        k.GETXATTR: _getxattr, k.LISTXATTR: lambda self, unique, nodeid, arg: self._getxattr(unique, nodeid, arg, True),
+        k.STATFS: _statfs, k.DESTROY: lambda self, unique, nodeid, arg: self._reply(unique),
     }  # fmt: skip
 
     # -- the end -------------------------------------------------------------------------------
@@ -275,6 +276,7 @@ class Session:
         for t in self.threads:
             t.join(timeout)
         if any(t.is_alive() for t in self.threads) and device is not None:
+            log.warning("FUSE session at %s still served after %s s (a file is open): aborting it", self.directory, timeout)
             k.abort(device)
             for t in self.threads:
                 t.join(1.0)
@@ -283,14 +285,14 @@ class Session:
 
 @contextlib.contextmanager
 def mount_session(ops: Any, directory: str, *, read_ahead_kb: int | None = READ_AHEAD_KB, what: str = "FUSE view",
-                  passthrough: bool = True) -> Iterator[Any]:  # fmt: skip
+                  passthrough: bool = True, direct_io_from: int | None = None) -> Iterator[Any]:  # fmt: skip
     """Serve `ops` read-only at `directory` with `fuse.session.Session` (the kernel protocol,
     without libfuse) until the block ends; yield the session once the directory is a live mount
     point. Raises: SessionUnavailable (no /dev/fuse, mount(2) refused: use `mount` instead)."""
     directory = os.path.realpath(directory)
     if is_mounted(directory):
         raise FuseUnavailable(f"cannot mount the {what} at {directory}: already a mount point")
-    session = Session(ops, directory, passthrough=passthrough)
+    session = Session(ops, directory, passthrough=passthrough, direct_io_from=direct_io_from)
     try:
         if read_ahead_kb is not None:
             set_read_ahead(directory, read_ahead_kb)

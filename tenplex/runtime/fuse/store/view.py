@@ -8,21 +8,24 @@ file are `NpyFile` (`fuse.npy`). This module mounts it, one of two ways:
   the file's bytes; `put_image`, and `tenplex store mount` loads arrays so) is opened with FUSE
   passthrough: the kernel reads and maps the memory file itself, so a buffered read, `mmap` or
   `load_npy` of it costs what it costs on tmpfs and never reaches this process. Other leaves
-  are answered from the stored array's memory (one `writev` per request) through the page cache;
+  are answered from the stored array's memory (one `writev` per request); files of
+  `DIRECT_IO_FROM` bytes and more (without `keep_cache`) with direct I/O, so the kernel copies a
+  reply once, into the reader's buffer (a `read` call costs a request, however small: readers
+  of such files read large blocks), and maps them shared through its page cache
+  (FUSE_DIRECT_IO_ALLOW_MMAP), smaller ones through the page cache;
 - otherwise (writable, or not root) mfusepy on libfuse3 (`fuse.mount`): a read request names views
   of the stored array (`NpyFile.segments`), which the mount splices into the reply
   (`fuse.splice`), and the kernel copies them once, into the page cache or, with O_DIRECT,
   straight into the reader's buffer.
 
-Either way the page cache stays on for files not passed through (no `direct_io`, so
-`np.load(mmap_mode="r")` works), with `keep_cache` an open keeps the pages that earlier reads
-cached (see `StoreFS`), and the mount's kernel read-ahead is raised to `read_ahead_kb` (its
+`np.load(mmap_mode="r")` works either way; with `keep_cache` an open keeps the pages that
+earlier reads cached (see `StoreFS`), and the mount's kernel read-ahead is raised to `read_ahead_kb` (its
 backing device's `/sys/class/bdi/<major:minor>/read_ahead_kb`; FUSE starts at 128 KiB), so
 sequential reads arrive as requests of `splice.MAX_READ` (1 MiB less 4 pages), several at a
 time. Without permission to write it (not root), the mount keeps the kernel's default.
 
-Buffered reads of files not passed through are bound by the reader's side (the kernel copies
-each byte twice: into the page cache, then out of it); a reader that opens with O_DIRECT
+Buffered reads through the page cache are bound by the reader's side (the kernel copies each
+byte twice: into the page cache, then out of it); a reader that opens with O_DIRECT
 (`load_npy`) gets one copy, as from tmpfs. Attributes and names are cached by the kernel for
 1 s, so changes made to the store directly show in sizes and listings within a second. Numbers:
 bench/results/fuse.md (`python -m bench --only fuse`).
@@ -60,6 +63,7 @@ __all__ = [
 
 FuseError = FuseUnavailable  # FUSE cannot be used here, or a mount failed
 log = logging.getLogger(__name__)
+DIRECT_IO_FROM = 1 << 20  # files not passed through, of this size and up: direct I/O (module doc)
 
 
 def serve(store: TensorStore, directory: str, *, prefix: str = "/", read_only: bool = False,
@@ -96,7 +100,8 @@ def mount(store: TensorStore, directory: str, *, prefix: str = "/", timeout: flo
     if read_only and lowlevel is not False and (lowlevel or os.geteuid() == 0):
         ops = StoreFS(store, prefix, read_only=True, keep_cache=keep_cache)
         try:
-            with mount_session(ops, directory, read_ahead_kb=read_ahead_kb, what="store") as session:
+            with mount_session(ops, directory, read_ahead_kb=read_ahead_kb, what="store",
+                               direct_io_from=DIRECT_IO_FROM) as session:  # fmt: skip
                 yield session.directory
             return
         except SessionUnavailable as e:
