@@ -21,11 +21,11 @@ pytestmark = [
 def test_quick_fuse_bench_writes_its_tables(tmp_path, capsys):
     assert main(["--only", "fuse", "--quick", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "fuse-quick.json").read_text())["fuse"]
-    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 22, rows
+    assert [r["status"] for r in rows] == ["ok"] * len(rows) and len(rows) == 24, rows
     assert all(min(r["gbps"]) > 0 and min(r["cpu_s"]) > 0 and r["bytes"] == 32 << 20 for r in rows)
     fuse = [r for r in rows if r["source"].startswith("FUSE")]
     libfuse = [r for r in fuse if "libfuse, " in r["source"]]
-    assert len(fuse) == 11 and len(libfuse) == 6
+    assert len(fuse) == 13 and len(libfuse) == 6
     assert all(f"(read-ahead {READ_AHEAD_KB} KiB)" in r["source"] for r in libfuse)
     assert all(r["source"].endswith("(kernel protocol)") for r in fuse if r not in libfuse)  # root: fuse.session
     assert all(len(r["ratios"]) == len(r["cpu_ratios"]) == 1 for r in fuse)  # each against its tmpfs anchor
