@@ -2,13 +2,11 @@
 without libfuse: what a root process uses to get what libfuse 3.14 cannot ask the kernel for.
 
 - **passthrough** (Linux >= 6.9, CAP_SYS_ADMIN): a file whose operations name a backing file
-  (`ops.backing(fh)`: an open descriptor holding exactly the file's bytes, such as a `.npy`
-  image in a memory file) is opened with `FOPEN_PASSTHROUGH`: the kernel reads, and maps, the
-  backing file itself, so reads and `mmap` never reach this process and cost what they cost on
-  tmpfs;
+  (`ops.backing(fh)`: a descriptor holding exactly its bytes, e.g. a `.npy` image) is opened
+  with `FOPEN_PASSTHROUGH`: the kernel reads and maps that file itself, at tmpfs speed;
 - other reads are answered with one `writev` from the memory the operations name (`fuse.splice`
-  segments; file ranges are read into one buffer first), in requests of up to
-  `splice.MAX_READ` bytes;
+  segments; file ranges are read into one buffer first), in requests of up to `splice.MAX_READ`
+  bytes; files of `direct_io_from` bytes and more with direct I/O, still mapped shared;
 - no FLUSH on close (answered ENOSYS once, the kernel stops sending it), listings carry the
   attributes (READDIRPLUS) and `default_permissions` lets the kernel check modes itself.
 
@@ -50,6 +48,7 @@ from tenplex.runtime.fuse.nodes import Listings, Nodes
 log = logging.getLogger(__name__)
 TIMEOUT = 1.0  # s that the kernel caches names and attributes (changes to the store show within it)
 _REQUEST_BYTES = 64 << 10  # a read-only view gets no WRITE: the largest request is a name
+_STATFS = k.STATFS_OUT.pack(0, 0, 0, 0, 0, 4096, 255, 4096, 0)  # no blocks, 4 KiB, names up to 255
 
 
 class SessionUnavailable(TenplexError):
@@ -255,15 +254,13 @@ class Session:
             raise OSError(errno.ERANGE, "xattr buffer too small")
         self._reply(unique, [value if size else k.SIZE_OUT.pack(len(value), 0)])
 
-    def _statfs(self, unique: int, nodeid: int, arg: memoryview) -> None:
-        self._reply(unique, [k.STATFS_OUT.pack(0, 0, 0, 0, 0, 4096, 255, 4096, 0)])
-
     _HANDLERS = {
         k.INIT: _init, k.LOOKUP: _lookup, k.GETATTR: _getattr, k.OPEN: _open, k.READ: _read,
         k.RELEASE: _release, k.OPENDIR: _opendir, k.READDIR: _readdir, k.RELEASEDIR: _releasedir,
         k.READDIRPLUS: lambda self, unique, nodeid, arg: self._readdir(unique, nodeid, arg, plus=True),
         k.GETXATTR: _getxattr, k.LISTXATTR: lambda self, unique, nodeid, arg: self._getxattr(unique, nodeid, arg, True),
-        k.STATFS: _statfs, k.DESTROY: lambda self, unique, nodeid, arg: self._reply(unique),
+        k.STATFS: lambda self, unique, nodeid, arg: self._reply(unique, [_STATFS]),
+        k.DESTROY: lambda self, unique, nodeid, arg: self._reply(unique),
     }  # fmt: skip
 
     # -- the end -------------------------------------------------------------------------------
