@@ -52,6 +52,9 @@ def _offered(sender: Execution, receiver: Execution, store: TensorStore) -> np.n
     return got
 
 
+HEAD_ROWS = 2  # an offer's header: pid, arenas, rows, sure
+
+
 def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
     s0, s1 = TensorStore(), TensorStore()
     h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
@@ -71,8 +74,14 @@ def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
             assert h1.view(theirs).tobytes() == h0.view(mine).tobytes()
     maps.keep_only()  # this execution's mapping is kept for the next one
     assert len(maps.maps) == 1
-    maps.keep_only()  # the next one named no arena: unmapped
-    assert maps.maps == {}
+    again = _offered(h0, h1, s1)
+    assert maps.views(h0, "h1", again, parts) is views  # the same offer again: its views are not rebuilt
+    again[HEAD_ROWS] += 1  # another offer (here: one more region than h0 sends) is parsed anew, and checked
+    with pytest.raises(ExecutionError, match="regions"):
+        maps.views(h0, "h1", again, parts)
+    maps.keep_only()
+    maps.keep_only()  # the next one named no arena: unmapped, its views forgotten
+    assert maps.maps == {} and maps.last == {}
     maps.close()
 
 

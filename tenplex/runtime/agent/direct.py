@@ -84,7 +84,7 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
         return NONE
     mine = {(h, way): [p for p in parts if p.peer == h and p.outgoing == way] for h in same for way in (True, False)}
     offers = {h: offer(ex, store, mine[h, False], h in maps.mapped_by) for h in into}
-    got = {h: np.empty(capacity(ex, mine[h, True]), "<i8") for h in out}
+    got = {h: np.zeros(capacity(ex, mine[h, True]), "<i8") for h in out}  # zeros: equal offers compare equal
     peer.exchange([(endpoint(h), offers[h], ctl(epoch, OFFER), CTL) for h in into],
                   [(endpoint(h), got[h], ctl(epoch, OFFER), CTL) for h in out], work=work, finish_work=False)  # fmt: skip
     links: dict[str, dict[int, list[np.ndarray]]] = {}
@@ -112,11 +112,14 @@ def offer(ex: Any, store: TensorStore, parts: list, sure: bool = False) -> np.nd
     arenas: dict[int, int] = {}  # fd -> index
     heads: list[int] = []
     rows: list[int] = []
+    found: dict[int, Any] = {}  # array index -> (arena, offset) or None: one store lookup per array
     for p in parts:
         for i in p.regions:
             v = ex.sliced.views[i]
-            side, sid, device, *_ = ex.meta[v.array]
-            shared = store.shared(array_path(ex.job, ex.staging, device, sid)) if side == "dst" else None
+            if v.array not in found:
+                side, sid, device, *_ = ex.meta[v.array]
+                found[v.array] = store.shared(array_path(ex.job, ex.staging, device, sid)) if side == "dst" else None
+            shared = found[v.array]
             if shared is None or shared[0].fd < 0:
                 return np.array([os.getpid(), -1, 0, 0], "<i8")
             arena, at = shared
@@ -156,6 +159,9 @@ class Mappings:
         self.maps: dict[tuple[int, int, int], tuple[mmap.mmap, np.ndarray]] = {}
         self.used: set[tuple[int, int, int]] = set()
         self.mapped_by: set[str] = set()  # peers that answered yes to this agent's offers (`sure` ones since)
+        # per peer, the last offer's views: (slice, offer bytes, mapping keys, views); a plan executed
+        # again into a pooled arena gets the same offer, whose views are then not rebuilt
+        self.last: dict[str, tuple[Any, bytes, list[tuple[int, int, int]], dict[int, list[np.ndarray]]]] = {}
 
     def views(self, ex: Any, host: str, got: np.ndarray, parts: list) -> dict[int, list[np.ndarray]] | None:
         """{part tag: [peer's view per region]} from `host`'s offer `got`; None when refused or
@@ -163,6 +169,18 @@ class Mappings:
         pid, n_arenas, n_rows, _ = (int(x) for x in got[:HEAD])
         if n_arenas < 0:
             return None
+        last = self.last.get(host)
+        if last is not None and last[0] is ex.sliced and last[1] == got.tobytes() and all(k in self.maps for k in last[2]):
+            self.used.update(last[2])
+            return last[3]
+        out = self._views(ex, host, got, parts, pid, n_arenas, n_rows)
+        if out is not None:
+            keys = [(pid, int(got[HEAD + ARENA * k + 1]), int(got[HEAD + ARENA * k + 2])) for k in range(n_arenas)]
+            self.last[host] = (ex.sliced, got.tobytes(), keys, out)
+        return out
+
+    def _views(self, ex: Any, host: str, got: np.ndarray, parts: list, pid: int, n_arenas: int,
+               n_rows: int) -> dict[int, list[np.ndarray]] | None:  # fmt: skip
         arenas, new = [], set()
         for k in range(n_arenas):
             fd, ino, dev, size = (int(x) for x in got[HEAD + ARENA * k : HEAD + ARENA * (k + 1)])
@@ -236,6 +254,8 @@ class Mappings:
         self.used = set()
 
     def _unmap(self, key: tuple[int, int, int]) -> None:
+        for host in [h for h, last in self.last.items() if key in last[2]]:
+            del self.last[host]  # its views map `key`
         m, view = self.maps.pop(key)
         del view
         with contextlib.suppress(BufferError):  # a view still maps it: unmapped when the last one goes

@@ -80,6 +80,20 @@ def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.nd
     return got
 
 
+def sources(store: TensorStore, sl: Sliced, job: str, tag: str) -> dict[int, np.ndarray]:
+    """{slice array index: src array} of `sl` under `tag`, each checked against the slice's shape
+    and dtype (one store call for all). Raises ExecutionError naming the first missing or
+    mismatched array."""
+    indices, paths = sl.paths(job, tag, "src")
+    out = {}
+    for i, path, got in zip(indices, paths, store.arrays(paths)):
+        if got is None or got.shape != sl.shapes[i] or got.dtype != sl.dtypes[i]:
+            source(store, path, sl.meta[i][4], sl.meta[i][3])  # raises, naming what is wrong
+            raise ExecutionError(f"src array {path} does not match the plan")  # pragma: no cover (source raised)
+        out[i] = got
+    return out
+
+
 def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
     """{op id: value} for (op id, partition, device, name) of values this host holds."""
     out = {}
