@@ -128,3 +128,21 @@ def test_a_mapping_is_the_peers_sealed_memory_checked_by_inode():
     os.close(unsealed)
     maps.close()
     arena.close()
+
+
+def test_src_arrays_come_from_the_store_in_one_call_checked_against_the_slice(pair):
+    from tenplex.runtime.agent import rounds
+
+    store = TensorStore()
+    sl = Execution("h0", "j", "a", "b", pair["h0"]).sliced
+    indices, paths = sl.paths("j", "a", "src")
+    assert sl.paths("j", "a", "src") is sl.paths("j", "a", "src") and paths[0].startswith("/job/j/a/")  # made once
+    with pytest.raises(ExecutionError, match=f"src array {paths[0]} is missing"):
+        rounds.sources(store, sl, "j", "a")
+    for i, path in zip(indices, paths):
+        store.put(path, np.zeros(sl.shapes[i], sl.dtypes[i]))
+    got = rounds.sources(store, sl, "j", "a")
+    assert sorted(got) == sorted(indices) and not any(a.flags.writeable for a in got.values())
+    store.put(paths[-1], np.zeros(3, np.int8), replace=True)
+    with pytest.raises(ExecutionError, match=f"src array {paths[-1]} is int8\\[3\\], the plan reads"):
+        rounds.sources(store, sl, "j", "a")

@@ -96,14 +96,12 @@ class TensorStore:
         all or none; returns the leaves' (writable) arrays in order. Raises: StoreError as for
         `put`, for an array outside the arena, or over budget."""
         with self._lock:
-            leaves, dirs = [], {}  # dirs: each parent path checked once (an execution's dst: a few devices)
+            leaves = []
             for path, offset, shape, dtype in items:
                 parts = leaf_parts(path)
-                if parts[:-1] not in dirs:
-                    dirs[parts[:-1]] = self._free_dir(parts, path)
-                old = self._free_leaf(dirs[parts[:-1]], parts, path, replace)
+                old = self._check_free(parts, path, replace)
                 try:
-                    array = arena.array(offset, shape_of(shape, path), dtype)
+                    array = arena.array(offset, shape_of(shape, path), np.dtype(dtype))
                 except ValueError as e:
                     raise StoreError(f"{path}: {e}") from None
                 leaves.append((parts, old, Leaf(array=array, shared=(arena, offset))))
@@ -111,14 +109,8 @@ class TensorStore:
                 raise StoreError(f"put_shared: a path is given twice in {[join(p) for p, _, _ in leaves][:3]}...")
             if not self._memory.make_room(items[0][0] if items else "/", sum(leaf.nbytes for *_, leaf in leaves), None):
                 raise StoreError(f"{len(leaves)} shared arrays of {arena.size} bytes exceed the memory budget")
-            made: dict[tuple[str, ...], dict[str, Node]] = {}
             for parts, old, leaf in leaves:
-                if parts[:-1] not in made:
-                    made[parts[:-1]] = self._parent(parts, create=True)
-                made[parts[:-1]][parts[-1]] = leaf
-                if old is not None:
-                    self._memory.forget(old)
-                self._memory.admit(leaf)
+                self._insert(parts, leaf, old)
             return [leaf.array for _, _, leaf in leaves]
 
     def arrays(self, paths: Sequence[str]) -> list[np.ndarray | None]:
@@ -130,13 +122,10 @@ class TensorStore:
                 node: Any = self._root
                 for part in parse_path(path):
                     node = node.get(part) if isinstance(node, dict) else None
-                    if node is None:
-                        break
-                if isinstance(node, Leaf) and node.array is not None:
-                    self._memory.touch(node)
-                    out.append(read_only(node.array[...]))
-                else:
-                    out.append(None)
+                leaf = node if isinstance(node, Leaf) and node.array is not None else None
+                if leaf is not None:
+                    self._memory.touch(leaf)
+                out.append(None if leaf is None else read_only(leaf.array[...]))
         return out
 
     def shared(self, path: str) -> tuple[Arena, int] | None:
@@ -306,21 +295,12 @@ class TensorStore:
 
     def _check_free(self, parts: tuple[str, ...], path: str, replace: bool, kind: str = "leaf") -> Node | None:
         """The node now at `parts` (None if none), after checking that `parts` may be written."""
-        return self._free_leaf(self._free_dir(parts, path), parts, path, replace, kind)
-
-    def _free_dir(self, parts: tuple[str, ...], path: str) -> dict[str, Node]:
-        """The directory that holds `parts` ({} if missing), after checking that no parent is a leaf."""
         node: Node = self._root
         for i, part in enumerate(parts[:-1]):
             node = node.get(part, {})
             if not isinstance(node, dict):
                 raise StoreError(f"{join(parts[: i + 1])} is a leaf, so {path} cannot be created under it")
-        return node
-
-    @staticmethod
-    def _free_leaf(parent: dict[str, Node], parts: tuple[str, ...], path: str, replace: bool,
-                   kind: str = "leaf") -> Node | None:  # fmt: skip
-        old = parent.get(parts[-1])
+        old = node.get(parts[-1])
         if kind == "leaf" and isinstance(old, dict):
             raise StoreError(f"{path} is a directory, not a leaf")
         if old is not None and not replace:
