@@ -67,7 +67,8 @@ class Sliced:
         try:
             self.dtypes = [np_dtype(m[3]) for m in self.meta]
             self.shapes = [tuple(int(n) for n in m[4]) for m in self.meta]
-            self.views = [_view_args(row, ndim, [dt.itemsize for dt in self.dtypes]) for row in self.regions]
+            itemsizes = [dt.itemsize for dt in self.dtypes]
+            self.views = [_view_args(row, ndim, itemsizes) for row in self.regions]
         except (TypeError, ValueError, IndexError) as e:
             raise ExecutionError(f"slice for {host!r}: malformed arrays or regions: {type(e).__name__}: {e}") from None
         self._paths: dict[tuple[str, str, str], tuple[list[int], list[str]]] = {}
