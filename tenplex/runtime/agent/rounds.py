@@ -50,6 +50,7 @@ class Execution:
         self.copies, self.parts = s.copies, s.parts
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
         self.done = 0  # rounds finished
+        self.waiting: set[int] = set()  # value ops whose src value (another host's) comes after the rounds
         self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, views, exchange (pack within), unpack
         self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
 
@@ -129,17 +130,35 @@ def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Call
 
 def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
     """This host's fill ops, and its value ops (`values`: {op id: src value} of other hosts,
-    passed on by the runtime; src values on this host are read here)."""
+    passed on by the runtime; src values on this host are read here) but those `waiting` for
+    their value (`late_values`)."""
     for region, k in ex.fills:
         with _named(f"fill of region {region} with {ex.fill_values[k]!r}"):
             ex.view(region)[...] = ex.fill_values[k]
-    for op_id, device, partition, name, src_partition, src_device, literal in ex.values:
-        with _named(f"op {op_id} (ValueOp on device {device})"):
-            if src_partition is None:
-                value = literal
-            else:
-                value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
-            store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
+    for row in ex.values:
+        if row[0] not in ex.waiting:
+            _value(ex, store, row, values)
+
+
+def late_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
+    """The value ops `waiting` for `values` ({op id: src value} read by other hosts) after the rounds."""
+    wrong = sorted(set(values) - ex.waiting)
+    if wrong:
+        raise ExecutionError(f"value ops {wrong[:8]} on {ex.host!r} wait for no value")
+    for row in ex.values:
+        if row[0] in values:
+            _value(ex, store, row, values)
+    ex.waiting -= set(values)
+
+
+def _value(ex: Execution, store: TensorStore, row: list, values: Mapping[int, Any]) -> None:
+    op_id, device, partition, name, src_partition, src_device, literal = row
+    with _named(f"op {op_id} (ValueOp on device {device})"):
+        if src_partition is None:
+            value = literal
+        else:
+            value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
+        store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
 
 
 def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:

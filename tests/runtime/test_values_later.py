@@ -1,0 +1,36 @@
+"""Value ops whose src value another host reads wait for it after the rounds (`Agent.run`'s
+`later`, `Agent.put_values`): in one process, an agent whose slice needs no peer."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenplex.compiler import compile_plan
+from tenplex.compiler.emit.slices import host_slices
+from tenplex.compiler.ops import ValueOp
+from tenplex.frontends.spec import ptc_from_spec
+from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+
+
+def test_a_waiting_value_op_blocks_the_commit_until_its_value_comes():
+    src = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp2,pp1,dp1@1x2")
+    dst = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp1,pp1,dp2@1x2")
+    plan = compile_plan(src, dst)
+    op = next(i for i, o in enumerate(plan.ops) if isinstance(o, ValueOp) and o.src_partition is not None)
+    agent = Agent("h0")
+    try:
+        agent.load("j", "a", materialize_all(src, arange_tensors(src)), arange_values(src))
+        agent.prepare("j", "a", "b", slice=host_slices(plan, src, dst, ["h0"])["h0"])
+        agent.run(later=[op])  # as if another host read its src value
+        with pytest.raises(ExecutionError, match=rf"value ops \[{op}\] on 'h0' never got their src values"):
+            agent.commit("j", "b")
+        with pytest.raises(ExecutionError, match=rf"value ops \[{op + 1}\] on 'h0' wait for no value"):
+            agent.put_values({op + 1: 0})
+        assert agent.put_values({op: {"late": 1}}) == 1
+        agent.commit("j", "b")
+        o = plan.ops[op]
+        assert agent.store.get(f"/job/j/b/{o.dst_device}/.values/{o.dst_partition}/{o.name}") == {"late": 1}
+    finally:
+        agent.stop()
