@@ -318,14 +318,3 @@ def test_threads_put_read_delete(tmp_path):
     assert len(s.walk("/")) == 8 * 20 and s.nbytes() == 8 * 20 * 100 and s.resident_nbytes <= 4000
     s.close()
     assert os.listdir(tmp_path) == []
-
-
-def test_arrays_are_read_only_views_or_none():
-    store = TensorStore()
-    store.put("/job/j/t/0/w", np.arange(6.0).reshape(2, 3))
-    store.put("/job/j/t/0/v", {"step": 3})
-    got = store.arrays(["/job/j/t/0/w", "/job/j/t/0/missing", "/job/j/t/0", "/job/j/t/0/v", "/job/j/t/0/w/under"])
-    assert got[0].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and not got[0].flags.writeable
-    assert got[1:] == [None, None, None, None]  # missing, a directory, a value, below a leaf
-    store.write("/job/j/t/0/w", Box((0, 0), (1, 1)), np.full((1, 1), -1.0))
-    assert got[0][0, 0] == -1.0  # a view, not a copy

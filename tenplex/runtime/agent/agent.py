@@ -223,23 +223,16 @@ class Agent(TagCommands):
         self.pool.reserve(nbytes)
         return self.pool.nbytes
 
-    def run(self, values: Mapping[int, Any] | None = None, epoch: int = 0, later: list[int] | None = None) -> int:
-        """Run every round of the prepared slice (`values`: {op id: src value} of value ops that
-        copy from other hosts; `later`: op ids of those whose value comes after the rounds,
-        `put_values`; `epoch` tells this execution's UCX tags from earlier ones'); returns the
-        bytes this host sent."""
-        ex = self._execution()
-        if ex.done:
-            raise ExecutionError("the prepared execution already ran")
-        ex.waiting = set(later or ()) - set(values or {})
-        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps)
+    def run(self, epoch: int = 0, later: list[int] | None = None) -> int:
+        """Run every round of the prepared slice (`epoch` tells this execution's UCX tags from earlier
+        ones'; `later`: value ops that wait for another host's src value, `put_values`); returns the bytes sent."""
+        return rounds.run(self._execution(), self.store, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps,
+                          later or [])  # fmt: skip
 
-    def put_values(self, values: Mapping[int, Any]) -> int:
-        """Write the src values that value ops waiting since `run` (its `later`) copy from other
-        hosts ({op id: value}); returns how many. Raises ExecutionError naming an op that waits for none."""
-        ex = self._execution()
-        rounds.late_values(ex, self.store, values)
-        return len(values)
+    def put_values(self, values: Mapping[int, Any]) -> None:
+        """Write the src values ({op id: value}, read by other hosts) that the value ops waiting
+        since `run` copy. Raises ExecutionError naming an op that waits for none."""
+        rounds.late_values(self._execution(), self.store, values)
 
     def commit(self, job: str, dst_tag: str) -> dict[str, float]:
         """Make the dst tag visible (rename staging); returns the execution's seconds per activity

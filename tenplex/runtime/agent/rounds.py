@@ -69,13 +69,13 @@ class Execution:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
-def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.ndarray:
-    """The src array at `path`, checked against the slice's shape and dtype."""
+def source(store: TensorStore, path: str, shape: list[int], dtype: str, np_type: np.dtype | None = None) -> np.ndarray:
+    """The src array at `path`, checked against the slice's shape and dtype (`np_type`: its numpy dtype)."""
     try:
         got = store.get(path)
     except StoreError:
         raise ExecutionError(f"src array {path} is missing") from None
-    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != np_dtype(dtype):
+    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != (np_type or np_dtype(dtype)):
         what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
         raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")
     return got
@@ -83,16 +83,9 @@ def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.nd
 
 def sources(store: TensorStore, sl: Sliced, job: str, tag: str) -> dict[int, np.ndarray]:
     """{slice array index: src array} of `sl` under `tag`, each checked against the slice's shape
-    and dtype (one store call for all). Raises ExecutionError naming the first missing or
-    mismatched array."""
+    and dtype (`source`). Raises ExecutionError naming the first missing or mismatched array."""
     indices, paths = sl.paths(job, tag, "src")
-    out = {}
-    for i, path, got in zip(indices, paths, store.arrays(paths)):
-        if got is None or got.shape != sl.shapes[i] or got.dtype != sl.dtypes[i]:
-            source(store, path, sl.meta[i][4], sl.meta[i][3])  # raises, naming what is wrong
-            raise ExecutionError(f"src array {path} does not match the plan")  # pragma: no cover (source raised)
-        out[i] = got
-    return out
+    return {i: source(store, path, sl.meta[i][4], sl.meta[i][3], sl.dtypes[i]) for i, path in zip(indices, paths)}
 
 
 def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
@@ -106,12 +99,15 @@ def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, s
     return out
 
 
-def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Callable[[], Any],
-        endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int, maps: direct.Mappings) -> int:  # fmt: skip
+def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Callable[[str], Any],
+        scratch: parts.Scratch, epoch: int, maps: direct.Mappings, later: list[int]) -> int:  # fmt: skip
     """Every round of this host's slice, in order; returns the bytes it sent (`maps`: this
-    agent's mappings of same-node peers' arenas, `direct`)."""
-    sent = 0
-    fills_and_values(ex, store, values)
+    agent's mappings of same-node peers' arenas, `direct`; `later`: value ops that wait for a
+    src value another host reads, `late_values`)."""
+    if ex.done:
+        raise ExecutionError("the prepared execution already ran")
+    ex.waiting, sent = set(later), 0
+    fills_and_values(ex, store)
     links, first = direct.NONE, local(ex, ex.sliced.batches.get(0, []))
     if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already
         # round 0's local copies run while the offers and answers travel
@@ -128,20 +124,20 @@ def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Call
     return sent
 
 
-def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
-    """This host's fill ops, and its value ops (`values`: {op id: src value} of other hosts,
-    passed on by the runtime; src values on this host are read here) but those `waiting` for
-    their value (`late_values`)."""
+def fills_and_values(ex: Execution, store: TensorStore) -> None:
+    """This host's fill ops, and its value ops but those `waiting` for a src value that another
+    host reads (`late_values`); src values on this host are read here."""
     for region, k in ex.fills:
         with _named(f"fill of region {region} with {ex.fill_values[k]!r}"):
             ex.view(region)[...] = ex.fill_values[k]
     for row in ex.values:
         if row[0] not in ex.waiting:
-            _value(ex, store, row, values)
+            _value(ex, store, row, {})
 
 
 def late_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
-    """The value ops `waiting` for `values` ({op id: src value} read by other hosts) after the rounds."""
+    """The value ops `waiting` for `values` ({op id: src value} read by other hosts, passed on by
+    the runtime after the rounds)."""
     wrong = sorted(set(values) - ex.waiting)
     if wrong:
         raise ExecutionError(f"value ops {wrong[:8]} on {ex.host!r} wait for no value")

@@ -113,21 +113,6 @@ class TensorStore:
                 self._insert(parts, leaf, old)
             return [leaf.array for _, _, leaf in leaves]
 
-    def arrays(self, paths: Sequence[str]) -> list[np.ndarray | None]:
-        """A read-only view of the array at each of `paths`, or None where there is none (missing,
-        a directory, a value): one lock for all (an agent's src arrays, at every execution)."""
-        out: list[np.ndarray | None] = []
-        with self._lock:
-            for path in paths:
-                node: Any = self._root
-                for part in parse_path(path):
-                    node = node.get(part) if isinstance(node, dict) else None
-                leaf = node if isinstance(node, Leaf) and node.array is not None else None
-                if leaf is not None:
-                    self._memory.touch(leaf)
-                out.append(None if leaf is None else read_only(leaf.array[...]))
-        return out
-
     def shared(self, path: str) -> tuple[Arena, int] | None:
         """(arena, offset) of the array at `path` when it lives in a shared arena, else None."""
         with self._lock:
