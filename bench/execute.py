@@ -10,7 +10,10 @@ execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥
 are also timed against a fresh memcpy (`bench.runtime.fresh_memcpy_seconds`: a new process copying
 the same bytes into pages that the copy faults in), the physical limit of a first execute whose
 dst pages are new on this VM kind, and against a fresh memfd memcpy (the same into a new memory
-file, faulted in by MADV_POPULATE_WRITE: the memory kind of the agents' shared dst arenas). Repeated executes are also timed in CPU seconds of the
+file, faulted in by MADV_POPULATE_WRITE: the memory kind of the agents' shared dst arenas). Repeated
+executes are also timed against the copy limit (`bench.copy_limit`: the plan's region copies on
+arrays made here, one thread per host at once, no agent: what the copy pattern itself allows), whose
+ratio to the memcpy is its own column. Repeated executes are also timed in CPU seconds of the
 runtime and both agents (every thread, `cpu_seconds`) against the CPU seconds of the memcpy
 (`demo.agents.memcpy_seconds` by `time.thread_time`): the work they cost, which other load on the machine does not inflate. The dst of the first and the last
 execute of the first agents is checked byte for byte against the source.
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.copy_limit import CopyLimit
 from bench.runtime import MODEL, QUICK_MODEL
 
 WORKERS = 2
@@ -83,7 +87,8 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
     src, dst, plan, moved = _case(model)
     tensors, placed = arange_tensors(src), dst.with_allocation(plan.allocation)
     dst_bytes = max(_arena_bytes(placed, h) for h in placed.topology.hosts)
-    kinds = ("fresh", "reserved", "repeated", "fresh_vs_fresh", "fresh_vs_memfd", "repeated_cpu")
+    copies = CopyLimit(plan, src, dst, [f"w{i}" for i in range(WORKERS)])  # the plan's copies, no agents
+    kinds = ("fresh", "reserved", "repeated", "fresh_vs_fresh", "fresh_vs_memfd", "repeated_cpu", "limit", "repeated_vs_limit")
     ratios: dict[str, list[float]] = {k: [] for k in kinds}
     checked = 0
     for k in range(repeats):
@@ -105,6 +110,9 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                     ratios[kind].append(anchor / took)
                     if j:  # the work of an execute, which other load on the machine does not inflate
                         ratios["repeated_cpu"].append(memcpy_seconds(moved, clock=time.thread_time) / cpu)
+                        limit = min(copies.seconds() for _ in range(3))
+                        ratios["limit"].append(anchor / limit)
+                        ratios["repeated_vs_limit"].append(limit / took)
                     if fresh_anchor is not None and memfd_anchor is not None:  # the same bytes into new pages
                         ratios["fresh_vs_fresh"].append(fresh_anchor / took)
                         ratios["fresh_vs_memfd"].append(memfd_anchor / took)
@@ -163,16 +171,20 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
     progress(row, row["name"])
     if kind == "agents":
         headers = ["case", "status", "moved", "fresh / memcpy", "fresh / fresh memcpy", "fresh / fresh memfd memcpy",
-                   "fresh, pool reserved / memcpy", "repeated / memcpy", "repeated: memcpy / CPU", "checked"]  # fmt: skip
+                   "fresh, pool reserved / memcpy", "repeated / memcpy", "repeated: memcpy / CPU", "copy limit / memcpy",
+                   "repeated / copy limit", "checked"]  # fmt: skip
         cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["fresh_vs_fresh"]),
-                 fmt(row["fresh_vs_memfd"]), fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]),
-                 fmt_bytes(row["checked_bytes"])] if row["status"] == "ok" else ["", "", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+                 fmt(row["fresh_vs_memfd"]), fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]), fmt(row["limit"]),
+                 fmt(row["repeated_vs_limit"]), fmt_bytes(row["checked_bytes"])] if row["status"] == "ok"
+                 else ["", "", "", "", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
         what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
                 f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×). "
                 "Fresh memcpy: a new process copying the same bytes into pages that the copy faults in (numpy's "
                 "anonymous memory, transparent huge pages); fresh memfd memcpy: into a new memory file faulted in by "
                 "MADV_POPULATE_WRITE, the memory kind of the agents' shared dst arenas (4 KiB pages where shmem has no "
-                "huge pages): the physical limit of a first execute, whose dst pages are new. memcpy / CPU: the CPU seconds of the memcpy over "
+                "huge pages): the physical limit of a first execute, whose dst pages are new. Copy limit: the plan's "
+                "region copies without agents, one thread per host at once (`bench.copy_limit`), the limit of a "
+                "repeated execute. memcpy / CPU: the CPU seconds of the memcpy over "
                 "those of the runtime and both agents (every thread) during a repeated execute: the work it costs, "
                 "which other load on the machine does not inflate (1x: every byte copied once at memcpy speed).")
     else:
