@@ -23,11 +23,12 @@ class CopyLimit:
     def __init__(self, plan: Any, src: Any, dst: Any, hosts: list[str]):
         from tenplex.compiler.emit.slices import host_slices
         from tenplex.runtime.agent.sliced import Sliced
+        from tenplex.runtime.arrays import np_dtype
 
         sliced = {h: Sliced(h, s) for h, s in host_slices(plan, src, dst, hosts).items()}
         shared: dict[tuple[str, int], np.ndarray] = {}
-        arrays = {h: [shared.setdefault((sid, d), np.ones(shape, s.dtypes[i])) if side == "dst" else np.ones(shape, s.dtypes[i])
-                      for i, (side, sid, d, _, shape) in enumerate(s.meta)] for h, s in sliced.items()}  # fmt: skip
+        arrays = {h: [shared.setdefault((sid, d), np.ones(shape, np_dtype(dt))) if side == "dst" else np.ones(shape, np_dtype(dt))
+                      for side, sid, d, dt, shape in s.meta] for h, s in sliced.items()}  # fmt: skip
 
         def view(h: str, r: int) -> np.ndarray:
             v, base = sliced[h].views[r], arrays[h][sliced[h].views[r].array]
