@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
-from tenplex.runtime.store.shared import prefault
 
 
 def pack(views: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -66,14 +65,6 @@ class Scratch:
             self._buffer = np.empty(0, dtype=np.uint8)  # free the old pool before the new one
             self._buffer = np.empty(nbytes, dtype=np.uint8)
         self._at = 0
-
-    def grow(self, nbytes: int) -> None:
-        """Have room for `nbytes` before the rounds that need it, its new pages faulted in by a
-        thread meanwhile (`store.shared.prefault`) instead of by the first packs and receives
-        (a first execute's packing ran at first-touch speed on the sender's critical path)."""
-        if nbytes > self._buffer.nbytes:
-            self.reserve(nbytes)
-            prefault(self._buffer)
 
     def take(self, nbytes: int) -> np.ndarray:
         if self._at + nbytes > self._buffer.nbytes:

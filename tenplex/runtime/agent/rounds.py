@@ -107,9 +107,6 @@ def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Ca
     if ex.done:
         raise ExecutionError("the prepared execution already ran")
     ex.waiting, sent = set(later), 0
-    if ex.sliced.network and not getattr(peer(), "takes_views", False):  # parts through the transport: scratch faulted in meanwhile
-        scratch.grow(max((sum(p.nbytes for p in ps if not p.in_place and endpoint(p.peer).mode != "address")
-                          for ps in ex.sliced.network.values()), default=0))  # fmt: skip
     fills_and_values(ex, store)
     links, first = direct.NONE, local(ex, ex.sliced.batches.get(0, []))
     if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already

@@ -173,21 +173,16 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable without writing 
 
 
 def populate(arena: Arena, chunk: int = 16 << 20) -> Arena:
-    """Fault `arena`'s pages in from a daemon thread (`prefault`); returns `arena`."""
-    if arena.map is not None and arena.size:
-        prefault(np.frombuffer(arena.map, np.uint8, arena.size), chunk)
-    return arena
-
-
-def prefault(view: np.ndarray, chunk: int = 16 << 20) -> None:
-    """Fault the pages under the contiguous `view` in from a daemon thread, front to back,
-    overlapping whatever fills them next. MADV_POPULATE_WRITE writes no byte, so it never races a
-    writer (unlike touching pages), and populating a range that is no longer the view's changes
-    nothing either; libc's madvise through ctypes runs without the GIL. The thread holds no
-    reference to `view`: a range unmapped meanwhile just ends it (ENOMEM). Best effort: stops at
-    the first error (an older kernel, an unmapped range)."""
-    start = -(-view.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE  # madvise takes whole pages
-    size = view.ctypes.data + view.nbytes - start
+    """Fault `arena`'s pages in from a daemon thread, front to back, overlapping whatever fills
+    them next. MADV_POPULATE_WRITE writes no byte, so it never races a writer (unlike touching
+    pages), and populating a range that is no longer this arena's changes nothing either; libc's
+    madvise through ctypes runs without the GIL. Best effort: stops at the first error (an older
+    kernel, an unmapped range). Returns `arena`."""
+    if arena.map is None or not arena.size:
+        return arena
+    view = np.frombuffer(arena.map, np.uint8, arena.size)
+    start, size = view.ctypes.data, arena.size
+    del view  # the thread holds no reference: a range unmapped meanwhile just ends it (ENOMEM)
 
     def run() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -195,8 +190,8 @@ def prefault(view: np.ndarray, chunk: int = 16 << 20) -> None:
             if libc.madvise(ctypes.c_void_p(start + at), ctypes.c_size_t(min(chunk, size - at)), MADV_POPULATE_WRITE):
                 return
 
-    if size > 0:
-        threading.Thread(target=run, name="tenplex-populate", daemon=True).start()
+    threading.Thread(target=run, name="tenplex-populate", daemon=True).start()
+    return arena
 
 
 def populate_ranges(view: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None:
