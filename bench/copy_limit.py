@@ -7,7 +7,9 @@ arrays made once here (every dst array shared by the hosts, as the receivers' ar
 `seconds()` times them with one thread per host, all at once (numpy copies without the GIL):
 what agents on this machine would take with no control messages, no bookkeeping and no wait. Its
 ratio to a warm memcpy of the same bytes shows how far the copy pattern itself (strided regions,
-many small copies, hosts sharing the memory bus) stays from one flat memcpy.
+many small copies, hosts sharing the memory bus) stays from one flat memcpy. It holds its own
+copy of the arrays (every host's src arrays and the dst arrays once: about twice the state) for
+as long as it lives.
 """
 
 from __future__ import annotations
