@@ -5,13 +5,12 @@ UCX worker addresses and connects every agent to every other. `execute(plan, src
 src_tag, dst_tag)` then:
 
 1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan;
-   `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`) and has it
-   run all its rounds in the same command (no barrier between rounds; agents wait only on the
-   messages they receive), and waits for all of them;
-2. passes the src values that value ops copy from other hosts (read by their hosts in `prepare`;
-   those value ops wait for them, `put_values`), so no host waits for another before its rounds;
-3. commits on every agent (a store rename of staging to the dst tag) only if every agent
-   finished every round and every value op.
+   `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`);
+2. passes the src values that value ops copy from other hosts (read by their hosts in `prepare`);
+3. has every agent run all its rounds (`run`: one call, no barrier between rounds; agents wait
+   only on the messages they receive) and waits for all of them;
+4. commits on every agent (a store rename of staging to the dst tag) only if every agent
+   finished every round.
 
 On any failure (an agent raised, died, or missed the deadline) it aborts everywhere (staging
 deleted; the src tag is never written) and raises `ExecutionError` listing each failed host with
@@ -207,22 +206,24 @@ class Runtime:
         self._epoch += 1
         progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         try:
-            later = client.values_later(slices)  # value ops whose src value another host reads
+            direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
             prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
                                                   "slice": None if self.agents[h].slice_id == sid else slices[h], "slice_id": sid,
-                                                  "run": {"epoch": self._epoch, "later": later.get(h, [])},
+                                                  "run": {"epoch": self._epoch} if direct else None,
                                                   "files": [list(f) for f in (files or {}).get(h, [])]})
                                   for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             for h in hosts:  # each agent keeps the slice: executing this plan again sends only its id
                 self.agents[h].slice_id = sid
-            clock.lap("prepare")  # the agents' own prepare seconds, the rest is rounds
-            clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
-            clock.phases["prepare"] -= clock.phases["rounds"]
-            sent = {h: p["sent"] for h, p in prepared.items()}
-            values = client.passed_values(slices, prepared)
-            if values:
-                self._all({h: ("put_values", {"values": v}) for h, v in values.items()})
-                clock.lap("values")
+            clock.lap("prepare")
+            if direct:  # the agents' own prepare seconds, the rest is rounds
+                clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
+                clock.phases["prepare"] -= clock.phases["rounds"]
+                sent = {h: p["sent"] for h, p in prepared.items()}
+            else:
+                values = client.passed_values(slices, prepared)
+                runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
+                sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
+                clock.lap("rounds")
             progress.finish()
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
             clock.lap("commit")

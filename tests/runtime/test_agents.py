@@ -170,4 +170,4 @@ def test_run_hosts_compares_p2p_with_central_and_leaves_no_tags():
     (row,) = rows
     assert row["equal"] and row["p2p_network_bytes"] < row["central_network_bytes"]
     assert row["checked_bytes"] > 0 and row["bound_s"] > 0 and row["p2p_s"] > 0 and row["central_s"] > 0
-    assert set(row["p2p_phases"]) == {"prepare", "rounds", "values", "commit"}  # values: h0's, passed on after the rounds
+    assert set(row["p2p_phases"]) == {"prepare", "rounds", "commit"}

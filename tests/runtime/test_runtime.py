@@ -196,8 +196,7 @@ def test_missing_agent_for_a_host_is_rejected_before_anything_runs(case):
 
 @pytest.mark.timeout(60)
 def test_values_another_host_holds_are_passed_on():
-    """DP 1 -> 2 onto a second host: h1's value ops copy values only h0 holds (read by h0 in its
-    prepare, written by h1 after its rounds: no host waits for another before its rounds)."""
+    """DP 1 -> 2 onto a second host: h1's value ops copy values only h0 holds (prepare, then run)."""
     from tenplex.compiler.emit.slices import host_slices
     from tenplex.frontends.spec import ptc_from_spec
 
@@ -207,7 +206,6 @@ def test_values_another_host_holds_are_passed_on():
     tensors, values = arange_tensors(src), arange_values(src)
     with _runtime(src, materialize_all(src, tensors), values) as rt:
         rt.execute(plan, src, dst, JOB, "v0", "v1")
-        assert "values" in rt.phases  # passed on after the rounds, before the commit
         got, got_values = rt.fetch(JOB, "v1")
     assert check_state(dst.with_allocation(plan.allocation), tensors, got) > 0
     copied = [op for op in plan.ops if isinstance(op, ValueOp) and op.src_partition is not None]

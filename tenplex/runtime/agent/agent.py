@@ -6,7 +6,7 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
 host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`,
-`prepare`, `run`, `put_values`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`,
+`prepare`, `run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`,
 `tag_meta`, `stop` (`load_files` and `prepare`'s `files`: arrays straight from and into local
 `.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's
 processes on that Unix socket (`runtime.shm`: training programs save into it and load from it
@@ -172,8 +172,9 @@ class Agent(TagCommands):
         under `slice_id`), check the src arrays it reads exist and the dst tag does not, create
         its dst arrays (in one shared arena; those named in `files`, `[sub-tensor, device, path]`
         rows, as new memory-mapped `.npy` files, `agent.files.create_mapped`) and the tag's `meta`
-        records under staging; then `run(**run)` if given (one command less). Returns {"gives":
-        {op id: src value other hosts' value ops copy}, "prepare_s": seconds, "sent": bytes (after a run)}."""
+        records under staging; then `run(**run)` if given (one command less when no host waits
+        for values). Returns {"gives": {op id: src value other hosts' value ops copy},
+        "prepare_s": seconds, "sent": bytes (after a run)}."""
         t0 = time.perf_counter()
         self._finish()
         ex = Execution(self.host, job, src_tag, dst_tag, self._sliced(slice, slice_id))
@@ -223,16 +224,14 @@ class Agent(TagCommands):
         self.pool.reserve(nbytes)
         return self.pool.nbytes
 
-    def run(self, epoch: int = 0, later: list[int] | None = None) -> int:
-        """Run every round of the prepared slice (`epoch` tells this execution's UCX tags from earlier
-        ones'; `later`: value ops that wait for another host's src value, `put_values`); returns the bytes sent."""
-        return rounds.run(self._execution(), self.store, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps,
-                          later or [])  # fmt: skip
-
-    def put_values(self, values: Mapping[int, Any]) -> None:
-        """Write the src values ({op id: value}, read by other hosts) that the value ops waiting
-        since `run` copy. Raises ExecutionError naming an op that waits for none."""
-        rounds.late_values(self._execution(), self.store, values)
+    def run(self, values: Mapping[int, Any] | None = None, epoch: int = 0) -> int:
+        """Run every round of the prepared slice (`values`: {op id: src value} of value ops that
+        copy from other hosts; `epoch` tells this execution's UCX tags from earlier ones');
+        returns the bytes this host sent."""
+        ex = self._execution()
+        if ex.done:
+            raise ExecutionError("the prepared execution already ran")
+        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps)
 
     def commit(self, job: str, dst_tag: str) -> dict[str, float]:
         """Make the dst tag visible (rename staging); returns the execution's seconds per activity
@@ -241,8 +240,6 @@ class Agent(TagCommands):
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):
             raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
-        if ex.waiting:
-            raise ExecutionError(f"value ops {sorted(ex.waiting)[:8]} on {self.host!r} never got their src values")
         self._finish()
         self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
         return {**ex.seconds, **ex.sent}

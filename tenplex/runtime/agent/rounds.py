@@ -50,7 +50,6 @@ class Execution:
         self.copies, self.parts = s.copies, s.parts
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
         self.done = 0  # rounds finished
-        self.waiting: set[int] = set()  # value ops whose src value (another host's) comes after the rounds
         self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, views, exchange (pack within), unpack
         self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
 
@@ -99,15 +98,12 @@ def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, s
     return out
 
 
-def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Callable[[str], Any],
-        scratch: parts.Scratch, epoch: int, maps: direct.Mappings, later: list[int]) -> int:  # fmt: skip
+def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Callable[[], Any],
+        endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int, maps: direct.Mappings) -> int:  # fmt: skip
     """Every round of this host's slice, in order; returns the bytes it sent (`maps`: this
-    agent's mappings of same-node peers' arenas, `direct`; `later`: value ops that wait for a
-    src value another host reads, `late_values`)."""
-    if ex.done:
-        raise ExecutionError("the prepared execution already ran")
-    ex.waiting, sent = set(later), 0
-    fills_and_values(ex, store)
+    agent's mappings of same-node peers' arenas, `direct`)."""
+    sent = 0
+    fills_and_values(ex, store, values)
     links, first = direct.NONE, local(ex, ex.sliced.batches.get(0, []))
     if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already
         # round 0's local copies run while the offers and answers travel
@@ -124,37 +120,19 @@ def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Ca
     return sent
 
 
-def fills_and_values(ex: Execution, store: TensorStore) -> None:
-    """This host's fill ops, and its value ops but those `waiting` for a src value that another
-    host reads (`late_values`); src values on this host are read here."""
+def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
+    """This host's fill ops, and its value ops (`values`: {op id: src value} of other hosts,
+    passed on by the runtime; src values on this host are read here)."""
     for region, k in ex.fills:
         with _named(f"fill of region {region} with {ex.fill_values[k]!r}"):
             ex.view(region)[...] = ex.fill_values[k]
-    for row in ex.values:
-        if row[0] not in ex.waiting:
-            _value(ex, store, row, {})
-
-
-def late_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
-    """The value ops `waiting` for `values` ({op id: src value} read by other hosts, passed on by
-    the runtime after the rounds)."""
-    wrong = sorted(set(values) - ex.waiting)
-    if wrong:
-        raise ExecutionError(f"value ops {wrong[:8]} on {ex.host!r} wait for no value")
-    for row in ex.values:
-        if row[0] in values:
-            _value(ex, store, row, values)
-    ex.waiting -= set(values)
-
-
-def _value(ex: Execution, store: TensorStore, row: list, values: Mapping[int, Any]) -> None:
-    op_id, device, partition, name, src_partition, src_device, literal = row
-    with _named(f"op {op_id} (ValueOp on device {device})"):
-        if src_partition is None:
-            value = literal
-        else:
-            value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
-        store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
+    for op_id, device, partition, name, src_partition, src_device, literal in ex.values:
+        with _named(f"op {op_id} (ValueOp on device {device})"):
+            if src_partition is None:
+                value = literal
+            else:
+                value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
+            store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
 
 
 def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:
