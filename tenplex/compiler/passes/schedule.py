@@ -24,15 +24,17 @@ class Schedule:
     provides = frozenset({"scheduled"})
 
     def apply(self, program: Program) -> Program:
-        messages = list(program.messages)
+        messages = program.messages
         network = [m for m in messages if m.src_host != m.dst_host]
         rounds = _network_rounds(network, program.options.memory_budget_bytes)
         message_of = {op: m.id for m in network for op in m.ops}  # forwards follow network landings
+        predecessors = program.graph.predecessors
         for m in messages:
             if m.id not in rounds:
-                deps = {message_of[p] for op in m.ops for p in program.graph.predecessors(op)}
+                deps = {message_of[p] for op in m.ops for p in predecessors(op)}
                 rounds[m.id] = max((rounds[d] + 1 for d in deps), default=0)
-        placed = tuple(trusted_message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id]) for m in messages)
+        placed = tuple(m if m.round == rounds[m.id] else trusted_message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id])
+                       for m in messages)  # fmt: skip
         return attrs.evolve(program, messages=placed)
 
 
@@ -40,29 +42,31 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
     """Fill rounds one at a time: host pairs whose busiest end has the most bytes left go
     first, taking one message each in turn while both ends' buffers have room. Each direction
     of a host gets half the budget (NICs are full duplex, so a round is fastest when a host
-    sends and receives equally), and both together never exceed it."""
+    sends and receives equally), and both together never exceed it. Hosts are numbered in name
+    order (so pairs of numbers sort as pairs of names) and counted in lists."""
     half = max([budget // 2] + [m.bytes for m in network])
-    queues: dict[tuple[str, str], list] = defaultdict(list)
-    left: dict[str, int] = defaultdict(int)
+    names = sorted({h for m in network for h in (m.src_host, m.dst_host)})
+    ix = {h: i for i, h in enumerate(names)}
+    queues: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (bytes, message id)
+    left = [0] * len(names)
     for m in sorted(network, key=lambda m: (-m.bytes, m.id)):
-        queues[(m.src_host, m.dst_host)].append(m)
-        left[m.src_host] += m.bytes
-        left[m.dst_host] += m.bytes
+        src, dst = ix[m.src_host], ix[m.dst_host]
+        queues[(src, dst)].append((m.bytes, m.id))
+        left[src] += m.bytes
+        left[dst] += m.bytes
     for q in queues.values():
         q.reverse()  # pop() takes the largest
     rounds: dict[int, int] = {}
     r = 0
     while queues:
-        sent: dict[str, int] = defaultdict(int)
-        received: dict[str, int] = defaultdict(int)
-        used: dict[str, int] = defaultdict(int)
+        sent, received, used = [0] * len(names), [0] * len(names), [0] * len(names)
         alive = [p for _, p in sorted([(-max(left[p[0]], left[p[1]]), p) for p in queues])]
         while alive:  # a pair whose next message does not fit stays out for the round: loads only grow
             still = []
             for pair in alive:
                 q = queues[pair]
                 src, dst = pair  # never equal: network messages only
-                nbytes = q[-1].bytes
+                nbytes, mid = q[-1]
                 out, into = used[src] + nbytes, used[dst] + nbytes
                 if out > budget or into > budget or sent[src] + nbytes > half or received[dst] + nbytes > half:
                     continue
@@ -71,7 +75,8 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
                 used[src], used[dst] = out, into
                 left[src] -= nbytes
                 left[dst] -= nbytes
-                rounds[q.pop().id] = r
+                rounds[mid] = r
+                q.pop()
                 if q:
                     still.append(pair)
                 else:
@@ -79,4 +84,3 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
             alive = still
         r += 1
     return rounds
-
