@@ -183,19 +183,16 @@ class _State:
     def network(self, ops: list, edges: list[tuple[int, int]], box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
         """The atom's landing copy from the least-loaded holder host (its least-loaded device)
         and the forwards to the other wants on the dst host, each behind an order edge."""
-        least = self.sent_host
-        entry = least.heaps.get(id(hosts))  # the heap's top when its count is fresh, else `least`
-        top = entry[1][0] if entry is not None else None
-        host = top[2] if top is not None and top[0] == least.sent[top[2]] else least.least(hosts)
+        host = self.sent_host.least(hosts)
         on_host = hosts[host]
         holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
-        (landing, at), *rest = wants
+        landing, at = wants[0]
         nbytes = box.volume * self.size[landing.tensor]
-        least.sent[host] += nbytes
+        self.sent_host.add(host, nbytes)
         self.sent_device[holder.device] += nbytes
         first = len(ops)
         ops.append(trusted_copy(landing.tensor, box, holder.device, holder.subtensor, holder.piece, at, landing.dst_subtensor, landing.dst_piece))
-        for n, d in rest:
+        for n, d in wants[1:]:
             edges.append((first, len(ops)))
             ops.append(trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst"))
 
