@@ -6,20 +6,20 @@ the host's slot count; b = all of them moves whole hosts, smaller b moves e.g. T
 block never splits a group of model-parallel peers, so TP stays inside a host) onto
 block positions of hosts with as many dst devices, maximizing bytes already on the host; then,
 inside each host, slots onto devices, maximizing bytes already on the device. Both levels are
-assignment problems (scipy's `linear_sum_assignment`); the identity wins ties, and among block
-sizes the largest with the best score wins. The result is kept only when it lowers the exact
+assignment problems (`tenplex.compiler.assignment`: scipy's solver ported, answer for answer);
+the identity wins ties, and among block sizes the largest with the best score wins. The result is kept only when it lowers the exact
 network lower bound, or keeps it and leaves more bytes on their device, so the pass never makes
 a plan move more bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 
 import attrs
 import numpy as np
 
+from tenplex.compiler.assignment import linear_sum_assignment
 from tenplex.compiler.cost import Held, host_lower_bounds
 from tenplex.compiler.program import Program
 from tenplex.ir.box import Box
@@ -182,39 +182,14 @@ def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights, 
     return best[1] if best else {}
 
 
-SMALL = 6  # up to this many rows, assignments are enumerated (720) instead of importing scipy
-
-
 def _assign(weights: np.ndarray) -> list[int]:
     """Max-weight perfect assignment rows -> columns; the identity wins ties."""
     if weights.size == 0:
         return []
     scale = max(1.0, float(weights.max()) / 1e9)  # keep the tie-break bonus above float precision
     bonus = 0.5 / len(weights)
-    scores = weights / scale + bonus * np.eye(len(weights))
-    best = _unique_best(scores)
-    if best is not None:
-        return best
-    from scipy.optimize import linear_sum_assignment  # here: importing scipy costs ~0.4 s per process
-
-    rows, cols = linear_sum_assignment(scores, maximize=True)
+    rows, cols = linear_sum_assignment(weights / scale + bonus * np.eye(len(weights)), maximize=True)
     return [int(c) for _, c in sorted(zip(rows, cols))]
-
-
-def _unique_best(scores: np.ndarray) -> list[int] | None:
-    """The assignment of a small matrix (at most SMALL rows) whose sum beats every other one by
-    more than float rounding, so that it is the one `linear_sum_assignment` returns too; None
-    when the matrix is larger or the best is not clear (then scipy decides, as before)."""
-    n = len(scores)
-    if n > SMALL:
-        return None
-    perms = np.array(list(itertools.permutations(range(n))), dtype=np.intp)
-    sums = scores[np.arange(n), perms].sum(axis=1)
-    order = np.argsort(sums)
-    top = float(sums[order[-1]])
-    if n > 1 and top - float(sums[order[-2]]) <= 1e-9 * max(1.0, abs(top)):
-        return None
-    return [int(c) for c in perms[order[-1]]]
 
 
 def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
