@@ -150,6 +150,17 @@ def forward_without_order_edge(plan):
     return broken, [f"op {j} forwards 'w' box [[0, 2], [0, 4]] from dst 'w/r' on device 2", "no order-edge predecessor in an earlier round"]
 
 
+def forward_after_no_op(plan):
+    """Its only order edge comes from past the last op (or from -1, which Python would read as the last op)."""
+    i = landing(plan, "w", 0)
+    j = forward_of(plan, i)
+    for source in (len(plan.ops), -1):
+        broken = attrs.evolve(plan, edges=tuple(e for e in plan.edges if e != (i, j)) + ((source, j),))
+        with pytest.raises(PlanVerifyError, match="no order-edge predecessor in an earlier round"):
+            check_plan_exact(broken, SRC, DST)
+    return broken, [f"op {j} forwards 'w' box [[0, 2], [0, 4]] from dst 'w/r' on device 2", "no order-edge predecessor"]
+
+
 def forward_in_landing_round(plan):
     i = landing(plan, "w", 0)
     j = forward_of(plan, i)
@@ -287,7 +298,7 @@ def wrong_lower_bound_seconds(plan):
 
 CASES = [
     dropped_copy, duplicated_copy, shifted_box, box_outside_dst_piece, src_device_lacks_src, wrong_src_piece,
-    src_piece_of_other_tensor, dst_device_lacks_dst, forward_without_order_edge, forward_in_landing_round, order_cycle,
+    src_piece_of_other_tensor, dst_device_lacks_dst, forward_without_order_edge, forward_after_no_op, forward_in_landing_round, order_cycle,
     negative_round, fill_with_wrong_value, fill_overlapping_piece, missing_fill, missing_value_op,
     literal_for_inherited_value, message_with_wrong_bytes, message_between_wrong_hosts, copy_in_no_message,
     copy_in_two_messages, over_budget_round, allocation_with_other_replicas, wrong_network_stats, wrong_rounds,

@@ -125,7 +125,7 @@ class _Checker:
 
     def forward(self, i: int, op: CopyOp) -> None:
         for p in self.preds[i]:
-            prev = self.plan.ops[p]
+            prev = self.plan.ops[p] if 0 <= p < len(self.plan.ops) else None  # an edge from no op wrote nothing
             if (isinstance(prev, CopyOp) and (prev.dst_subtensor, prev.dst_device, prev.dst_piece) == (op.src_subtensor, op.src_device, op.src_piece)
                     and prev.box.contains(op.box) and self.plan.round_of.get(p, 0) < self.plan.round_of.get(i, 0)):  # fmt: skip
                 return
