@@ -7,9 +7,9 @@ randomness; the same inputs give byte-identical plan JSON.
 
 from __future__ import annotations
 
-from collections import Counter
+import numpy as np
 
-from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds, round_loads
+from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
@@ -19,8 +19,8 @@ from tenplex.compiler.passes.schedule import Schedule
 from tenplex.compiler.passes.select_sources import SelectSources
 from tenplex.compiler.plan import CompileOptions, Plan, Stats, trusted_plan
 from tenplex.compiler.program import Pass, Program, run_passes
+from tenplex.compiler.table import PlanMessages, PlanOps
 from tenplex.compiler.verify import check_plan
-from tenplex.ir.errors import CompileError
 from tenplex.ir.ptc import PTC
 
 
@@ -41,35 +41,49 @@ def compile_plan(src: PTC, dst: PTC, options: CompileOptions | None = None) -> P
 
 @without_gc
 def freeze(program: Program) -> Plan:
-    """Number the ops, attach stats, and freeze the plan."""
-    graph = program.graph
-    ops = graph.ops()
-    if graph.keys() != tuple(range(len(ops))):
-        raise CompileError("op graph keys are not 0..n-1 in insertion order")  # passes only add nodes
-    edges = tuple(sorted((a, b) for a, b, _ in graph.edges()))
-    messages = program.messages
-    return trusted_plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
+    """Attach stats and freeze the plan: its ops and messages stay the passes' columns
+    (`Plan.ops` and `Plan.messages` build their objects when first read)."""
+    t, m = program.table, program.messages
+    e = program.edges
+    order = np.lexsort((e[:, 1], e[:, 0]))
+    edges = tuple(zip(e[order, 0].tolist(), e[order, 1].tolist()))
+    return trusted_plan(PlanOps(t), edges, PlanMessages(m), program.dst.allocation, program.options, _stats(program))
 
 
-def _stats(program: Program, ops, messages) -> Stats:
-    """Bytes per link class and the cost model's per-round loads, from the messages (network
-    messages by their byte counts, local ones op by op); `check_plan` recounts them from ops."""
-    size = program.dst.itemsizes
-    fill = sum(op.box.volume * size[program.dst.subtensor_map[op.dst_subtensor].tensor] for op in ops if isinstance(op, FillOp))
-    loads = round_loads(ops, messages, size)
-    by_class: Counter[str] = Counter()
-    for load in loads.values():
-        for (link, _, end), nbytes in load.items():
-            if end != "in":  # a network message counts once, at its sender
-                by_class[link] += nbytes
-    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, program.dst)
+def _stats(program: Program) -> Stats:
+    """Bytes per link class and the cost model's per-round loads (`cost.round_loads` and
+    `cost.predict_seconds` on columns, the same sums and floats): network messages by their
+    byte counts, local ones copy by copy; `check_plan` recounts them."""
+    t, m, dst = program.table, program.messages, program.dst
+    size = dst.itemsizes
+    fill = sum(op.box.volume * size[dst.subtensor_map[op.dst_subtensor].tensor] for _, op in t.others if isinstance(op, FillOp))
+    nbytes = t.volume * np.array([size[name] for name in t.tensors], np.int64)[t.tensor]
+    row = np.full(t.n, -1, np.int64)
+    row[t.copy_at] = np.arange(len(t.copy_at))
+    net = m.src != m.dst
+    local = row[m.ops[np.repeat(~net, m.lens)]]
+    rounds = np.repeat(m.round, m.lens)[np.repeat(~net, m.lens)]
+    link = np.where(t.src_dev[local] == t.dst_dev[local], 2, 3)  # device, host
+    w = max(len(m.hosts), int(t.dst_dev.max(initial=0)) + 1)
+    keys = np.concatenate(((m.round[net] * 4) * w + m.src[net], (m.round[net] * 4 + 1) * w + m.dst[net],
+                           (rounds * 4 + link) * w + t.dst_dev[local]))  # fmt: skip
+    uk, inverse = np.unique(keys, return_inverse=True)
+    sums = np.zeros(len(uk), np.int64)
+    np.add.at(sums, inverse, np.concatenate((m.bytes[net], m.bytes[net], nbytes[local])))
+    links = program.topology.links
+    bw = (links.network, links.network, links.device, links.host)
+    seconds = [b / bw[k] for b, k in zip(sums.tolist(), ((uk // w) % 4).tolist())]
+    slowest: dict[int, float] = {}
+    for r, x in zip((uk // (4 * w)).tolist(), seconds):
+        slowest[r] = max(slowest.get(r, x), x)
+    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, dst)
     return Stats(
-        device_bytes=by_class["device"],
-        host_bytes=by_class["host"],
-        network_bytes=by_class["network"],
+        device_bytes=int(nbytes[local[link == 2]].sum()),
+        host_bytes=int(nbytes[local[link == 3]].sum()),
+        network_bytes=int(m.bytes[net].sum()),
         fill_bytes=fill,
         network_lower_bound_bytes=sum(per_host.values()),
-        predicted_seconds=predict_seconds((loads[r] for r in sorted(loads)), program.topology.links),
+        predicted_seconds=sum(slowest[r] for r in sorted(slowest)),
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
-        rounds=len(loads),
+        rounds=len(np.unique(m.round)),
     )

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
+import numpy as np
 
 from tenplex.compiler.diff import Diff
 from tenplex.compiler.graph import OpGraph
 from tenplex.compiler.nogc import without_gc
-from tenplex.compiler.plan import CompileOptions, Message
+from tenplex.compiler.plan import CompileOptions
+from tenplex.compiler.table import MessageTable, OpTable
 from tenplex.ir.errors import CompileError, IRError
 from tenplex.ir.ptc import PTC
 from tenplex.ir.topology import Topology
@@ -27,8 +29,10 @@ class Program:
     options: CompileOptions
     topology: Topology  # src and dst devices together
     diff: Diff | None = None
-    graph: OpGraph | None = None
-    messages: tuple[Message, ...] = ()  # op ids are graph node keys
+    graph: OpGraph | None = None  # the lowered needs, fills and value needs
+    table: OpTable | None = None  # the ops, once sources are chosen
+    edges: np.ndarray | None = None  # (n, 2) order edges between op ids of `table`
+    messages: MessageTable | None = None
     lower_bounds: dict[str, int] | None = None  # per dst host, for dst's allocation (cached)
     facts: frozenset[str] = frozenset()
 

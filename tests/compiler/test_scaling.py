@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,8 +71,14 @@ def network_messages(draw) -> list[Message]:
 @settings(deadline=None, max_examples=200)
 @given(network_messages(), st.integers(40, 120))
 def test_schedule_places_every_message_in_the_round_the_rescanning_filler_does(network, budget):
-    """The budget holds the largest message (as `CompileOptions` requires), so all get placed."""
-    assert _network_rounds(network, budget) == rescanning_rounds(network, budget)
+    """The budget holds the largest message (as `CompileOptions` requires), so all get placed.
+    The filler takes messages as columns: host numbers into a host list not in name order."""
+    hosts = HOSTS[::-1]
+    src = np.array([hosts.index(m.src_host) for m in network], np.int64)
+    dst = np.array([hosts.index(m.dst_host) for m in network], np.int64)
+    nbytes = np.array([m.bytes for m in network], np.int64)
+    rounds = _network_rounds(tuple(hosts), src, dst, nbytes, budget)
+    assert dict(enumerate(rounds.tolist())) == rescanning_rounds(network, budget)
 
 
 @settings(deadline=None, max_examples=200)
@@ -120,8 +127,6 @@ def test_host_lower_bounds_count_every_missing_element_once(problem):
 
 def test_pairs_are_ordered_alike_past_int64():
     """The round filler orders pairs by numpy, and by Python ints when byte counts pass int64."""
-    import numpy as np
-
     from tenplex.compiler.passes.schedule import _by_priority
 
     ends = np.array([(0, 1), (0, 2), (1, 2), (2, 0)], np.int64)

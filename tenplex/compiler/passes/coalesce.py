@@ -10,13 +10,12 @@ can only run after it). Fills and values travel in no message.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import attrs
+import numpy as np
 
-from tenplex.compiler.ops import CopyOp
-from tenplex.compiler.plan import Message, trusted_message
 from tenplex.compiler.program import Program
+from tenplex.compiler.table import I64, MessageTable
+from tenplex.ir.errors import CompileError
 
 
 @attrs.frozen
@@ -26,53 +25,55 @@ class Coalesce:
     provides = frozenset({"messages"})
 
     def apply(self, program: Program) -> Program:
-        graph = program.graph
-        host = {d.id: d.host for d in program.topology.devices}
-        size = program.dst.itemsizes
-        groups: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-        forwards: list[tuple[int, int]] = []
-        for key, op in graph.items():
-            if isinstance(op, CopyOp):
-                item = (key, op.box.volume * size[op.tensor])
-                if op.src_side == "src":
-                    groups[(host[op.src_device], host[op.dst_device])].append(item)
-                else:
-                    forwards.append(item)
-        packer = _Packer(program.options.max_message_bytes)
-        message_of: dict[int, int] = {}
-        for (src_host, dst_host), ops in groups.items():
-            for m in packer.pack(src_host, dst_host, ops):
-                message_of.update(dict.fromkeys(m.ops, m.id))
-        after: dict[int, list[tuple[int, int]]] = defaultdict(list)  # landing message -> forwards
-        for key, nbytes in forwards:
-            (landing,) = graph.predecessors(key)
-            after[message_of[landing]].append((key, nbytes))
-        for landing_msg, ops in after.items():
-            dst_host = packer.messages[landing_msg].dst_host
-            packer.pack(dst_host, dst_host, ops)
-        return attrs.evolve(program, messages=tuple(packer.messages))
+        t = program.table
+        hosts = program.topology.hosts
+        host_ix = {h: i for i, h in enumerate(hosts)}
+        devices = program.topology.devices
+        host_of = np.zeros(max((d.id for d in devices), default=-1) + 1, I64)
+        host_of[[d.id for d in devices]] = [host_ix[d.host] for d in devices]
+        itemsize = np.array([program.dst.itemsizes[name] for name in t.tensors], I64)
+        nbytes = t.volume * itemsize[t.tensor]
+        if float(t.volume.astype(np.float64) @ itemsize[t.tensor].astype(np.float64)) >= 2.0**62:
+            raise CompileError("the plan would move 2^62 bytes or more, past the compiler's int64 columns")
+        src, dst = host_of[t.src_dev], host_of[t.dst_dev]
+        limit = program.options.max_message_bytes
+        read = np.flatnonzero(~t.forward)  # copies reading the src state: per (src host, dst host)
+        direct = _pack(read, src[read] * len(hosts) + dst[read], nbytes, limit)
+        message_of = np.full(t.n, -1, I64)
+        message_of[t.copy_at[direct[0]]] = np.repeat(np.arange(len(direct[1])), direct[1])
+        fwd = np.flatnonzero(t.forward)  # forwards: per landing message, in that message's dst host
+        landing = np.full(t.n, -1, I64)
+        landing[program.edges[:, 1]] = program.edges[:, 0]
+        after = message_of[landing[t.copy_at[fwd]]]
+        forwards = _pack(fwd, after, nbytes, limit)
+        ops = np.concatenate((direct[0], forwards[0]))
+        lens = np.concatenate((direct[1], forwards[1]))
+        firsts = ops[np.cumsum(lens) - lens]
+        m = len(lens)
+        table = MessageTable(hosts, np.arange(m, dtype=I64), src[firsts], dst[firsts], np.add.reduceat(nbytes[ops], np.cumsum(lens) - lens) if m else np.zeros(0, I64),
+                             np.zeros(m, I64), np.concatenate(([0], np.cumsum(lens))), t.copy_at[ops])  # fmt: skip
+        return attrs.evolve(program, messages=table)
 
 
-class _Packer:
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.messages: list[Message] = []
-
-    def pack(self, src_host: str, dst_host: str, ops: list[tuple[int, int]]) -> list[Message]:
-        out: list[Message] = []
-        batch: list[int] = []
-        size, limit = 0, self.limit
-        for key, nbytes in ops:
-            if batch and size + nbytes > limit:
-                out.append(self._emit(src_host, dst_host, batch, size))
-                batch, size = [], 0
-            batch.append(key)
-            size += nbytes
-        if batch:
-            out.append(self._emit(src_host, dst_host, batch, size))
-        return out
-
-    def _emit(self, src_host: str, dst_host: str, batch: list[int], size: int) -> Message:
-        m = trusted_message(len(self.messages), src_host, dst_host, tuple(batch), size)
-        self.messages.append(m)
-        return m
+def _pack(rows: np.ndarray, group: np.ndarray, nbytes: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Copies `rows` (copy rows in op order) packed in op order into messages of at most `limit`
+    bytes per group (groups in order of first appearance; a copy larger than the limit goes
+    alone): (the rows in message order, the copies per message)."""
+    if not len(rows):
+        return rows, np.zeros(0, I64)
+    _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), I64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    order = rows[np.argsort(rank[inverse], kind="stable")]
+    g = np.sort(rank[inverse], kind="stable")
+    sizes = nbytes[order]
+    cum = np.concatenate(([0], np.cumsum(sizes)))
+    n = len(order)
+    group_end = np.searchsorted(g, g, side="right")
+    stop = np.searchsorted(cum, cum[:-1] + limit, side="right") - 1  # a message from i ends before stop
+    stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end).tolist()
+    starts, i = [], 0
+    while i < n:
+        starts.append(i)
+        i = stop[i]
+    return order, np.diff(np.array(starts + [n], I64))

@@ -9,13 +9,11 @@ round 0; a forward message runs in the round after the message that delivered it
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import attrs
 import numpy as np
 
-from tenplex.compiler.plan import trusted_message
 from tenplex.compiler.program import Program
+from tenplex.compiler.table import I64
 
 
 @attrs.frozen
@@ -25,62 +23,79 @@ class Schedule:
     provides = frozenset({"scheduled"})
 
     def apply(self, program: Program) -> Program:
-        messages = program.messages
-        network = [m for m in messages if m.src_host != m.dst_host]
-        rounds = _network_rounds(network, program.options.memory_budget_bytes)
-        message_of = {op: m.id for m in network for op in m.ops}  # forwards follow network landings
-        preds: dict[int, list[int]] = defaultdict(list)
-        for a, b, _ in program.graph.edges():
-            preds[b].append(a)
-        for m in messages:
-            if m.id not in rounds:
-                deps = {message_of[p] for op in m.ops for p in preds.get(op, ())}
-                rounds[m.id] = max((rounds[d] + 1 for d in deps), default=0)
-        placed = tuple(m if m.round == rounds[m.id] else trusted_message(m.id, m.src_host, m.dst_host, m.ops, m.bytes, rounds[m.id])
-                       for m in messages)  # fmt: skip
-        return attrs.evolve(program, messages=placed)
+        m, n = program.messages, program.table.n
+        network = np.flatnonzero(m.src != m.dst)
+        rounds = np.full(len(m), -1, I64)
+        rounds[network] = _network_rounds(m.hosts, m.src[network], m.dst[network], m.bytes[network],
+                                          program.options.memory_budget_bytes)  # fmt: skip
+        # a forward runs the round after the network message that landed its data; others in round 0
+        message_of = np.full(n, -1, I64)
+        message_of[m.ops] = np.repeat(np.arange(len(m)), m.lens)
+        landing = np.full(n, -1, I64)
+        landing[program.edges[:, 1]] = program.edges[:, 0]
+        pred = landing[m.ops]
+        after = np.where(pred >= 0, rounds[message_of[pred]] + 1, 0)
+        local = np.flatnonzero(m.src == m.dst)
+        if len(m.ops):
+            rounds[local] = np.maximum.reduceat(after, m.offsets[:-1])[local]
+        return attrs.evolve(program, messages=attrs.evolve(m, round=rounds))
 
 
-def _network_rounds(network: list, budget: int) -> dict[int, int]:
-    """Fill rounds one at a time: host pairs whose busiest end has the most bytes left go
-    first, taking one message each in turn while both ends' buffers have room. Each direction
-    of a host gets half the budget (NICs are full duplex, so a round is fastest when a host
-    sends and receives equally), and both together never exceed it.
+def _network_rounds(hosts, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, budget: int) -> np.ndarray:
+    """The round of each network message (hosts `hosts[src]` -> `hosts[dst]`, message ids in
+    the given order). Rounds are filled one at a time: host pairs whose busiest end has the
+    most bytes left go first, taking one message each (largest first, then by id) in turn while
+    both ends' buffers have room. Each direction of a host gets half the budget (NICs are full
+    duplex, so a round is fastest when a host sends and receives equally), and both together
+    never exceed it.
 
     Host pairs grow with hosts times DP replicas and every round orders all of them, so they
     are numbered in (src name, dst name) order (a number order is the name order) and ordered
     by numpy; hosts are counted in lists."""
-    half = max([budget // 2] + [m.bytes for m in network])
-    names = sorted({h for m in network for h in (m.src_host, m.dst_host)})
-    ix = {h: i for i, h in enumerate(names)}
-    by_pair: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (bytes, message id)
-    left = [0] * len(names)
-    for m in sorted(network, key=lambda m: (-m.bytes, m.id)):
-        src, dst = ix[m.src_host], ix[m.dst_host]
-        by_pair[(src, dst)].append((m.bytes, m.id))
-        left[src] += m.bytes
-        left[dst] += m.bytes
-    pairs = sorted(by_pair)
-    queues = [by_pair[p][::-1] for p in pairs]  # pop() takes the largest
+    out = np.full(len(nbytes), -1, I64)
+    if not len(nbytes):
+        return out
+    half = max(budget // 2, int(nbytes.max()))
+    rank = np.empty(len(hosts), I64)
+    rank[np.argsort(np.array(hosts, dtype=object), kind="stable")] = np.arange(len(hosts))
+    a, b = rank[src], rank[dst]
+    order = np.lexsort((np.arange(len(nbytes)), -nbytes, b, a))  # per pair: largest first, then by id
+    key = a[order] * len(hosts) + b[order]
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    ends = np.append(starts[1:], len(order))
+    sizes, ids = nbytes[order].tolist(), order.tolist()
+    queues = [list(zip(sizes[i:j], ids[i:j]))[::-1] for i, j in zip(starts.tolist(), ends.tolist())]  # pop() takes the largest
+    pairs = list(zip(a[order][starts].tolist(), b[order][starts].tolist()))
+    left = np.zeros(len(hosts), I64)
+    np.add.at(left, a, nbytes)
+    np.add.at(left, b, nbytes)
+    _fill(queues, pairs, left.tolist(), budget, half, out)
+    return out
+
+
+def _fill(queues: list[list[tuple[int, int]]], pairs: list[tuple[int, int]], left: list[int], budget: int, half: int,
+          out: np.ndarray) -> None:  # fmt: skip
+    """Set `out[id]` to the round of each queued (bytes, id), round by round (see `_network_rounds`)."""
+    names = len(left)
     ends = np.array(pairs, np.int64).reshape(-1, 2)
     rounds: dict[int, int] = {}
     live = np.arange(len(pairs))
     r = 0
     while len(live):
         alive = _by_priority(live, ends, left)
-        sent, received, used = [0] * len(names), [0] * len(names), [0] * len(names)
+        sent, received, used = [0] * names, [0] * names, [0] * names
         while alive:  # a pair whose next message does not fit stays out for the round: loads only grow
             still = []
             for i in alive:
                 q = queues[i]
                 src, dst = pairs[i]  # never equal: network messages only
                 nbytes, mid = q[-1]
-                out, into = used[src] + nbytes, used[dst] + nbytes
-                if out > budget or into > budget or sent[src] + nbytes > half or received[dst] + nbytes > half:
+                into, outgoing = used[dst] + nbytes, used[src] + nbytes
+                if outgoing > budget or into > budget or sent[src] + nbytes > half or received[dst] + nbytes > half:
                     continue
                 sent[src] += nbytes
                 received[dst] += nbytes
-                used[src], used[dst] = out, into
+                used[src], used[dst] = outgoing, into
                 left[src] -= nbytes
                 left[dst] -= nbytes
                 rounds[mid] = r
@@ -90,7 +105,7 @@ def _network_rounds(network: list, budget: int) -> dict[int, int]:
             alive = still
         live = live[[bool(queues[i]) for i in live.tolist()]]
         r += 1
-    return rounds
+    out[np.array(list(rounds), I64)] = np.array(list(rounds.values()), I64)
 
 
 def _by_priority(live: np.ndarray, ends: np.ndarray, left: list[int]) -> list[int]:

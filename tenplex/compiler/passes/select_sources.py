@@ -20,16 +20,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import attrs
+import numpy as np
 
 from tenplex.compiler.diff import ValueNeed
-from tenplex.compiler.graph import OpGraph
-from tenplex.compiler.ops import CopyOp, Holder, Need, ValueOp, trusted_copy
+from tenplex.compiler.ops import Holder, Need, ValueOp
+from tenplex.compiler.passes.atoms import Atoms, Want
 from tenplex.compiler.program import Program
-from tenplex.ir.box import Box, split_box, subtract_all
-from tenplex.ir.sweep import overlapping_pairs
-
-Want = tuple[Need, int]  # a need on one dst device
-Atom = tuple[Box, list[Want], dict[str, list[Holder]]]  # region, wants (landing first), holders by host
+from tenplex.compiler.table import I64, OpTable, pad
+from tenplex.ir.box import Box, split_box
 
 
 @attrs.frozen
@@ -40,92 +38,103 @@ class SelectSources:
 
     def apply(self, program: Program) -> Program:
         state = _State(program)
-        ops: list = []  # the new graph's ops in key order (added in bulk: one add per op costs)
         remote: dict[tuple[str, str], list[Want]] = defaultdict(list)
         reference = program.options.baseline == "reference"
         for _, op in program.graph.items():
             if isinstance(op, Need):
                 if reference:
                     for d in op.dst_devices:
-                        ops.extend(state.reference_copies(op, d))
+                        state.reference_copy(op, d)
                 else:
-                    state.local_copies(op, ops, remote)
+                    state.local_copies(op, remote)
             elif isinstance(op, ValueNeed):
-                ops.extend(state.value_ops(op))
+                base = state.next_id()
+                state.others.extend((base + i, v) for i, v in enumerate(state.value_ops(op)))
             else:
-                ops.append(op)
-        atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
-        size = state.size
-        atoms.sort(key=lambda a: (-a[0].volume * size[a[1][0][0].tensor], a[1][0][1], a[0].start, a[0].stop))
-        edges: list[tuple[int, int]] = []
-        for box, wants, hosts in atoms:
-            state.network(ops, edges, box, wants, hosts)
-        out = OpGraph()
-        out.add_all(ops)
-        out.add_edges(edges)
-        return attrs.evolve(program, graph=out)
+                state.others.append((state.next_id(), op))
+        table, edges = state.table(Atoms(state, remote))
+        return attrs.evolve(program, graph=None, table=table, edges=edges)
 
 
 class _State:
-    """Load counters and lookup tables shared by the choices of one pass run."""
+    """Load counters, lookup tables and the copies chosen so far (rows of ints: tensor, box,
+    src device, sub-tensor and piece, dst device, sub-tensor and piece; all read the src state)."""
 
     def __init__(self, program: Program):
         self.p = program
         self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
+        self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
+        self.sid_ix = {s: i for i, s in enumerate(dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors]))}
         self.sent_host = LeastSent(self.host_rank)
         self.sent_device: Counter[int] = Counter()
-        self.holder_hosts: dict[tuple[int, ...], dict[str, list[Holder]]] = {}
         self.indexes: dict[int, tuple] = {}
-        self.atom_shapes: dict[tuple, list[tuple[Box, list[int], dict[str, list[Holder]]]]] = {}
+        self.box_ids: dict[int, int] = {}
+        self.boxes: list[Box] = []
+        self.rows: list[tuple[int, ...]] = []
+        self.others: list[tuple[int, object]] = []  # (op id, fill or value op)
 
-    def copy(self, need: Need, device: int, holder: Holder, box: Box) -> CopyOp:
-        return trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, device, need.dst_subtensor, need.dst_piece)
+    def next_id(self) -> int:
+        return len(self.rows) + len(self.others)
 
-    def chunked(self, op: CopyOp) -> list[CopyOp]:
-        if op.src_device == op.dst_device:
-            return [op]
-        limit = max(1, self.p.options.max_message_bytes // self.size[op.tensor])
-        if op.box.volume <= limit:
-            return [op]
-        return [trusted_copy(op.tensor, b, op.src_device, op.src_subtensor, op.src_piece, op.dst_device, op.dst_subtensor,
-                             op.dst_piece) for b in split_box(op.box, limit)]  # fmt: skip
+    def box_id(self, box: Box) -> int:
+        """The box's index in `boxes`, by object (`boxes` keeps them alive for id())."""
+        i = self.box_ids.get(id(box))
+        if i is None:
+            i = self.box_ids[id(box)] = len(self.boxes)
+            self.boxes.append(box)
+        return i
 
-    def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, Holder], dict[str, list[Holder]]]:
-        """The first holder per device and all holders per host (cached: diff shares tuples)."""
+    def copy(self, need: Need, device: int, holder: Holder, box: Box) -> None:
+        """The copy of `box` of `need` onto `device` from `holder`, cut into row-major chunks
+        when it crosses devices and exceeds the message size limit."""
+        t, ds, sid = self.tensor_ix[need.tensor], self.sid_ix[need.dst_subtensor], self.sid_ix[holder.subtensor]
+        limit = max(1, self.p.options.max_message_bytes // self.size[need.tensor])
+        chunks = [box] if holder.device == device or box.volume <= limit else split_box(box, limit)
+        for b in chunks:
+            self.rows.append((t, self.box_id(b), holder.device, sid, holder.piece, device, ds, need.dst_piece))
+
+    def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, tuple], dict[str, list[Holder]]]:
+        """The first holder per device (as ints: device, sub-tensor id, piece) and all holders
+        per host (cached: diff shares tuples)."""
         key = id(holders)
         if key not in self.indexes:
-            on_device: dict[int, Holder] = {}
+            on_device: dict[int, tuple] = {}
             on_host: dict[str, list[Holder]] = defaultdict(list)
             for h in holders:  # sorted
-                on_device.setdefault(h.device, h)
+                if h.device not in on_device:
+                    on_device[h.device] = (h.device, self.sid_ix[h.subtensor], h.piece)
                 on_host[self.host[h.device]].append(h)
             self.indexes[key] = (holders, on_device, on_host)  # keeps `holders` alive for id()
         return self.indexes[key][1:]
 
-    def local_copies(self, need: Need, ops: list, remote: dict[tuple[str, str], list[Want]]) -> None:
+    def local_copies(self, need: Need, remote: dict[tuple[str, str], list[Want]]) -> None:
         """Copies of `need` onto each of its dst devices that has a holder on the device or on
         its host (least-loaded device first); the others go to `remote`, per (host, tensor)."""
         on_device, on_host = self.index(need.holders)
-        host, box = self.host, need.box
+        host, rows = self.host, self.rows
+        head = None
         for d in need.dst_devices:
             holder = on_device.get(d)
             if holder is not None:  # same device: never chunked
-                ops.append(trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, d, need.dst_subtensor, need.dst_piece))
+                if head is None:
+                    head = (self.tensor_ix[need.tensor], self.box_id(need.box))
+                    tail = (self.sid_ix[need.dst_subtensor], need.dst_piece)
+                rows.append((*head, *holder, d, *tail))
                 continue
             same_host = on_host.get(host[d])
             if not same_host:
                 remote[(host[d], need.tensor)].append((need, d))
                 continue
             best = min(same_host, key=lambda h: (self.sent_device[h.device], h))
-            self.sent_device[best.device] += box.volume * self.size[need.tensor]
-            ops.extend(self.chunked(self.copy(need, d, best, box)))
+            self.sent_device[best.device] += need.box.volume * self.size[need.tensor]
+            self.copy(need, d, best, need.box)
 
-    def reference_copies(self, need: Need, device: int) -> list[CopyOp]:
+    def reference_copy(self, need: Need, device: int) -> None:
         first = need.holders[0].subtensor, need.holders[0].piece
         dp0 = min(self.p.src.devices_of_subtensor(first[0]))
-        return self.chunked(self.copy(need, device, Holder(dp0, *first), need.box))
+        self.copy(need, device, Holder(dp0, *first), need.box)
 
     def value_ops(self, vn: ValueNeed) -> list[ValueOp]:
         if not vn.holders:
@@ -140,61 +149,44 @@ class _State:
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
 
-    def atoms(self, wants: list[Want]) -> list[Atom]:
-        """`cut`'s atoms, memoized by the wants' needs and the order of their devices: hosts
-        alike (DP replicas of one stage) want the same needs on their own devices, so their
-        atoms are the same with their own devices in the wants."""
-        rank = {d: i for i, d in enumerate(sorted({d for _, d in wants}))}
-        key = tuple([(id(n), rank[d]) for n, d in wants])  # needs stay alive in the lowered graph
-        shape = self.atom_shapes.get(key)
-        if shape is None:
-            pos = {(id(n), d): i for i, (n, d) in enumerate(wants)}
-            shape = [(box, [pos[(id(n), d)] for n, d in ws], hosts) for box, ws, hosts in self.cut(wants)]
-            self.atom_shapes[key] = shape
-        return [(box, [wants[i] for i in idx], hosts) for box, idx, hosts in shape]
+    def sources(self, hosts: list[dict[str, list[Holder]]], nbytes: list[int]) -> tuple[np.ndarray, ...]:
+        """Each atom's landing source, in the order given: the least-loaded holder host (its
+        least-loaded device); (device, sub-tensor id, piece) arrays."""
+        least, add, sent_device = self.sent_host.least, self.sent_host.add, self.sent_device
+        chosen = []
+        for on_hosts, n in zip(hosts, nbytes):
+            host = least(on_hosts)
+            on_host = on_hosts[host]
+            holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (sent_device[h.device], h))
+            add(host, n)
+            sent_device[holder.device] += n
+            chosen.append(holder)
+        sid = self.sid_ix
+        return (np.fromiter((h.device for h in chosen), I64, len(chosen)),
+                np.fromiter((sid[h.subtensor] for h in chosen), I64, len(chosen)),
+                np.fromiter((h.piece for h in chosen), I64, len(chosen)))  # fmt: skip
 
-    def cut(self, wants: list[Want]) -> list[Atom]:
-        """Disjoint regions of one tensor needed on one host, each with the wants containing it
-        (landing first) and their holders by host, cut to the message size limit."""
-        by_box: dict[Box, list[Want]] = defaultdict(list)
-        for w in wants:
-            by_box[w[0].box].append(w)
-        boxes = list(by_box)
-        if len(boxes) > 1 and any(i < j for i, j in overlapping_pairs(boxes, boxes)):
-            by_box = _refine(by_box)
-        limit = max(1, self.p.options.max_message_bytes // self.size[wants[0][0].tensor])
-        out = []
-        for box, ws in by_box.items():
-            ws, hosts = sorted(ws, key=_want_order), self.by_host(ws)
-            out.extend((chunk, ws, hosts) for chunk in split_box(box, limit))
-        return out
-
-    def by_host(self, wants: list[Want]) -> dict[str, list[Holder]]:
-        """Holders of all `wants` grouped by host (cached: needs share their holder tuples)."""
-        groups = {id(n.holders): n.holders for n, _ in wants}
-        key = tuple(sorted(groups))
-        if key not in self.holder_hosts:
-            out: dict[str, list[Holder]] = defaultdict(list)
-            for h in sorted({h for hs in groups.values() for h in hs}):
-                out[self.host[h.device]].append(h)
-            self.holder_hosts[key] = out
-        return self.holder_hosts[key]
-
-    def network(self, ops: list, edges: list[tuple[int, int]], box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
-        """The atom's landing copy from the least-loaded holder host (its least-loaded device)
-        and the forwards to the other wants on the dst host, each behind an order edge."""
-        host = self.sent_host.least(hosts)
-        on_host = hosts[host]
-        holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
-        landing, at = wants[0]
-        nbytes = box.volume * self.size[landing.tensor]
-        self.sent_host.add(host, nbytes)
-        self.sent_device[holder.device] += nbytes
-        first = len(ops)
-        ops.append(trusted_copy(landing.tensor, box, holder.device, holder.subtensor, holder.piece, at, landing.dst_subtensor, landing.dst_piece))
-        for n, d in wants[1:]:
-            edges.append((first, len(ops)))
-            ops.append(trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst"))
+    def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
+        """The pass's copies as columns: the local ones in need order, then the fills and
+        values, then each atom's landing copy and forwards, largest atoms first."""
+        lo, hi, nd = pad(self.boxes)
+        volume = np.prod(hi - lo, axis=1)
+        itemsize = np.array([self.size[t] for t in self.tensor_ix], I64)
+        order = atoms.order(volume, itemsize, lo, nd, hi)
+        nbytes = (volume[atoms.box] * itemsize[atoms.tensor])[order]
+        holders = self.sources([atoms.hosts[i] for i in order.tolist()], nbytes.tolist())
+        first = self.next_id()
+        cols, edges = atoms.copies(order, first, holders)
+        local = np.array(self.rows, I64).reshape(-1, 8)
+        names = ("tensor", "box", "src_dev", "src_sid", "src_piece", "dst_dev", "dst_sid", "dst_piece")
+        merged = {k: np.concatenate((local[:, j], cols[k])) for j, k in enumerate(names)}
+        forward = np.concatenate((np.zeros(len(local), bool), cols["forward"]))
+        others = tuple(self.others)
+        is_copy = np.ones(first + len(forward) - len(local), bool)
+        is_copy[np.array([i for i, _ in others], I64)] = False
+        table = OpTable(len(is_copy), np.flatnonzero(is_copy), tuple(self.tensor_ix), tuple(self.sid_ix),
+                        tuple(self.boxes), forward=forward, others=others, **merged)  # fmt: skip
+        return table, edges
 
 
 class LeastSent:
@@ -226,24 +218,3 @@ class LeastSent:
             _, rank, h = heap[0]
             heapq.heapreplace(heap, (sent[h], rank, h))
         return heap[0][2]
-
-
-def _want_order(w: Want) -> tuple:
-    return (w[1], w[0].dst_subtensor, w[0].dst_piece)
-
-
-def _refine(by_box: dict[Box, list[Want]]) -> dict[Box, list[Want]]:
-    """Disjoint atoms of overlapping need boxes, each listing every want that contains it."""
-    atoms: list[tuple[Box, list[Want]]] = []
-    for box, wants in by_box.items():
-        rest, refined = [box], []
-        for a, aws in atoms:
-            inter = a.intersect(box)
-            if inter is None:
-                refined.append((a, aws))
-                continue
-            refined.append((inter, aws + wants))
-            refined.extend((q, aws) for q in a.subtract(inter))
-            rest = subtract_all(rest, inter)
-        atoms = refined + [(r, list(wants)) for r in rest]
-    return dict(sorted(atoms, key=lambda x: x[0]))

@@ -18,19 +18,18 @@ read the same. The columns themselves are built by `verify.tables`.
 from __future__ import annotations
 
 from itertools import chain, repeat
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
+from tenplex.compiler.table import message_table, op_table
 from tenplex.compiler.verify.tables import I64, Copies, Reject, Side, contains, group_sum, ints, need
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.sweep import overlapping_pairs
 
 _KIND = {CopyOp: 0, FillOp: 1, ValueOp: 2}
-_OPS = attrgetter("ops")
 _MAX_ROUND = 1 << 31  # larger rounds go to the exact checker (keeps the group keys in int64)
 _MAX_DEVICES = 1 << 24  # so do device ids past this
 
@@ -40,9 +39,12 @@ class _Columns:
 
     def __init__(self, c: Any):
         self.c, plan, src, dst = c, c.plan, c.src, c.dst
-        self.n = len(plan.ops)
-        kind = ints(map(_KIND.__getitem__, map(type, plan.ops)), self.n)  # KeyError: another type
-        self.kind = kind
+        table = op_table(plan)
+        self.n = table.n
+        self.few = table.others  # fills and value ops
+        kind = np.zeros(self.n, I64)
+        kind[np.array([i for i, _ in self.few], I64)] = ints((_KIND[type(op)] for _, op in self.few), len(self.few))
+        self.kind = kind  # KeyError above: another type
         devices = [d.id for d in c.topology.devices]
         need(np.array(devices, I64) >= 0)
         self.ndev = max(devices, default=-1) + 1
@@ -56,7 +58,7 @@ class _Columns:
         self.sid_ix = {s: i for i, s in enumerate(sids)}
         self.src = Side(src, self.sid_ix, self.tensor_ix, self.ndev, k)
         self.dst = Side(dst, self.sid_ix, self.tensor_ix, self.ndev, k)
-        self.cp = Copies(plan.ops, np.flatnonzero(kind == 0), self.sid_ix, self.tensor_ix, k)
+        self.cp = Copies(table, self.sid_ix, self.tensor_ix, k)
         self.hosts = {h: i for i, h in enumerate(c.topology.hosts)}
         self.host_of = np.full(self.ndev, -1, I64)
         self.host_of[np.array(devices, I64)] = ints((self.hosts[d.host] for d in c.topology.devices), len(devices))
@@ -82,21 +84,18 @@ class _Columns:
         """Each copy is in one message, between its devices' hosts; the bytes add up; sizes
         and per-host network bytes per round stay within the options."""
         plan, cp = self.c.plan, self.cp
-        ms = plan.messages
-        m = len(ms)
-        self.m_round = ints(map(attrgetter("round"), ms), m)
+        ms = message_table(plan)
+        self.m_round = ms.round
         need((self.m_round >= 0) & (self.m_round < _MAX_ROUND))
-        m_bytes = ints(map(attrgetter("bytes"), ms), m)
-        lens = ints(map(len, map(_OPS, ms)), m)
-        flat = ints(chain.from_iterable(map(attrgetter("ops"), ms)), int(lens.sum()))
+        m_bytes, lens, flat = ms.bytes, ms.lens, ms.ops
         need((flat >= 0) & (flat < self.n))
         need(self.kind[flat] == 0)
         need(np.bincount(flat, minlength=self.n)[cp.at] == 1)
         pos = np.full(self.n, -1, I64)
         pos[cp.at] = np.arange(len(cp.at))
         of = pos[flat]  # copy position of each listed op
-        hs = ints(map(self.hosts.get, map(attrgetter("src_host"), ms), repeat(-1)), m)
-        hd = ints(map(self.hosts.get, map(attrgetter("dst_host"), ms), repeat(-1)), m)
+        host_ix = ints(map(self.hosts.get, ms.hosts, repeat(-1)), len(ms.hosts))
+        hs, hd = host_ix[ms.src], host_ix[ms.dst]
         need(
             (np.repeat(hs, lens) == self.host_of[cp.src_dev[of]])
             & (np.repeat(hd, lens) == self.host_of[cp.dst_dev[of]])
@@ -176,19 +175,17 @@ class _Columns:
             g = kk[o]
             clash = (g[1:] == g[:-1]) & (hi[o][:-1, d] > lo[o][1:, d])
             unproven = np.intersect1d(unproven, g[1:][clash])
-        ops = self.c.plan.ops
         for group in unproven.tolist():
-            boxes = [ops[i].box for i in self.cp.at[sub[kk == group]].tolist()]
+            boxes = self.cp.boxes(sub[kk == group])
             need(not any(a < b for a, b in overlapping_pairs(boxes, boxes)))
 
     def others(self) -> None:
         """The fill and value ops, through the exact checker's own methods."""
-        c, ops = self.c, self.c.plan.ops
-        at = np.flatnonzero(self.kind != 0).tolist()
-        for i in at:
-            if type(ops[i]) is FillOp:
-                c.fill(i, ops[i])
-        c.values((i, ops[i]) for i in at)
+        c = self.c
+        for i, op in self.few:
+            if type(op) is FillOp:
+                c.fill(i, op)
+        c.values(self.few)
         names = list(self.sid_ix)
         for sid in {names[k] for k in np.flatnonzero(self.dst.gap).tolist()} | {sid for sid, _ in c.fills}:
             st = c.dst.subtensor_map[sid]
@@ -203,7 +200,7 @@ class _Columns:
         same_dev = cp.src_dev == cp.dst_dev
         same_host = self.host_of[cp.src_dev] == self.host_of[cp.dst_dev]
         moved = tuple(int(self.bytes[m].sum()) for m in (same_dev, ~same_dev & same_host, ~same_host))
-        fills = [c.plan.ops[i] for i in np.flatnonzero(self.kind == 1).tolist()]
+        fills = [op for _, op in self.few if type(op) is FillOp]
         fill = sum(op.box.volume * c.dst.itemsize(c.dst.subtensor_map[op.dst_subtensor].tensor) for op in fills)
         need(s.fill_bytes == fill and moved == (s.device_bytes, s.host_bytes, s.network_bytes))
         rounds = np.unique(self.m_round)

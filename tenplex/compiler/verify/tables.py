@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.compiler.table import OpTable
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
 
 I64 = np.int64
-_SIDE = {"src": 0, "dst": 1}
 _ID, _TENSOR, _PIECES = attrgetter("id"), attrgetter("tensor"), attrgetter("pieces")
 
 
@@ -49,15 +49,6 @@ def pad(boxes: list[Box], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo[rows, cols] = ints(chain.from_iterable(starts), total)
     hi[rows, cols] = ints(chain.from_iterable(stops), total)
     return lo, hi, nd
-
-
-def pad_shared(boxes: list[Box], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`pad` of boxes many of which are one object (a region copied to every replica): each
-    distinct object is read once (by its id; `boxes` keeps them alive)."""
-    ids = ints(map(id, boxes), len(boxes))
-    first, inverse = np.unique(ids, return_index=True, return_inverse=True)[1:]
-    lo, hi, nd = pad([boxes[i] for i in first.tolist()], k)
-    return lo[inverse], hi[inverse], nd[inverse]
 
 
 def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -107,24 +98,30 @@ class Side:
 
 
 class Copies:
-    """The plan's copy ops as columns (`at`: their op ids)."""
+    """The plan's copy ops as columns (`at`: their op ids), from its `OpTable`, with sub-tensor
+    ids and tensors interned as the checker's tables are (-1: unknown) and boxes padded to `k`
+    dims (Reject: a box of more)."""
 
-    def __init__(self, ops: tuple, at: np.ndarray, sid_ix: dict[str, int], tensor_ix: dict[str, int], k: int):
-        copies = [ops[i] for i in at.tolist()]
-        n = len(copies)
-
-        def col(name: str, intern: dict[str, int] | None = None) -> np.ndarray:
-            values = map(attrgetter(name), copies)
-            return ints(values if intern is None else map(intern.get, values, repeat(-1)), n)
-
-        self.at, self.tensor = at, col("tensor", tensor_ix)
-        self.src_dev, self.src_sid, self.src_piece = col("src_device"), col("src_subtensor", sid_ix), col("src_piece")
-        self.dst_dev, self.dst_sid, self.dst_piece = col("dst_device"), col("dst_subtensor", sid_ix), col("dst_piece")
-        side = col("src_side", _SIDE)
-        need(side >= 0)
-        self.forward = side == 1
-        self.lo, self.hi, self.nd = pad_shared(list(map(attrgetter("box"), copies)), k)
+    def __init__(self, table: OpTable, sid_ix: dict[str, int], tensor_ix: dict[str, int], k: int):
+        self.table = table
+        sids = ints(map(sid_ix.get, table.sids, repeat(-1)), len(table.sids))
+        tensors = ints(map(tensor_ix.get, table.tensors, repeat(-1)), len(table.tensors))
+        self.at, self.tensor = table.copy_at, tensors[table.tensor]
+        self.src_dev, self.src_sid, self.src_piece = table.src_dev, sids[table.src_sid], table.src_piece
+        self.dst_dev, self.dst_sid, self.dst_piece = table.dst_dev, sids[table.dst_sid], table.dst_piece
+        self.forward = table.forward
+        lo, hi, self.nd = table.padded
+        need(self.nd <= k)
+        lo, hi = lo[:, :k], hi[:, :k]
+        if lo.shape[1] < k:
+            extra = k - lo.shape[1]
+            lo = np.hstack((lo, np.zeros((len(lo), extra), I64)))
+            hi = np.hstack((hi, np.ones((len(hi), extra), I64)))
+        self.lo, self.hi = lo, hi
         self.volume = np.prod(self.hi - self.lo, axis=1)
+
+    def boxes(self, rows: np.ndarray) -> list[Box]:
+        return [self.table.boxes[b] for b in self.table.box[rows].tolist()]
 
 
 def contains(lo, hi, plo, phi) -> np.ndarray:
