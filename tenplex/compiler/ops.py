@@ -120,7 +120,9 @@ class ValueOp:
     value: Any = None
 
     def __attrs_post_init__(self) -> None:
-        check_types("value op", attrs.asdict(self, recurse=False), _VALUE_TYPES)
+        if not (type(self.dst_device) is int and type(self.dst_partition) is str and type(self.name) is str
+                and type(self.src_device) in (int, type(None)) and type(self.src_partition) in (str, type(None))):  # fmt: skip
+            check_types("value op", attrs.asdict(self, recurse=False), _VALUE_TYPES)
         if (self.src_device is None) != (self.src_partition is None):
             raise IRError(f"value op for {self.name!r} has src_device {self.src_device!r} and src_partition {self.src_partition!r}; give both or neither")
         if self.src_partition is not None and self.value is not None:

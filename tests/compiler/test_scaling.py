@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenplex.compiler.cost import host_lower_bounds
+from tenplex.compiler.passes.least_sent import LeastSent, least_sent_hosts
 from tenplex.compiler.passes.schedule import _network_rounds
-from tenplex.compiler.passes.select_sources import LeastSent
 from tenplex.compiler.plan import Message
 from tests.problems import problems
 
@@ -94,6 +94,25 @@ def test_least_sent_host_is_the_minimum_over_the_set(choices):
         assert least.least(hosts) == expected
         least.add(expected, nbytes)
         sent[expected] += nbytes
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 400), st.sampled_from([1, 2, 3, 50, 64, 1 << 40])), max_size=12),
+       st.booleans())  # fmt: skip
+def test_least_sent_hosts_by_runs_choose_what_the_heap_chooses(runs, overlap):
+    """Runs of atoms (holder set, count, size) as select-sources orders them (any order of
+    sizes works); sets 0-3 are DP-replica groups sharing no host, 4 and 5 overlap them."""
+    groups = [HOSTS[:2], HOSTS[2:4], [HOSTS[4]], ["h5", "h6", "h7"], HOSTS[1:3], ["h7", "h8"]]
+    rank = {h: i for i, h in enumerate(sorted({h for g in groups for h in g}, reverse=True))}
+    sets = [{h: [] for h in g} for g in groups]
+    atoms = [(sets[g if overlap else g % 4], nbytes) for g, k, nbytes in runs for _ in range(k)]
+    least = LeastSent(rank)
+    expected = []
+    for hosts, nbytes in atoms:
+        expected.append(least.least(hosts))
+        least.add(expected[-1], nbytes)
+    nbytes = np.array([n for _, n in atoms], np.int64)
+    assert least_sent_hosts([h for h, _ in atoms], nbytes, rank) == expected
 
 
 def _points(box) -> set[tuple[int, ...]]:

@@ -9,6 +9,7 @@ import attrs
 from tenplex.compiler import CopyOp, Message, Plan, compile_plan, dumps_plan, plan_from_json, plan_to_json
 from tenplex.compiler.ops import trusted_copy
 from tenplex.compiler.plan import trusted_message
+from tenplex.compiler.table import MessageTable, OpTable, PlanMessages, PlanOps
 from tenplex.ir import Box
 from tenplex.ir.tensor import SubTensor, TensorMeta
 from tests.compiler.test_verify import DST, OPTIONS, SRC
@@ -52,3 +53,16 @@ def test_a_compiled_plan_equals_the_checked_plan_of_its_fields():
     checked = Plan(**fields)
     assert plan == checked and attrs.asdict(checked, recurse=False) == fields
     assert plan.round_of == checked.round_of and list(plan.graph.items()) == list(checked.graph.items())
+
+
+def test_a_compiled_plan_keeps_its_ops_and_messages_as_columns():
+    """`Plan.ops` and `Plan.messages` of a compiled plan are its tables; their objects, built on
+    first read, equal the tables built back from them, and the sequences behave as tuples."""
+    plan = compile_plan(SRC, DST, OPTIONS)
+    assert isinstance(plan.ops, PlanOps) and isinstance(plan.messages, PlanMessages)
+    assert len(plan.ops) == plan.ops.table.n and plan.ops._objects is None  # len needs no objects
+    ops, messages = tuple(plan.ops), tuple(plan.messages)
+    assert OpTable.from_ops(ops).objects() == ops and MessageTable.from_messages(messages).objects() == messages
+    assert plan.ops == ops and ops == plan.ops and hash(plan.ops) == hash(ops) and plan.ops[2] is ops[2]
+    assert plan.ops + () == ops == () + plan.ops and plan.messages[-1:] == messages[-1:]
+    assert any(op.src_side == "dst" for op in ops if isinstance(op, CopyOp))

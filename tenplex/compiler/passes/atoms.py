@@ -13,6 +13,7 @@ from the landing piece behind an order edge) to every other want.
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
 
 I64 = np.int64
+_NEED, _DEVICE = itemgetter(0), itemgetter(1)
+_SID, _PIECE = attrgetter("dst_subtensor"), attrgetter("dst_piece")
 Want = tuple[Need, int]  # a need on one dst device
 Shape = tuple[np.ndarray, np.ndarray, np.ndarray, list]  # box ids, want counts, want positions, holders by host
 
@@ -37,14 +40,16 @@ class Atoms:
         sids: list[int] = []
         pieces: list[int] = []
         parts, hosts = [], []
+        sid_ix = state.sid_ix
         for key in sorted(remote):
             wants = remote[key]
-            box, count, pos, by_host = self.shape(wants)
+            needs, on = list(map(_NEED, wants)), list(map(_DEVICE, wants))
+            box, count, pos, by_host = self.shape(wants, needs, on)
             parts.append((box, count, pos + len(devs), state.tensor_ix[key[1]]))
             hosts.extend(by_host)
-            devs.extend(d for _, d in wants)
-            sids.extend(state.sid_ix[n.dst_subtensor] for n, _ in wants)
-            pieces.extend(n.dst_piece for n, _ in wants)
+            devs.extend(on)
+            sids.extend(map(sid_ix.__getitem__, map(_SID, needs)))
+            pieces.extend(map(_PIECE, needs))
         self.want_dev, self.want_sid, self.want_piece = (np.array(x, I64) for x in (devs, sids, pieces))
         self.box = _cat([p[0] for p in parts])
         self.count = _cat([p[1] for p in parts])
@@ -65,11 +70,12 @@ class Atoms:
         keys += [self.want_dev[self.flat[self.start]], -nbytes]
         return np.lexsort(keys)
 
-    def shape(self, wants: list[Want]) -> Shape:
-        """`cut`'s atoms of `wants`, memoized by the wants' needs and the order of their
-        devices: box ids, want counts, want positions (into `wants`) and holders by host."""
-        rank = {d: i for i, d in enumerate(sorted({d for _, d in wants}))}
-        key = tuple([(id(n), rank[d]) for n, d in wants])  # needs stay alive in the lowered graph
+    def shape(self, wants: list[Want], needs: list[Need], devices: list[int]) -> Shape:
+        """`cut`'s atoms of `wants` (their `needs` and `devices`), memoized by the wants' needs
+        and the order of their devices: box ids, want counts, want positions (into `wants`)
+        and holders by host."""
+        rank = {d: i for i, d in enumerate(sorted(set(devices)))}
+        key = tuple(zip(map(id, needs), map(rank.__getitem__, devices)))  # needs stay alive in the lowered graph
         shape = self.shapes.get(key)
         if shape is None:
             pos = {(id(n), d): i for i, (n, d) in enumerate(wants)}

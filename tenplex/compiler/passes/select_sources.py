@@ -15,9 +15,8 @@ locality and no deduplication. Such plans still verify; they only move more byte
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter
+from operator import getitem, itemgetter
 
 import attrs
 import numpy as np
@@ -25,9 +24,12 @@ import numpy as np
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.ops import Holder, Need, ValueOp
 from tenplex.compiler.passes.atoms import Atoms, Want
+from tenplex.compiler.passes.least_sent import least_sent_hosts
+from tenplex.compiler.passes.local import local_copies
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64, OpTable, pad
 from tenplex.ir.box import Box, split_box
+from tenplex.ir.errors import CompileError
 
 
 @attrs.frozen
@@ -38,16 +40,20 @@ class SelectSources:
 
     def apply(self, program: Program) -> Program:
         state = _State(program)
-        remote: dict[tuple[str, str], list[Want]] = defaultdict(list)
-        reference = program.options.baseline == "reference"
-        for _, op in program.graph.items():
-            if isinstance(op, Need):
-                if reference:
-                    for d in op.dst_devices:
-                        state.reference_copy(op, d)
-                else:
-                    state.local_copies(op, remote)
-            elif isinstance(op, ValueNeed):
+        items = [op for _, op in program.graph.items()]
+        needs = [op for op in items if isinstance(op, Need)]
+        if items[: len(needs)] != needs:  # op ids: the needs' copies come first
+            raise CompileError("the lowered graph lists a fill or value need before a need")
+        remote: dict[tuple[str, str], list[Want]] = {}
+        if program.options.baseline == "reference":
+            for need in needs:
+                for d in need.dst_devices:
+                    state.reference_copy(need, d)
+            state.local = np.array(state.rows, I64).reshape(-1, 8)
+        else:
+            state.local, remote = local_copies(state, needs)
+        for op in items[len(needs) :]:
+            if isinstance(op, ValueNeed):
                 base = state.next_id()
                 state.others.extend((base + i, v) for i, v in enumerate(state.value_ops(op)))
             else:
@@ -67,16 +73,15 @@ class _State:
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
         self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
         self.sid_ix = {s: i for i, s in enumerate(dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors]))}
-        self.sent_host = LeastSent(self.host_rank)
         self.sent_device: Counter[int] = Counter()
-        self.indexes: dict[int, tuple] = {}
         self.box_ids: dict[int, int] = {}
         self.boxes: list[Box] = []
-        self.rows: list[tuple[int, ...]] = []
+        self.rows: list[tuple[int, ...]] = []  # copies being built one at a time
+        self.local = np.zeros((0, 8), I64)  # the copies within a host (or all, for the reference baseline)
         self.others: list[tuple[int, object]] = []  # (op id, fill or value op)
 
     def next_id(self) -> int:
-        return len(self.rows) + len(self.others)
+        return len(self.local) + len(self.others)
 
     def box_id(self, box: Box) -> int:
         """The box's index in `boxes`, by object (`boxes` keeps them alive for id())."""
@@ -94,42 +99,6 @@ class _State:
         chunks = [box] if holder.device == device or box.volume <= limit else split_box(box, limit)
         for b in chunks:
             self.rows.append((t, self.box_id(b), holder.device, sid, holder.piece, device, ds, need.dst_piece))
-
-    def index(self, holders: tuple[Holder, ...]) -> tuple[dict[int, tuple], dict[str, list[Holder]]]:
-        """The first holder per device (as ints: device, sub-tensor id, piece) and all holders
-        per host (cached: diff shares tuples)."""
-        key = id(holders)
-        if key not in self.indexes:
-            on_device: dict[int, tuple] = {}
-            on_host: dict[str, list[Holder]] = defaultdict(list)
-            for h in holders:  # sorted
-                if h.device not in on_device:
-                    on_device[h.device] = (h.device, self.sid_ix[h.subtensor], h.piece)
-                on_host[self.host[h.device]].append(h)
-            self.indexes[key] = (holders, on_device, on_host)  # keeps `holders` alive for id()
-        return self.indexes[key][1:]
-
-    def local_copies(self, need: Need, remote: dict[tuple[str, str], list[Want]]) -> None:
-        """Copies of `need` onto each of its dst devices that has a holder on the device or on
-        its host (least-loaded device first); the others go to `remote`, per (host, tensor)."""
-        on_device, on_host = self.index(need.holders)
-        host, rows = self.host, self.rows
-        head = None
-        for d in need.dst_devices:
-            holder = on_device.get(d)
-            if holder is not None:  # same device: never chunked
-                if head is None:
-                    head = (self.tensor_ix[need.tensor], self.box_id(need.box))
-                    tail = (self.sid_ix[need.dst_subtensor], need.dst_piece)
-                rows.append((*head, *holder, d, *tail))
-                continue
-            same_host = on_host.get(host[d])
-            if not same_host:
-                remote[(host[d], need.tensor)].append((need, d))
-                continue
-            best = min(same_host, key=lambda h: (self.sent_device[h.device], h))
-            self.sent_device[best.device] += need.box.volume * self.size[need.tensor]
-            self.copy(need, d, best, need.box)
 
     def reference_copy(self, need: Need, device: int) -> None:
         first = need.holders[0].subtensor, need.holders[0].piece
@@ -149,22 +118,26 @@ class _State:
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
 
-    def sources(self, hosts: list[dict[str, list[Holder]]], nbytes: list[int]) -> tuple[np.ndarray, ...]:
-        """Each atom's landing source, in the order given: the least-loaded holder host (its
-        least-loaded device); (device, sub-tensor id, piece) arrays."""
-        least, add, sent_device = self.sent_host.least, self.sent_host.add, self.sent_device
-        chosen = []
-        for on_hosts, n in zip(hosts, nbytes):
-            host = least(on_hosts)
-            on_host = on_hosts[host]
-            holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (sent_device[h.device], h))
-            add(host, n)
-            sent_device[holder.device] += n
-            chosen.append(holder)
-        sid = self.sid_ix
-        return (np.fromiter((h.device for h in chosen), I64, len(chosen)),
-                np.fromiter((sid[h.subtensor] for h in chosen), I64, len(chosen)),
-                np.fromiter((h.piece for h in chosen), I64, len(chosen)))  # fmt: skip
+    def sources(self, hosts: list[dict[str, list[Holder]]], nbytes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each atom's landing source, in the order given: the least-sent holder host, and on
+        it the least-loaded holder device (bytes it sent so far, local copies included; ties
+        by holder); (device, sub-tensor id, piece) arrays."""
+        on_host = list(map(getitem, hosts, least_sent_hosts(hosts, nbytes, self.host_rank)))
+        n = len(on_host)
+        chosen = list(map(itemgetter(0), on_host))
+        multi = np.flatnonzero(np.fromiter(map(len, on_host), I64, n) > 1).tolist()
+        if multi:  # the rest hold the atom on one device of that host: no choice
+            device = np.fromiter(map(itemgetter(0), chosen), I64, n)
+            before = _sent_before(device, nbytes, multi, [[h.device for h in on_host[i]] for i in multi])
+            sent = Counter(self.sent_device)
+            for i, counts in zip(multi, before):
+                best = min(zip(counts, on_host[i]), key=lambda x: (x[0] + sent[x[1].device], x[1]))[1]
+                sent[best.device] += int(nbytes[i])
+                chosen[i] = best
+        distinct, inverse = np.unique(np.fromiter(map(id, chosen), I64, n), return_index=True, return_inverse=True)[1:]
+        first = [chosen[i] for i in distinct.tolist()]
+        ints = np.array([(h.device, self.sid_ix[h.subtensor], h.piece) for h in first], I64).reshape(-1, 3)[inverse]
+        return ints[:, 0], ints[:, 1], ints[:, 2]
 
     def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
         """The pass's copies as columns: the local ones in need order, then the fills and
@@ -174,10 +147,10 @@ class _State:
         itemsize = np.array([self.size[t] for t in self.tensor_ix], I64)
         order = atoms.order(volume, itemsize, lo, nd, hi)
         nbytes = (volume[atoms.box] * itemsize[atoms.tensor])[order]
-        holders = self.sources([atoms.hosts[i] for i in order.tolist()], nbytes.tolist())
+        holders = self.sources([atoms.hosts[i] for i in order.tolist()], nbytes)
         first = self.next_id()
         cols, edges = atoms.copies(order, first, holders)
-        local = np.array(self.rows, I64).reshape(-1, 8)
+        local = self.local
         names = ("tensor", "box", "src_dev", "src_sid", "src_piece", "dst_dev", "dst_sid", "dst_piece")
         merged = {k: np.concatenate((local[:, j], cols[k])) for j, k in enumerate(names)}
         forward = np.concatenate((np.zeros(len(local), bool), cols["forward"]))
@@ -189,32 +162,18 @@ class _State:
         return table, edges
 
 
-class LeastSent:
-    """Bytes sent per host, and the host of a holder set that has sent the fewest (first in
-    `rank` order on ties), from one heap per set: O(log n) a choice instead of a scan of all
-    holder hosts (which grow with DP). Counts only grow, so a heap entry whose count is stale
-    is too small: it surfaces first and is pushed back with its count."""
-
-    def __init__(self, rank: dict[str, int]):
-        self.rank = rank
-        self.sent: Counter[str] = Counter()
-        self.heaps: dict[int, tuple[object, list[tuple[int, int, str]]]] = {}  # id(set) -> (set, heap)
-        self.shared: dict[tuple[str, ...], list[tuple[int, int, str]]] = {}  # equal sets share a heap
-
-    def add(self, host: str, nbytes: int) -> None:
-        self.sent[host] += nbytes
-
-    def least(self, hosts: Iterable[str]) -> str:
-        """`hosts` must not change while it is used here (the heap is kept by its id)."""
-        entry = self.heaps.get(id(hosts))
-        if entry is None:
-            key = tuple(sorted(hosts))
-            if key not in self.shared:  # one heap per distinct set: a count goes stale in few heaps
-                self.shared[key] = [(self.sent[h], self.rank[h], h) for h in key]
-                heapq.heapify(self.shared[key])
-            entry = self.heaps[id(hosts)] = (hosts, self.shared[key])  # keeps `hosts` alive for id()
-        heap, sent = entry[1], self.sent
-        while heap[0][0] != sent[heap[0][2]]:
-            _, rank, h = heap[0]
-            heapq.heapreplace(heap, (sent[h], rank, h))
-        return heap[0][2]
+def _sent_before(device: np.ndarray, nbytes: np.ndarray, multi: list[int], candidates: list[list[int]]) -> list[list[int]]:
+    """Per atom of `multi` and device of its `candidates`: bytes that the atoms before it which
+    had a single candidate (`device`) sent from that device."""
+    n = len(device)
+    single = np.ones(n, bool)
+    single[multi] = False
+    keys = device[single] * n + np.flatnonzero(single)  # by device, then position
+    order = np.argsort(keys, kind="stable")
+    keys, cum = keys[order], np.concatenate(([0], np.cumsum(nbytes[single][order])))
+    lens = [len(c) for c in candidates]
+    d = np.array([x for c in candidates for x in c], I64)
+    at = np.repeat(np.array(multi, I64), lens)
+    sums = (cum[np.searchsorted(keys, d * n + at)] - cum[np.searchsorted(keys, d * n)]).tolist()
+    bounds = np.cumsum([0] + lens).tolist()
+    return [sums[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

@@ -1,0 +1,100 @@
+"""Copies within a host, for `select-sources`: every need on every dst device at once.
+
+A dst device that holds a src piece with the region reads it there (device class, the first
+holder on the device); else a device on its host that holds it sends it (host class, the
+least-loaded such device, in need and device order, cut to the message size limit); else the
+region crosses the network (the want goes to the atoms, per dst host and tensor). The device
+class is most of a large plan and needs no choice, so it is found for all wants by numpy: a
+want (need, device) looks its (holder set, device) up among the keys of the holder sets.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from operator import attrgetter, itemgetter
+
+import numpy as np
+
+from tenplex.compiler.ops import Need
+
+I64 = np.int64
+_HOLDERS, _DEVICES, _BOX = attrgetter("holders"), attrgetter("dst_devices"), attrgetter("box")
+_TENSOR, _SID, _PIECE = attrgetter("tensor"), attrgetter("dst_subtensor"), attrgetter("dst_piece")
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, dict[tuple[str, str], list]]:
+    """(rows of the copies within a host, in need order then device order: tensor, box, src
+    device, sub-tensor and piece, dst device, sub-tensor and piece; remote wants per (dst
+    host, tensor), in need order)."""
+    n = len(needs)
+    ids = list(map(id, map(_HOLDERS, needs)))
+    sets = dict(zip(ids, map(_HOLDERS, needs)))
+    number = {k: i for i, k in enumerate(sets)}
+    group = np.fromiter(map(number.__getitem__, ids), I64, n)
+    counts = np.fromiter(map(len, map(_DEVICES, needs)), I64, n)
+    devs = np.fromiter(chain.from_iterable(map(_DEVICES, needs)), I64, int(counts.sum()))
+    of = np.repeat(np.arange(n), counts)  # each want's need
+    ndev = max(state.host) + 1
+    host_ix = {h: i for i, h in enumerate(state.host_rank)}
+    host_of = np.zeros(ndev, I64)
+    host_of[list(state.host)] = [host_ix[h] for h in state.host.values()]
+    on_dev, first, on_host = _keys(state, list(sets.values()), ndev, host_of, len(host_ix))
+    key = group[of] * ndev + devs
+    at = np.minimum(np.searchsorted(on_dev, key), max(len(on_dev) - 1, 0))
+    here = on_dev[at] == key if len(on_dev) else np.zeros(len(key), bool)
+    near = ~here & np.isin(group[of] * len(host_ix) + host_of[devs], on_host)
+    per_need = np.array([(state.tensor_ix[t], state.box_id(b), state.sid_ix[s], p) for t, b, s, p in
+                         zip(map(_TENSOR, needs), map(_BOX, needs), map(_SID, needs), map(_PIECE, needs))], I64).reshape(-1, 4)  # fmt: skip
+    w = np.flatnonzero(here)
+    rows = np.column_stack((per_need[of[w], :2], first[at[w]], devs[w], per_need[of[w], 2:]))
+    rows = _with_host_class(state, needs, of, devs, np.flatnonzero(near), w, rows)
+    return rows, _remote(needs, of, devs, np.flatnonzero(~here & ~near), host_of, list(host_ix), state, per_need[:, 0])
+
+
+def _remote(needs, of, devs, far, host_of, hosts, state, tensor) -> dict[tuple[str, str], list]:
+    """The wants `far` as lists of (need, device) per (dst host, tensor), in want order."""
+    tensors = list(state.tensor_ix)
+    key = host_of[devs[far]] * len(tensors) + tensor[of[far]]
+    order = np.argsort(key, kind="stable")
+    key, far = key[order], far[order]
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    starts, stops = np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(far)])).tolist()
+    wants = list(zip(map(needs.__getitem__, of[far].tolist()), devs[far].tolist()))
+    return {(hosts[k // len(tensors)], tensors[k % len(tensors)]): wants[a:b]
+            for k, a, b in zip(key[starts].tolist() if len(far) else [], starts, stops)}  # fmt: skip
+
+
+def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
+    """Sorted keys set * ndev + device of the first holder per device of each holder set
+    (with its ints: device, sub-tensor id, piece) and sorted keys set * nhosts + host."""
+    lens = np.fromiter(map(len, sets), I64, len(sets))
+    flat = list(chain.from_iterable(sets))  # each set sorted: the first per device wins
+    n = len(flat)
+    dev = np.fromiter(map(_FIRST, flat), I64, n)
+    group = np.repeat(np.arange(len(sets)), lens)
+    keys, first = np.unique(group * ndev + dev, return_index=True)
+    sid = np.fromiter(map(state.sid_ix.__getitem__, map(_SECOND, flat)), I64, n)
+    piece = np.fromiter(map(_THIRD, flat), I64, n)
+    ints = np.stack((dev, sid, piece), axis=1)[first]
+    return keys, ints, np.unique(group * nhosts + host_of[dev])
+
+
+def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` (the device-class copies of wants `here`) with the host-class copies of wants
+    `near` merged in want order; those are chosen one at a time (least-loaded device)."""
+    if not len(near):
+        return rows
+    state.rows, made = [], []
+    for i, d in zip(of[near].tolist(), devs[near].tolist()):
+        need = needs[i]
+        same_host = [h for h in need.holders if state.host[h.device] == state.host[d]]  # sorted
+        best = min(same_host, key=lambda h: (state.sent_device[h.device], h))
+        state.sent_device[best.device] += need.box.volume * state.size[need.tensor]
+        before = len(state.rows)
+        state.copy(need, d, best, need.box)
+        made.append(len(state.rows) - before)
+    wants = np.concatenate((here, np.repeat(near, made)))
+    merged = np.concatenate((rows, np.array(state.rows, I64).reshape(-1, 8)))
+    state.rows = []
+    return merged[np.argsort(wants, kind="stable")]
