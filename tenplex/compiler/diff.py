@@ -43,9 +43,10 @@ class Diff:
 
 def diff(src: PTC, dst: PTC) -> Diff:
     needs: list[Need] = []
+    layouts: dict[tuple, list] = {}
     for meta in dst.tensors:
         _check_tensor(src, meta)
-        needs.extend(_tensor_needs(src, dst, meta.name))
+        needs.extend(_tensor_needs(src, dst, meta.name, layouts))
     fills = [
         FillOp(d, st.id, box, st.fill)
         for st in dst.subtensors
@@ -63,21 +64,28 @@ def _check_tensor(src: PTC, meta) -> None:
         raise CompileError(f"tensor {meta.name!r} is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
 
 
-def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
+def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
     """Needs of every dst piece of `tensor`, in dst piece order. Work is per distinct box, not
     per piece: replicas of a box (a norm held by every TP rank) meet the same src pieces, so
-    they share their fragments and holder tuples."""
+    they share their fragments and holder tuples. Tensors alike (a weight, its optimizer
+    states, the same weight of other layers) have the same dst and src boxes, so where the
+    src boxes meeting a dst box are disjoint, the clipped boxes are found once per layout
+    (`layouts`, shared by the tensors of one diff)."""
     held = _holders_by_box(src, tensor)
     src_boxes = list(held)
     dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
     boxes = list(dict.fromkeys(box for *_, box in dst_items))
-    hits: list[list[int]] = [[] for _ in boxes]
-    for di, si in overlapping_pairs(boxes, src_boxes):
-        hits[di].append(si)
+    key = (tuple(boxes), tuple(src_boxes))
+    layout = layouts.get(key)
+    if layout is None:
+        layout = layouts[key] = _clipped(boxes, src_boxes)
     parts = {}  # dst box -> (fragments, covered volume)
-    for box, his in zip(boxes, hits):
-        fragments = _fragments(box, [(src_boxes[k], held[src_boxes[k]]) for k in sorted(his)])
-        parts[box] = fragments, sum(f.volume for f, _ in fragments)
+    for box, (clips, covered) in zip(boxes, layout):
+        if covered is None:  # src boxes overlap inside it: refined with their holders
+            fragments = _fragments(box, [(src_boxes[k], held[src_boxes[k]]) for k in clips])
+            parts[box] = fragments, sum(f.volume for f, _ in fragments)
+        else:
+            parts[box] = [(c, held[src_boxes[k]]) for c, k in clips], covered
     out = []
     for st, j, box in dst_items:
         fragments, covered = parts[box]
@@ -86,6 +94,23 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
         devices = dst.devices_of_subtensor(st.id)
         out.extend(Need(tensor, f, devices, st.id, j, hs) for f, hs in fragments)
+    return out
+
+
+def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | None]]:
+    """Per dst box: the src boxes meeting it clipped to it with their indices, in index order,
+    and their covered volume; or (the indices, None) when two of the clipped boxes overlap."""
+    hits: list[list[int]] = [[] for _ in boxes]
+    for di, si in overlapping_pairs(boxes, src_boxes):
+        hits[di].append(si)
+    out: list[tuple[list, int | None]] = []
+    for box, his in zip(boxes, hits):
+        clips = [(c, k) for k in sorted(his) if (c := src_boxes[k].intersect(box)) is not None]
+        cs = [c for c, _ in clips]
+        if len(cs) > 1 and any(i < j for i, j in overlapping_pairs(cs, cs)):
+            out.append(([k for _, k in clips], None))
+        else:
+            out.append((clips, sum(c.volume for c in cs)))
     return out
 
 

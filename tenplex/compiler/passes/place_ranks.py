@@ -194,14 +194,20 @@ def _assign(weights: np.ndarray) -> list[int]:
 
 def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
     """dst partition -> {src partition: bytes of the dst partition that it holds}. Overlaps
-    are found between distinct boxes (replicas of a box share one)."""
+    are found between distinct boxes (replicas of a box share one), once per layout (tensors
+    alike have the same dst and src boxes)."""
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    layouts: dict[tuple, list[tuple[int, int, int]]] = {}
     for meta in dst.tensors:
         a, b = _partitions_by_box(dst, meta.name), _partitions_by_box(src, meta.name)
         boxes_a, boxes_b = list(a), list(b)
+        key = (tuple(boxes_a), tuple(boxes_b))
+        overlaps = layouts.get(key)
+        if overlaps is None:
+            overlaps = layouts[key] = [(i, j, boxes_a[i].overlap_volume(boxes_b[j])) for i, j in overlapping_pairs(boxes_a, boxes_b)]
         size = dst.itemsize(meta.name)
-        for i, j in overlapping_pairs(boxes_a, boxes_b):
-            nbytes = boxes_a[i].overlap_volume(boxes_b[j]) * size
+        for i, j, volume in overlaps:
+            nbytes = volume * size
             for p in a[boxes_a[i]]:
                 row = out[p]
                 for q in b[boxes_b[j]]:
