@@ -162,6 +162,7 @@ def _value_needs(src: PTC, dst: PTC) -> list[ValueNeed]:
     for part in src.partitions:
         for name, _ in part.values:
             holders[name].extend((d, part.id) for d in src.allocation.devices_of(part.id))
+    shared = {name: tuple(sorted(hs)) for name, hs in holders.items()}  # one tuple per name: select-sources indexes it once
     out = []
     for part in dst.partitions:
         devices = dst.allocation.devices_of(part.id)
@@ -171,5 +172,5 @@ def _value_needs(src: PTC, dst: PTC) -> list[ValueNeed]:
             elif not holders[name]:
                 raise CompileError(f"dst partition {part.id!r} inherits value {name!r}, which no src partition has")
             else:
-                out.append(ValueNeed(part.id, name, devices, tuple(sorted(holders[name]))))
+                out.append(ValueNeed(part.id, name, devices, shared[name]))
     return out

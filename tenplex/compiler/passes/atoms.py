@@ -54,7 +54,7 @@ class Atoms:
         self.box = _cat([p[0] for p in parts])
         self.count = _cat([p[1] for p in parts])
         self.flat = _cat([p[2] for p in parts])
-        self.tensor = _cat([np.full(len(p[0]), p[3], I64) for p in parts])
+        self.tensor = np.repeat(np.array([p[3] for p in parts], I64), [len(p[0]) for p in parts])
         self.start = np.cumsum(self.count) - self.count
         self.hosts = hosts
 

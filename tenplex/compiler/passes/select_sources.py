@@ -75,6 +75,7 @@ class _State:
         self.sid_ix = {s: i for i, s in enumerate(dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors]))}
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
+        self.value_holders: dict[int, tuple] = {}
         self.boxes: list[Box] = []
         self.rows: list[tuple[int, ...]] = []  # copies being built one at a time
         self.local = np.zeros((0, 8), I64)  # the copies within a host (or all, for the reference baseline)
@@ -108,15 +109,24 @@ class _State:
     def value_ops(self, vn: ValueNeed) -> list[ValueOp]:
         if not vn.holders:
             return [ValueOp(d, vn.dst_partition, vn.name, value=vn.value) for d in vn.dst_devices]
-        on_device, on_host = {}, {}
-        for dev, part in vn.holders:  # sorted: the first holder per device and per host wins
-            on_device.setdefault(dev, (dev, part))
-            on_host.setdefault(self.host[dev], (dev, part))
+        on_device, on_host = self.value_index(vn.holders)
         out = []
         for d in vn.dst_devices:
             dev, part = on_device.get(d) or on_host.get(self.host[d]) or vn.holders[0]
             out.append(ValueOp(d, vn.dst_partition, vn.name, dev, part))
         return out
+
+    def value_index(self, holders: tuple[tuple[int, str], ...]) -> tuple[dict, dict]:
+        """The first holder per device and per host (holders sorted; cached: value needs of
+        one name share their tuple)."""
+        found = self.value_holders.get(id(holders))
+        if found is None:
+            on_device, on_host = {}, {}
+            for dev, part in holders:
+                on_device.setdefault(dev, (dev, part))
+                on_host.setdefault(self.host[dev], (dev, part))
+            found = self.value_holders[id(holders)] = (on_device, on_host, holders)  # keeps `holders` alive for id()
+        return found[0], found[1]
 
     def sources(self, hosts: list[dict[str, list[Holder]]], nbytes: np.ndarray) -> tuple[np.ndarray, ...]:
         """Each atom's landing source, in the order given: the least-sent holder host, and on
