@@ -40,6 +40,7 @@ from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint_dir
 from tenplex.runtime.checkpoint.planned import PlannedFiles
+from tenplex.runtime.checkpoint.workers import WorkerFiles, fork_available
 
 
 @attrs.frozen
@@ -94,15 +95,18 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    with _agents(workers, timeout, round_timeout) as rt:  # they start up while the plan compiles
+    with _agents(workers if central else 1, timeout, round_timeout) as rt:  # they start up while the plan compiles
         orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
         relative_paths(dst)  # fail before any work if dst cannot be written
-        src, dst_h = rehome(orig_src, dst, workers)
-        steps = _steps(src, dst_h, central, workers)
+        src, dst_h = rehome(orig_src, dst, workers if central else 1)
+        steps = _steps(src, dst_h, central)
         src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-        if rt is None and not central:  # one host: each dst file straight from the mapped src
+        if not central:  # each dst file straight from the mapped src, by this process or by worker processes
             plan = steps[0][0]
-            write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
+            files = PlannedFiles(plan, src, dst_h, src_arrays)
+            if workers > 1 and fork_available():
+                files = WorkerFiles(files, workers, on_round)
+            write_checkpoint_dir(dst, files, plan_values(plan, values), out)
         elif rt is None:
             write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
                                  out)  # fmt: skip
@@ -128,10 +132,11 @@ def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays
 Step = tuple[Plan, PTC, PTC]  # (plan, its src, its dst)
 
 
-def _steps(src: PTC, dst: PTC, central: bool, workers: int) -> list[Step]:
-    """The plans to run in order: one, or the central baseline's gather then scatter."""
-    if not central:  # placing ranks matters across hosts only
-        return [(compile_plan(src, dst, CompileOptions(place_ranks=workers > 1)), src, dst)]
+def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
+    """The plans to run in order: one (on one host: placing ranks moves nothing there), or the
+    central baseline's gather then scatter."""
+    if not central:
+        return [(compile_plan(src, dst, CompileOptions(place_ranks=False)), src, dst)]
     c = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
     return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
 

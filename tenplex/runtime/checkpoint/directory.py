@@ -46,8 +46,8 @@ from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, map_npy, write_np
 from tenplex.runtime.checkpoint.planned import PlannedFiles, pwrite_all
 from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
-__all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "read_checkpoint", "relative_paths", "write_checkpoint",
-           "write_checkpoint_dir"]  # fmt: skip
+__all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "WriteError", "read_checkpoint", "relative_paths",
+           "write_checkpoint", "write_checkpoint_dir", "write_file", "write_files"]  # fmt: skip
 
 PTC_FILE = "ptc.json"
 VALUES_FILE = "values.json"
@@ -110,18 +110,34 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
             path.mkdir(parents=True, exist_ok=True)
         if write is None:  # written elsewhere (agents: `runtime.reshard.AgentFiles`), every file created new
             arrays.write_files(out, files)
-        with ThreadPoolExecutor(THREADS) as pool:
-            for done in [pool.submit(_write_file, out / files[st.id], write, st.id) for st in ptc.subtensors if write]:
-                done.result()
+        if write is not None:
+            write_files(out, {st.id: files[st.id] for st in ptc.subtensors}, write)
         for rel, text in [*texts.items(), (PTC_FILE, dumps(ptc))]:
             path = out / rel
-            _write_file(path, lambda _, fd, text=text: pwrite_all(fd, text.encode(), 0), rel)
+            write_file(path, lambda _, fd, text=text: pwrite_all(fd, text.encode(), 0), rel)
     except OSError as e:
-        raise _WriteError(path, e) from None
+        raise WriteError(path, e) from None
 
 
-def _write_file(path: Path, write: Callable[[str, int], object], key: str) -> None:
-    """Create `path` (it must not exist) and `write(key, fd)` into it; an OSError names `path`."""
+def write_files(out: Path, files: Mapping[str, str], write: Callable[[str, int], object], threads: int = THREADS,
+                on_file: Callable[[], None] | None = None) -> None:  # fmt: skip
+    """`write_file(out / files[key], write, key)` for every key, `threads` files at a time,
+    `on_file()` after each. Raises WriteError naming the file (the first to fail, in key order)."""
+    if threads == 1:
+        for key, rel in files.items():
+            write_file(out / rel, write, key)
+            if on_file is not None:
+                on_file()
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        for done in [pool.submit(write_file, out / rel, write, key) for key, rel in files.items()]:
+            done.result()
+            if on_file is not None:
+                on_file()
+
+
+def write_file(path: Path, write: Callable[[str, int], object], key: str) -> None:
+    """Create `path` (it must not exist) and `write(key, fd)` into it. Raises WriteError naming `path`."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -129,7 +145,7 @@ def _write_file(path: Path, write: Callable[[str, int], object], key: str) -> No
         finally:
             os.close(fd)
     except OSError as e:
-        raise _WriteError(path, e) from None
+        raise WriteError(path, e) from None
 
 
 def _array_writer(ptc: PTC, arrays: Mapping[str, np.ndarray]) -> Callable[[str, int], None]:
@@ -159,12 +175,15 @@ def _value_texts(ptc: PTC, values: Mapping[str, Mapping[str, Any]]) -> dict[str,
     return out
 
 
-class _WriteError(CheckpointError):
+class WriteError(CheckpointError):
     """An I/O error while writing `path`; `write_checkpoint_dir` names it as the file of OUT."""
 
     def __init__(self, path: Path, err: OSError):
         super().__init__(str(write_failure(path, err, CheckpointError)))
         self.path, self.err = path, err
+
+    def __reduce__(self) -> tuple:  # a worker process sends it to the writer (`checkpoint.workers`)
+        return WriteError, (self.path, self.err)
 
 
 def _checked_array(ptc: PTC, arrays: Mapping[str, np.ndarray], st: Any) -> np.ndarray:
@@ -221,8 +240,8 @@ def write_checkpoint_dir(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFil
             try:
                 sync_tree(tmp)
             except OSError as e:
-                raise _WriteError(tmp, e) from None
-        except _WriteError as e:
+                raise WriteError(tmp, e) from None
+        except WriteError as e:
             shown = out / e.path.relative_to(tmp) if e.path.is_relative_to(tmp) else e.path
             raise write_failure(shown, e.err, CheckpointError) from None
     try:
