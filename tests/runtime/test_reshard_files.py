@@ -169,6 +169,16 @@ def test_a_short_vectored_write_is_continued(tmp_path, monkeypatch):
         assert f.read() == a.tobytes() and len(calls) > 4
 
 
+def test_without_copy_file_range_the_bytes_are_written(case, tmp_path, monkeypatch):
+    def cross_device(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    root, tensors, dst, files, values = case
+    monkeypatch.setattr(os, "copy_file_range", cross_device)
+    _write_all(files, dst, values, tmp_path / "out")
+    _assert_oracle(tmp_path / "out", dst, tensors)
+
+
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_a_region_no_op_writes_is_an_error_and_nothing_is_left(case, tmp_path, workers):
     root, tensors, dst, files, values = case
