@@ -207,9 +207,10 @@ def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tupl
         raise CheckpointError(f"{root / PTC_FILE}: missing (not a checkpoint directory)")
     ptc = ptc_from_json(read_json(root / PTC_FILE, CheckpointError, "the PTC"), str(root / PTC_FILE))
     arrays: dict[str, np.ndarray] = {}
+    seen: dict[str, str] = {}  # real paths of the directories resolved so far
     for sid, rel in relative_paths(ptc).items():
         st, what = ptc.subtensor_map[sid], f"sub-tensor {sid!r}"
-        path = confined(root, rel, f"file of {what}", CheckpointError)
+        path = confined(root, rel, f"file of {what}", CheckpointError, seen)
         dtype = ptc.tensor_map[st.tensor].dtype
         a = (map_npy if mapped else load_npy)(path, what, CheckpointError)
         got = as_dtype(a, np_dtype(dtype))  # the dtype itself, or the raw bits older versions wrote
@@ -219,7 +220,7 @@ def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tupl
         arrays[sid] = got
     values: dict[str, dict[str, Any]] = {}
     for part in ptc.partitions:
-        path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError)
+        path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError, seen)
         if not part.values and not os.path.lexists(path):
             values[part.id] = {}  # a partition without values needs no values file
             continue
