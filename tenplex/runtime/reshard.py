@@ -1,22 +1,28 @@
 """Offline resharding of a checkpoint directory (`tenplex reshard`; the format: `checkpoint.directory`).
 
-`reshard(src_dir, dst, out_dir, workers=N)` reads SRC, re-homes both PTCs onto N local workers
-and runs the compiled plan: src partition i (sorted by id; first replica only) goes on device i,
-the dst allocation is renumbered onto devices 0..D-1 (old ids in order), and device k lives on
-host `w{k % N}` in one topology shared by both PTCs. With `central=True` the state is gathered
-on the host of device 0 and scattered from there (`compile_central`: the paper's
-Tenplex-Central baseline), so every byte that changes workers goes through that one. workers
-== 1 runs in-process (the central baseline on the executor and local transport); workers >= 2
-starts one agent process per worker (`Runtime.local`, UCX). The src files are memory-mapped, not read
-(`checkpoint.npy.map_npy`); with one worker each dst file is written once straight from the
-plan's copies (`checkpoint.planned`). With more, each agent maps the src files of its devices
-itself, and the dst arrays it stores are the dst files themselves (new `.npy` files in OUT_DIR's
-temporary, memory-mapped: `agent.files`), so the plan's copies and receives write the output in
-place; no array byte crosses a control connection, only the bytes that change workers move,
-each read by its receiver out of the sender's memory (`Runtime.local(transport="cma")`: no UCX
-loaded, nothing packed; UCX where the kernel forbids that). The agents start while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
-the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
-also after a crash, and an existing OUT_DIR is an error.
+`reshard(src_dir, dst, out_dir, workers=N)` reads SRC (the src files memory-mapped, not read:
+`checkpoint.npy.map_npy`), compiles the plan and writes OUT_DIR. Src partition i (sorted by id;
+first replica only) goes on device i and the dst allocation is renumbered onto devices 0..D-1
+(old ids in order), in one topology shared by both PTCs (`rehome`).
+
+- Peer to peer (the default): the plan is compiled for one host (all devices on `w0`: the
+  files are on one machine) and each dst file is written once, straight from the plan's copies
+  (`checkpoint.planned`: copies in the kernel from the mapped src files). With `workers` N >= 2
+  the files are shared out by bytes among N worker processes forked once the plan is compiled
+  (`checkpoint.workers`), each writing its share the same way: every worker reads the src
+  files it needs itself, so no byte moves between workers. A worker that dies fails the
+  reshard with an error naming it (`host 'w1'`).
+- `central=True`: the paper's Tenplex-Central baseline. Device k lives on host `w{k % N}`; the
+  state is gathered on the host of device 0 and scattered from there (`compile_central`), so
+  every byte that changes workers goes through that one: in-process (executor, local
+  transport) for one worker, else on N local agent processes (`Runtime.local`, forked while the
+  plan compiles; the bytes between them read out of each other's memory, `transport="cma"`,
+  UCX where the kernel forbids that), which map the src files themselves and execute into the
+  dst files (`agent.files`).
+
+OUT_DIR is written into a temporary directory beside it, made durable and renamed at the end
+(`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial, also
+after a crash, and an existing OUT_DIR is an error.
 """
 
 from __future__ import annotations
@@ -34,13 +40,13 @@ import attrs
 
 from tenplex.compiler import CompileOptions, Plan, compile_plan
 from tenplex.compiler.central import compile_central
+from tenplex.compiler.nogc import without_gc
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint_dir
 from tenplex.runtime.checkpoint.planned import PlannedFiles
-from tenplex.runtime.checkpoint.workers import WorkerFiles, fork_available
 
 
 @attrs.frozen
@@ -84,6 +90,7 @@ def _with(ptc: PTC, alloc: Allocation, topo: Topology) -> PTC:
     return moved.with_allocation(alloc)
 
 
+@without_gc  # its objects (two PTCs, a plan) hold no cycles; the collector's scans of them cost ~5%
 def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *, workers: int = 1,
             central: bool = False, timeout: float = 30.0, round_timeout: float = 600.0,
             on_round: Callable[[int, int], None] | None = None) -> ReshardResult:  # fmt: skip
@@ -103,10 +110,8 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
         src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
         if not central:  # each dst file straight from the mapped src, by this process or by worker processes
             plan = steps[0][0]
-            files = PlannedFiles(plan, src, dst_h, src_arrays)
-            if workers > 1 and fork_available():
-                files = WorkerFiles(files, workers, on_round)
-            write_checkpoint_dir(dst, files, plan_values(plan, values), out)
+            write_checkpoint_dir(dst, _writer(PlannedFiles(plan, src, dst_h, src_arrays), workers, on_round),
+                                 plan_values(plan, values), out)  # fmt: skip
         elif rt is None:
             write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
                                  out)  # fmt: skip
@@ -117,6 +122,14 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
                          sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+
+
+def _writer(files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None) -> Any:
+    """`files` as written by this process (`workers` 1, or no `fork` here), else by `workers`
+    forked worker processes (`checkpoint.workers`)."""
+    from tenplex.runtime.checkpoint.workers import WorkerFiles, fork_available  # multiprocessing: not for one
+
+    return WorkerFiles(files, workers, on_file) if workers > 1 and fork_available() else files
 
 
 def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays: dict) -> dict:

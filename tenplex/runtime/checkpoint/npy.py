@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import mmap
@@ -125,6 +126,7 @@ def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError
     return shape, fortran, dtype
 
 
+@functools.lru_cache(maxsize=1024)  # a checkpoint's files share a few shapes (a parameter and its moments)
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The `.npy` header (format 1.0, or 2.0 past 64 KiB as `np.save` chooses) of a C-order
     array of `dtype` and `shape`; the array's bytes follow it."""
