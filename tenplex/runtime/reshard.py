@@ -45,8 +45,17 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.checkpoint.apply import plan_values
-from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint_dir
+from tenplex.runtime.checkpoint.directory import (
+    CheckpointError,
+    checkpoint_dir,
+    make_tree,
+    read_checkpoint,
+    relative_paths,
+    write_checkpoint,
+    write_checkpoint_dir,
+)
 from tenplex.runtime.checkpoint.planned import PlannedFiles
+from tenplex.runtime.checkpoint.prealloc import Preallocation, npy_files
 
 
 @attrs.frozen
@@ -102,26 +111,54 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    with _agents(workers if central else 1, timeout, round_timeout) as rt:  # they start up while the plan compiles
+    run = _central if central else _direct
+    steps = run(src_dir, dst, out, workers, timeout, round_timeout, on_round)
+    plans = tuple(plan for plan, _, _ in steps)
+    return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
+                         sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+
+
+def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeout: float, round_timeout: float,
+            on_round: Callable[[int, int], None] | None) -> list[Step]:  # fmt: skip
+    """Peer to peer: OUT's tree made and its files allocated (`Preallocation`) while the src is
+    read and the plan compiled for one host, then each dst file written once from the mapped src."""
+    with checkpoint_dir(out) as tmp:
+        pre = Preallocation(tmp, npy_files(dst, make_tree(dst, tmp)))
+        try:
+            orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
+            src, dst_h = rehome(orig_src, dst, 1)
+            steps = _steps(src, dst_h, False)
+            plan = steps[0][0]
+            files = PlannedFiles(plan, src, dst_h, {(sid, _first(src, sid)): a for sid, a in arrays.items()})
+            files.preallocated = pre.started
+            write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), tmp)
+        finally:
+            pre.stop()
+    return steps
+
+
+def _central(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeout: float, round_timeout: float,
+             on_round: Callable[[int, int], None] | None) -> list[Step]:  # fmt: skip
+    """The central baseline: in-process for one worker, else on agents started while the plan compiles."""
+    with _agents(workers, timeout, round_timeout) as rt:
         orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
         relative_paths(dst)  # fail before any work if dst cannot be written
-        src, dst_h = rehome(orig_src, dst, workers if central else 1)
-        steps = _steps(src, dst_h, central)
-        src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-        if not central:  # each dst file straight from the mapped src, by this process or by worker processes
-            plan = steps[0][0]
-            write_checkpoint_dir(dst, _writer(PlannedFiles(plan, src, dst_h, src_arrays), workers, on_round),
-                                 plan_values(plan, values), out)  # fmt: skip
-        elif rt is None:
+        src, dst_h = rehome(orig_src, dst, workers)
+        steps = _steps(src, dst_h, True)
+        src_arrays = {(sid, _first(src, sid)): a for sid, a in arrays.items()}
+        if rt is None:
             write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
                                  out)  # fmt: skip
         else:
             rt.link(max(60.0, timeout))
             files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
             _on_agents(rt, steps, files, values, dst, out, on_round)
-    plans = tuple(plan for plan, _, _ in steps)
-    return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
-                         sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+    return steps
+
+
+def _first(ptc: PTC, sid: str) -> int:
+    """The first device of sub-tensor `sid`'s partition."""
+    return ptc.allocation.devices_of(ptc.partition_of[sid])[0]
 
 
 def _writer(files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None) -> Any:
@@ -196,7 +233,8 @@ class AgentFiles:
                  on_round: Callable[[int, int], None] | None):  # fmt: skip
         self.rt, self.steps, self.load, self.on_round = rt, steps, load, on_round
 
-    def write_files(self, out: Path, files: dict[str, str]) -> None:
+    def write_files(self, out: Path, files: dict[str, str], meanwhile: Callable[[], None]) -> None:
+        meanwhile()
         placed = self.steps[-1][2].with_allocation(self.steps[-1][0].allocation)
         first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
         per_host: dict[str, list] = {}

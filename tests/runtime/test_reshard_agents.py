@@ -107,8 +107,8 @@ def test_two_workers_each_write_their_share_from_the_src_files(case, tmp_path, m
     log = tmp_path / "written.log"  # appended to by the worker processes (forked: they run the patched writer)
     real = directory.write_file
 
-    def logged(path, write, key):
-        real(path, write, key)
+    def logged(path, write, key, *flags):
+        real(path, write, key, *flags)
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {path.stat().st_size} {path}\n")
 

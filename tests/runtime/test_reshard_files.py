@@ -1,7 +1,8 @@
 """The offline reshard's files: `map_npy` views, `PlannedFiles` (each dst file written once from
 the mapped src; column blocks as `pwritev` runs), `WorkerFiles` (the same by worker processes:
-the same errors), durability before the rename, and the same output as the in-memory executor
-for random layouts (`tests.problems`)."""
+the same errors), `Preallocation` (files allocated ahead, then written over), durability
+before the rename, and the same output as the in-memory executor for random layouts
+(`tests.problems`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint
 from tenplex.runtime.checkpoint.npy import map_npy, mapped_file
 from tenplex.runtime.checkpoint.planned import PlannedFiles
+from tenplex.runtime.checkpoint.prealloc import Preallocation, npy_files
 from tenplex.runtime.checkpoint.vectored import runs, write_runs
 from tenplex.runtime.checkpoint.workers import WorkerFiles
 from tenplex.runtime.reshard import _executed, rehome, reshard
@@ -220,3 +222,35 @@ def test_planned_files_are_the_only_copy(case, monkeypatch, tmp_path):
     monkeypatch.setattr(executor.Executor, "run", lambda *a: pytest.fail("the executor ran"))
     reshard(root, dst, tmp_path / "out")
     _assert_oracle(tmp_path / "out", dst, tensors)
+
+
+def test_preallocation_allocates_each_file_at_its_size_and_changes_no_byte(tmp_path):
+    (tmp_path / "out" / "a").mkdir(parents=True)
+    (tmp_path / "outside").write_bytes(b"keep")
+    (tmp_path / "out" / "a" / "written.npy").write_bytes(b"x" * 5000)  # a writer got there first
+    os.symlink(tmp_path / "outside", tmp_path / "out" / "link.npy")
+    files = [("a/written.npy", 5000), ("a/new.npy", 1 << 20), ("link.npy", 1 << 20), ("never.npy", 10)]
+    pre = Preallocation(tmp_path / "out", files)
+    assert pre.started
+    pre.proc.wait(30)
+    pre.stop()
+    assert (tmp_path / "out" / "a" / "written.npy").read_bytes() == b"x" * 5000
+    new = os.stat(tmp_path / "out" / "a" / "new.npy")
+    assert new.st_size == 1 << 20 and new.st_blocks * 512 >= 1 << 20  # allocated, not sparse
+    assert (tmp_path / "outside").read_bytes() == b"keep"  # a symlink is not followed: the helper stops there
+    assert not (tmp_path / "out" / "never.npy").exists()
+
+
+def test_preallocated_files_are_written_over_and_the_output_is_the_same(case, tmp_path):
+    root, tensors, dst, files, values = case
+    rel = directory.make_tree(dst, tmp_path / "out")
+    pre = Preallocation(tmp_path / "out", npy_files(dst, rel))
+    pre.proc.wait(30)
+    files.preallocated = True
+    try:
+        directory.write_checkpoint(dst, files, values, tmp_path / "out")
+    finally:
+        files.preallocated = False
+        pre.stop()
+    _assert_oracle(tmp_path / "out", dst, tensors)
+    assert sorted(p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")) == sorted(n for _, n in npy_files(dst, rel))

@@ -40,7 +40,8 @@ import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so header
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import one_line, open_regular, read_npy_header
+from tenplex.ir.files import one_line, open_regular
+from tenplex.ir.npy_header import read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
 __all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "pwrite_all", "write_npy"]

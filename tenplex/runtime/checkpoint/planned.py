@@ -47,6 +47,8 @@ __all__ = ["PlannedFiles", "pwrite_all"]
 class PlannedFiles:
     """The dst arrays of `plan`, written file by file (see the module docstring)."""
 
+    preallocated = False  # the files exist already (`prealloc.Preallocation`): opened without O_EXCL
+
     def __init__(self, plan: Plan, src: PTC, dst: PTC, src_arrays: Mapping):
         self.src, self.src_arrays = src, src_arrays
         self.dst = dst.with_allocation(plan.allocation)

@@ -67,7 +67,7 @@ class WorkerFiles:
     def __init__(self, files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None = None):
         self.files, self.workers, self.on_file = files, workers, on_file
 
-    def write_files(self, out: Path, rel: Mapping[str, str]) -> None:
+    def write_files(self, out: Path, rel: Mapping[str, str], meanwhile: Callable[[], None] | None = None) -> None:
         sizes = {sid: self.files.dst.nbytes_of(self.files.dst.subtensor_map[sid]) for sid in rel}
         threads = max(1, THREADS // self.workers)
         ctx = mp.get_context("fork")
@@ -81,6 +81,8 @@ class WorkerFiles:
                 proc.start()
                 theirs.close()
                 running.append(_Worker(f"w{i}", proc, mine, len(share)))
+            if meanwhile is not None:
+                meanwhile()
             _collect(running, len(rel), self.on_file)
         finally:
             for w in running:
@@ -137,7 +139,7 @@ def _work(host: str, files: PlannedFiles, out: Path, rel: dict[str, str], conn: 
     for end in inherited:  # else a worker would wait for its pipe's EOF until this one exits
         end.close()
     try:
-        write_files(out, rel, files.write, threads, on_file=lambda: conn.send(None))
+        write_files(out, rel, files.write, threads, on_file=lambda: conn.send(None), exclusive=not files.preallocated)
     except Exception as e:  # noqa: BLE001 (raised again in the writer)
         try:
             conn.send(e)
