@@ -26,7 +26,7 @@ from tenplex.runtime.checkpoint.npy import map_npy, mapped_file
 from tenplex.runtime.checkpoint.planned import PlannedFiles
 from tenplex.runtime.checkpoint.prealloc import Preallocation, npy_files
 from tenplex.runtime.checkpoint.vectored import runs, write_runs
-from tenplex.runtime.checkpoint.workers import WorkerFiles
+from tenplex.runtime.checkpoint.workers import WorkerFiles, shares
 from tenplex.runtime.reshard import _executed, rehome, reshard
 from tests.problems import problems
 from tests.security.test_checkpoint_errors import ENOSPC, _tenplex_triple, tiny_disk  # noqa: F401 (a fixture)
@@ -254,3 +254,21 @@ def test_preallocated_files_are_written_over_and_the_output_is_the_same(case, tm
         pre.stop()
     _assert_oracle(tmp_path / "out", dst, tensors)
     assert sorted(p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")) == sorted(n for _, n in npy_files(dst, rel))
+
+
+def test_files_are_shared_out_largest_first_to_the_least_loaded_worker():
+    assert shares({"a": 5, "b": 4, "c": 3, "d": 3, "e": 1}, 2) == [["a", "d"], ["b", "c", "e"]]
+    assert shares({"a": 1}, 3) == [["a"], [], []]
+
+
+@pytest.mark.multiprocess
+def test_more_workers_than_files_write_them_all(tmp_path):
+    src, _, values = _tenplex_triple()  # gpt-tiny tp2: a few dozen files
+    root, tensors = _src_dir(src, tmp_path / "a")
+    _, arrays, _ = read_checkpoint(root, mapped=True)
+    src_h, dst_h = rehome(src, src, 1)
+    plan = compile_plan(src_h, dst_h, CompileOptions(place_ranks=False))
+    first = {(sid, src_h.allocation.devices_of(src_h.partition_of[sid])[0]): a for sid, a in arrays.items()}
+    planned_files = PlannedFiles(plan, src_h, dst_h, first)
+    _write_all(planned_files, src, plan_values(plan, values), tmp_path / "out", workers=len(src.subtensors) + 3)
+    _assert_oracle(tmp_path / "out", src, tensors)

@@ -65,7 +65,7 @@ class Preallocation:
 
     def __init__(self, root: Path, files: list[tuple[str, int]]):
         self.proc: subprocess.Popen | None = None
-        if not files or not hasattr(os, "posix_fallocate"):
+        if not files or not hasattr(os, "posix_fallocate") or not sys.executable:
             return
         with tempfile.TemporaryFile() as todo:  # a file, not a pipe: this process never waits for the helper
             todo.write("".join(f"{n}\t{rel}\n" for rel, n in files).encode())

@@ -45,6 +45,9 @@ JOIN_S = 10.0  # a worker whose pipe was closed exits at once; this long is a ha
 
 
 def fork_available() -> bool:
+    """Whether this system can fork workers. Also where other threads run: a worker takes no
+    lock of this process's that another thread may hold (it only writes files and sends on its
+    pipe: no logging, no import, no print), and the interpreter re-creates its own at the fork."""
     return "fork" in mp.get_all_start_methods()
 
 
@@ -73,7 +76,7 @@ class WorkerFiles:
         ctx = mp.get_context("fork")
         running: list[_Worker] = []
         try:
-            for i, share in enumerate(shares(sizes, self.workers)):
+            for i, share in enumerate(shares(sizes, min(self.workers, len(rel)) or 1)):
                 mine, theirs = ctx.Pipe()
                 inherited = [mine, *(w.conn for w in running)]  # the writer's ends: closed in the worker
                 args = (f"w{i}", self.files, out, {sid: rel[sid] for sid in share}, theirs, inherited, threads)
