@@ -102,8 +102,9 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
     `checkpoint.workers`); `values`: partition id -> {name: value}. Raises CheckpointError naming
     the sub-tensor or partition when one is missing or wrong, or the file being written when the
     system refuses a write (full disk, ...)."""
-    files = make_tree(ptc, Path(out_dir))
     out = Path(out_dir)
+    preallocated = getattr(arrays, "preallocated", False)  # then its tree was made for the preallocation
+    files = relative_paths(ptc) if preallocated else make_tree(ptc, out)
     texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
     write = arrays.write if isinstance(arrays, PlannedFiles) else None
     write = write or (None if callable(getattr(arrays, "write_files", None)) else _array_writer(ptc, arrays))
@@ -116,7 +117,7 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
         arrays.write_files(out, files, write_texts)
     else:
         ordered = {st.id: files[st.id] for st in ptc.subtensors}
-        write_files(out, ordered, write, meanwhile=write_texts, exclusive=not getattr(arrays, "preallocated", False))
+        write_files(out, ordered, write, meanwhile=write_texts, exclusive=not preallocated)
 
 
 def make_tree(ptc: PTC, out: Path) -> dict[str, str]:

@@ -70,6 +70,10 @@ class WorkerFiles:
     def __init__(self, files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None = None):
         self.files, self.workers, self.on_file = files, workers, on_file
 
+    @property
+    def preallocated(self) -> bool:
+        return self.files.preallocated
+
     def write_files(self, out: Path, rel: Mapping[str, str], meanwhile: Callable[[], None] | None = None) -> None:
         sizes = {sid: self.files.dst.nbytes_of(self.files.dst.subtensor_map[sid]) for sid in rel}
         threads = max(1, THREADS // self.workers)
