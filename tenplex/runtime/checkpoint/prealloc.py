@@ -67,14 +67,15 @@ class Preallocation:
         self.proc: subprocess.Popen | None = None
         if not files or not hasattr(os, "posix_fallocate") or not sys.executable:
             return
-        with tempfile.TemporaryFile() as todo:  # a file, not a pipe: this process never waits for the helper
-            todo.write("".join(f"{n}\t{rel}\n" for rel, n in files).encode())
-            todo.seek(0)
-            try:
+        try:
+            with tempfile.TemporaryFile() as todo:  # a file, not a pipe: this process never waits for the helper
+                todo.write("".join(f"{n}\t{rel}\n" for rel, n in files).encode())
+                todo.seek(0)
                 self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _HELPER, str(root)], stdin=todo,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            except OSError:
-                self.proc = None
+        except OSError:  # no temporary file, no interpreter to start: the writers allocate as they write
+            self.stop()
+            self.proc = None
 
     @property
     def started(self) -> bool:
