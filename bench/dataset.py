@@ -12,7 +12,10 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
 - DataLoader per sample, 2 workers: `RankIterableDataset` in `DataLoader(batch_size=None)`, one
   pickled (id, bytes) message per sample (the path `RankBatches` replaces; for comparison);
 - FUSE: `tenplex.runtime.fuse.dataset.mount` served by the driver, the child opens and reads every
-  `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass).
+  `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass);
+- anchor "the view's files on tmpfs": the same files copied from the view to tmpfs beforehand
+  (not timed) and read by the same child code: what a reader pays for a file per sample (listing,
+  open, read, close) with no server at all, the bound of any per-file view, FUSE or not.
 Goals (issue 16): FUSE and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
 the median of the per-round ratios (rounds run every path once, right after direct). 4 KiB samples
 are for information.
@@ -40,8 +43,8 @@ METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB
            ("ring2", "anchor: the same, 2 processes at once"),
            ("batches0", "RankBatches, 0 workers"), ("batches2", "RankBatches, 2 workers"),
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
-           ("fuse", "FUSE view (child process)"))  # fmt: skip
-ANCHORS = ("direct", "ring", "ring2", "bound")
+           ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"))  # fmt: skip
+ANCHORS = ("direct", "ring", "ring2", "bound", "files")
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 
@@ -56,8 +59,10 @@ and fills fresh pages), at the price of one more READ where the reader looks for
 of a 1 MiB file: READs of 1008 KiB and 16 KiB, then one that returns 0). Bytes are spliced from
 the source file's page cache into the reply; the server copies nothing. The anchor "direct + 2
 round trips/file" adds two process round trips (a pipe ping-pong measured in the same round) to
-direct's time per file: what a server answering in zero time could reach on this machine, the
-bound of the FUSE row. RankBatches: workers read chunks of steps (about 4 MiB) into shared
+direct's time per file: what a server answering in zero time could reach on this machine, one
+bound of the FUSE row; the anchor "the view's files on tmpfs" is the other: the same files read
+by the same code with no server at all (the reader's own listing, open and close per file cost
+direct about a third at 64 KiB here), so no file-per-sample view reaches more. RankBatches: workers read chunks of steps (about 4 MiB) into shared
 buffers and send only (chunk, slot) through the DataLoader, so the training process never copies
 or unpickles a sample; one worker stream serves every pass (no DataLoader restart per epoch).
 The anchor "direct into a 64 MiB ring" reads the samples in one process into memory that has
@@ -88,14 +93,20 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
     from bench.runner import run_json
 
     argv = ["bench.dataset_pass", method, index_path, state_path, str(mnt)]
-    if method != "fuse":
+    if method not in ("fuse", "files"):
         return run_json(argv, {}, timeout_s)
+    import shutil
+
     from tenplex.data import DatasetIndex, DataState
     from tenplex.runtime.fuse.dataset import mount
 
     index = DatasetIndex.load(index_path)
     with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
-        return run_json(argv, {}, timeout_s)
+        if method == "fuse":
+            return run_json(argv, {}, timeout_s)
+        with tempfile.TemporaryDirectory(dir=Path(index_path).parent) as tree:  # tmpfs, as the dataset
+            shutil.copytree(mnt, tree, dirs_exist_ok=True)  # not timed: the view's files, as plain files
+            return run_json([*argv[:-1], tree], {}, timeout_s)
 
 
 def measure_size(sample: int, total: int, passes: int, timeout_s: float) -> list[dict[str, Any]]:

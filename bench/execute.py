@@ -9,7 +9,11 @@ warm `np.copyto` of the same bytes in the bench process (the anchor); ratio = me
 execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥ 0.9×). Fresh agents
 are also timed against a fresh memcpy (`bench.runtime.fresh_memcpy_seconds`: a new process copying
 the same bytes into pages that the copy faults in), the physical limit of a first execute whose
-dst pages are new on this VM kind. Repeated executes are also timed in CPU seconds of the
+dst pages are new on this VM kind, and against a fresh memfd memcpy (the same into a new memory
+file, faulted in by MADV_POPULATE_WRITE: the memory kind of the agents' shared dst arenas). Repeated
+executes are also timed against the copy limit (`bench.copy_limit`: the plan's region copies on
+arrays made here, one thread per host at once, no agent: what the copy pattern itself allows), whose
+ratio to the memcpy is its own column. Repeated executes are also timed in CPU seconds of the
 runtime and both agents (every thread, `cpu_seconds`) against the CPU seconds of the memcpy
 (`demo.agents.memcpy_seconds` by `time.thread_time`): the work they cost, which other load on the machine does not inflate. The dst of the first and the last
 execute of the first agents is checked byte for byte against the source.
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.copy_limit import CopyLimit
 from bench.runtime import MODEL, QUICK_MODEL
 
 WORKERS = 2
@@ -82,7 +87,9 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
     src, dst, plan, moved = _case(model)
     tensors, placed = arange_tensors(src), dst.with_allocation(plan.allocation)
     dst_bytes = max(_arena_bytes(placed, h) for h in placed.topology.hosts)
-    ratios: dict[str, list[float]] = {k: [] for k in ("fresh", "reserved", "repeated", "fresh_vs_fresh", "repeated_cpu")}
+    copies = CopyLimit(plan, src, dst, [f"w{i}" for i in range(WORKERS)])  # the plan's copies, no agents
+    kinds = ("fresh", "reserved", "repeated", "fresh_vs_fresh", "fresh_vs_memfd", "repeated_cpu", "limit", "repeated_vs_limit")
+    ratios: dict[str, list[float]] = {k: [] for k in kinds}
     checked = 0
     for k in range(repeats):
         for reserve in (k % 2 == 1, k % 2 == 0):  # alternate which kind of fresh agents goes first
@@ -95,6 +102,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                 for j in range(runs):
                     anchor = memcpy_seconds(moved)
                     fresh_anchor = fresh_memcpy_seconds(moved) if j == 0 and not reserve else None
+                    memfd_anchor = fresh_memcpy_seconds(moved, "memfd") if j == 0 and not reserve else None
                     c0, t0 = cpu_seconds(pids), time.perf_counter()
                     rt.execute(plan, src, dst, "bench", "src", "dst")
                     took, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
@@ -102,8 +110,12 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                     ratios[kind].append(anchor / took)
                     if j:  # the work of an execute, which other load on the machine does not inflate
                         ratios["repeated_cpu"].append(memcpy_seconds(moved, clock=time.thread_time) / cpu)
-                    if fresh_anchor is not None:  # the same bytes copied into pages faulted in by the copy
+                        limit = min(copies.seconds() for _ in range(3))
+                        ratios["limit"].append(anchor / limit)
+                        ratios["repeated_vs_limit"].append(limit / took)
+                    if fresh_anchor is not None and memfd_anchor is not None:  # the same bytes into new pages
                         ratios["fresh_vs_fresh"].append(fresh_anchor / took)
+                        ratios["fresh_vs_memfd"].append(memfd_anchor / took)
                     if j in (0, runs - 1) and k == 0:
                         checked += check_state(placed, tensors, rt.fetch("bench", "dst")[0])
                     rt.drop("bench", "dst")
@@ -158,15 +170,21 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
     row = run_json(["bench.execute", kind, model, str(repeats)], {"name": f"{model} {MOVE[0]} -> {MOVE[1]}"}, timeout_s)
     progress(row, row["name"])
     if kind == "agents":
-        headers = ["case", "status", "moved", "fresh / memcpy", "fresh / fresh memcpy", "fresh, pool reserved / memcpy",
-                   "repeated / memcpy", "repeated: memcpy / CPU", "checked"]  # fmt: skip
+        headers = ["case", "status", "moved", "fresh / memcpy", "fresh / fresh memcpy", "fresh / fresh memfd memcpy",
+                   "fresh, pool reserved / memcpy", "repeated / memcpy", "repeated: memcpy / CPU", "copy limit / memcpy",
+                   "repeated / copy limit", "checked"]  # fmt: skip
         cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["fresh_vs_fresh"]),
-                 fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]), fmt_bytes(row["checked_bytes"])]
-                 if row["status"] == "ok" else ["", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+                 fmt(row["fresh_vs_memfd"]), fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]), fmt(row["limit"]),
+                 fmt(row["repeated_vs_limit"]), fmt_bytes(row["checked_bytes"])] if row["status"] == "ok"
+                 else ["", "", "", "", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
         what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
                 f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×). "
-                "Fresh memcpy: a new process copying the same bytes into pages that the copy faults in (the "
-                "physical limit of a first execute, whose dst pages are new). memcpy / CPU: the CPU seconds of the memcpy over "
+                "Fresh memcpy: a new process copying the same bytes into pages that the copy faults in (numpy's "
+                "anonymous memory, transparent huge pages); fresh memfd memcpy: into a new memory file faulted in by "
+                "MADV_POPULATE_WRITE, the memory kind of the agents' shared dst arenas (4 KiB pages where shmem has no "
+                "huge pages): the physical limit of a first execute, whose dst pages are new. Copy limit: the plan's "
+                "region copies without agents, one thread per host at once (`bench.copy_limit`), the limit of a "
+                "repeated execute. memcpy / CPU: the CPU seconds of the memcpy over "
                 "those of the runtime and both agents (every thread) during a repeated execute: the work it costs, "
                 "which other load on the machine does not inflate (1x: every byte copied once at memcpy speed).")
     else:

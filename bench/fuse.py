@@ -8,17 +8,26 @@ are measured in ROUNDS rounds, each row right after its anchor, and each figure 
 that anchor in the same round: min / median / max over the rounds. Rows:
 
 - tmpfs: `read` of 1 MiB and 16 MiB buffers, `load_npy` (a new array each pass), `mmap`: the anchors;
-- FUSE (`fuse.mount` as shipped: splice replies, read-ahead `READ_AHEAD_KB`): the same reads
-  (through the page cache: the kernel copies each byte twice, FUSE reply -> page cache ->
-  reader) and `odirect` (O_DIRECT, 16 MiB buffer: one copy, into the reader's buffer), each
-  against the tmpfs `read` with its buffer size; `load_npy` (O_DIRECT into the new array) and
-  `mmap`, against the same on tmpfs;
-- FUSE with `keep_cache`, re-read (the first pass fills the page cache and is not counted);
+- FUSE, passthrough (the shipped read-only view, `fuse.store.mount(read_only=True)`: the kernel
+  protocol served without libfuse, `fuse.session`, the leaf held as a `.npy` image in a memory
+  file, `store.image.put_image`): the same four reads, which the kernel serves from the memory
+  file itself (no request reaches the server), each against its tmpfs anchor;
+- FUSE session, plain leaf: reads of 1 MiB and 16 MiB and `mmap` of the same view's leaf held in
+  ordinary memory (not an image): opened with direct I/O (`fuse.store.view.DIRECT_IO_FROM`),
+  READ requests answered with one `writev` each straight into the reader's buffer; `mmap`
+  through the page cache (FUSE_DIRECT_IO_ALLOW_MMAP);
+- FUSE, libfuse (a writable mount, `fuse.mount` on mfusepy: splice replies, read-ahead
+  `READ_AHEAD_KB`), plain leaf: the same reads (through the page cache: the kernel copies each
+  byte twice, FUSE reply -> page cache -> reader) and `odirect` (O_DIRECT, 16 MiB buffer: one
+  copy, into the reader's buffer), each against the tmpfs `read` with its buffer size;
+  `load_npy` (O_DIRECT into the new array) and `mmap`, against the same on tmpfs;
+- FUSE (libfuse) with `keep_cache`, re-read (the first pass fills the page cache and is not counted);
 - bound, two copies (anchor of the limit, on tmpfs): what a buffered read through FUSE must do at
   least, done in user space: each 1 MiB read into a staging copy of the whole file (already
   faulted in: the page cache's pages cost more), then copied from there into the 1 MiB buffer. A
-  buffered FUSE read cannot beat this row (the kernel copies each reply into the page cache, the
-  reader copies it out), so its ratio is the bound of "FUSE read 1 MiB" on this machine.
+  buffered FUSE read that is not passed through cannot beat this row (the kernel copies each
+  reply into the page cache, the reader copies it out), so its ratio is the bound of the plain
+  leaves' "read 1 MiB" on this machine.
 
 Goal (issue 16): FUSE sequential read >= 0.8x tmpfs read. FUSE rows other than keep_cache reopen
 the file each pass, which drops its cached pages, so every pass goes through FUSE. memcpy
@@ -43,13 +52,20 @@ HEADERS = ["source", "method", "bytes", "median GB/s", "vs tmpfs read: min", "me
            "CPU s/GiB", "CPU vs tmpfs", "rounds"]  # fmt: skip
 MIB = 1 << 20
 R1, R16, MMAP, LOAD = ("read", MIB), ("read", 16 * MIB), ("mmap", 0), ("load_npy", 0)
-# (source, method, buffer, anchor: the (method, buffer) of the tmpfs row it is divided by)
-TUNED = [
-    ("tmpfs", *R1, None), ("FUSE", *R1, R1), ("tmpfs", *R16, None), ("FUSE", *R16, R16),
-    ("FUSE", "odirect", 16 * MIB, R16), ("tmpfs", *LOAD, None), ("FUSE", *LOAD, LOAD), ("tmpfs", *MMAP, None),
-    ("FUSE", *MMAP, MMAP), ("bound: two copies (tmpfs)", "copy2", MIB, R1),
+# (source, method, buffer, anchor: the (method, buffer) of the tmpfs row it is divided by); a
+# source names the file it reads by its first word (`_file`)
+PT, PLAIN, LIBFUSE = "FUSE passthrough (.npy image)", "FUSE session, plain leaf", "FUSE libfuse, plain leaf"
+SESSION = [
+    ("tmpfs", *R1, None), (PT, *R1, R1), (PLAIN, *R1, R1), ("tmpfs", *R16, None), (PT, *R16, R16),
+    (PLAIN, *R16, R16), ("tmpfs", *LOAD, None), (PT, *LOAD, LOAD), ("tmpfs", *MMAP, None), (PT, *MMAP, MMAP),
+    (PLAIN, *MMAP, MMAP),
 ]  # fmt: skip
-KEEP = [("tmpfs", *R1, None), ("FUSE, keep_cache re-read", *R1, R1)]
+TUNED = [
+    ("tmpfs", *R1, None), (LIBFUSE, *R1, R1), ("tmpfs", *R16, None), (LIBFUSE, *R16, R16),
+    (LIBFUSE, "odirect", 16 * MIB, R16), ("tmpfs", *LOAD, None), (LIBFUSE, *LOAD, LOAD), ("tmpfs", *MMAP, None),
+    (LIBFUSE, *MMAP, MMAP), ("bound: two copies (tmpfs)", "copy2", MIB, R1),
+]  # fmt: skip
+KEEP = [("tmpfs", *R1, None), ("FUSE libfuse, keep_cache re-read", *R1, R1)]
 
 
 # ---- one measurement, in a fresh process ---------------------------------------------------
@@ -132,9 +148,9 @@ def _rounds(rows: list[tuple], paths: dict[str, str], rounds: int, timeout_s: fl
             "gbps": [], "cpu_s": [], "ratios": [], "cpu_ratios": []} for s, m, b, a in rows]  # fmt: skip
     for _ in range(rounds):
         last: dict[tuple[str, int], tuple[float, float] | None] = {}
-        for r, (_, method, buf, anchor) in zip(out, rows):
-            kind = "FUSE" if r["source"].startswith("FUSE") else "tmpfs"
-            got = _measure(method, paths[kind], buf, timeout_s, skip if kind == "FUSE" else 0)
+        for r, (source, method, buf, anchor) in zip(out, rows):
+            kind = _file(source)
+            got = _measure(method, paths[kind], buf, timeout_s, skip if kind != "tmpfs" else 0)
             r["gbps"].append(got and got[0])
             r["cpu_s"].append(got and got[1])
             if anchor is None:
@@ -147,10 +163,16 @@ def _rounds(rows: list[tuple], paths: dict[str, str], rounds: int, timeout_s: fl
     return out
 
 
+def _file(source: str) -> str:
+    """Which file a row reads: "tmpfs", "image" (the image leaf) or "plain" (the plain leaf)."""
+    return "tmpfs" if not source.startswith("FUSE") else "image" if source == PT else "plain"
+
+
 def measure_all(size: int, rounds: int, timeout_s: float) -> list[dict]:
     import numpy as np
 
     from tenplex.runtime.fuse import store as fuse
+    from tenplex.runtime.store.image import put_image
     from tenplex.runtime.store.tree import TensorStore
 
     array = np.arange(size // 4, dtype=np.float32)
@@ -161,16 +183,29 @@ def measure_all(size: int, rounds: int, timeout_s: float) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=shm) as d, tempfile.TemporaryDirectory() as mnt, TensorStore() as store:
         np.save(f"{d}/t.npy", array)
         store.put("/t", array, copy=False)
+        put_image(store, "/i", array)
+        files = {"tmpfs": f"{d}/t.npy", "image": "i.npy", "plain": "t.npy"}
+        with fuse.mount(store, mnt, read_only=True) as m:  # the kernel protocol (fuse.session) where root
+            session = _session(m)
+            rows += _rounds(SESSION, {k: f if k == "tmpfs" else f"{m}/{f}" for k, f in files.items()}, rounds, timeout_s)
         with fuse.mount(store, mnt) as m:  # one mount at a time: libfuse's signal handlers are per process
             tuned = f" (read-ahead {fuse.read_ahead_of(m)} KiB)"
-            rows += _rounds(TUNED, {"tmpfs": f"{d}/t.npy", "FUSE": f"{m}/t.npy"}, rounds, timeout_s)
+            rows += _rounds(TUNED, {"tmpfs": files["tmpfs"], "plain": f"{m}/t.npy"}, rounds, timeout_s)
         with fuse.mount(store, mnt, keep_cache=True) as m:
-            rows += _rounds(KEEP, {"tmpfs": f"{d}/t.npy", "FUSE": f"{m}/t.npy"}, rounds, timeout_s, skip=1)
+            rows += _rounds(KEEP, {"tmpfs": files["tmpfs"], "plain": f"{m}/t.npy"}, rounds, timeout_s, skip=1)
     for r in rows:
-        r["source"] += tuned if r["source"].startswith("FUSE") else ""
+        r["source"] += (tuned if "libfuse" in r["source"] else session) if r["source"].startswith("FUSE") else ""
         r["status"] = "ok" if all(g is not None for g in r["gbps"]) else "error"
         r["error"] = None if r["status"] == "ok" else "a measurement failed (its error is on stderr)"
     return [{**r, "bytes": array.nbytes} for r in rows]
+
+
+def _session(mounted: str) -> str:
+    """How the read-only view was served: " (kernel protocol)" where `fuse.session` mounted it
+    (its file system type is fuse.tenplex), else " (libfuse: no passthrough)"."""
+    with open("/proc/self/mountinfo") as f:
+        types = [line.split(" - ")[1].split()[0] for line in f if f" {mounted} " in line]
+    return " (kernel protocol)" if types[-1:] == ["fuse.tenplex"] else " (libfuse: no passthrough)"
 
 
 def row_cells(r: dict[str, Any]) -> list[str]:

@@ -35,17 +35,26 @@ def cases(quick: bool) -> list[tuple[str, str, str]]:
 
 
 # ---- one case, in a fresh process ------------------------------------------------------
-def fresh_memcpy_seconds(nbytes: int) -> float:
+def fresh_memcpy_seconds(nbytes: int, memory: str = "anon") -> float:
     """Seconds a new process takes to allocate `nbytes` and copy into them (the pages are faulted
-    in by the copy, as a reshard's dst arrays are). On this VM kind, the first touch of memory the
-    guest gave back to the host runs at 0.3-1 GB/s, so this varies much more than a warm memcpy."""
+    in by the copy, as a reshard's dst arrays are). `memory="anon"`: a numpy array (anonymous
+    memory, which numpy advises for transparent huge pages: 2 MiB faults); `"memfd"`: a memory
+    file mapped shared, as the agents' dst arenas are (`store.shared`; 4 KiB pages where shmem
+    has no huge pages, as on this VM kind), faulted in by MADV_POPULATE_WRITE, then copied into:
+    the physical limit of a first execute on that memory. On this VM kind the first touch of
+    memory the guest gave back to the host is slow, so both vary much more than a warm memcpy."""
     import subprocess
 
     code = ("import numpy as np, sys, time; n = int(sys.argv[1]); src = np.ones(n, np.uint8); "
             "t = time.perf_counter(); dst = np.empty(n, np.uint8); np.copyto(dst, src); print(time.perf_counter() - t)")  # fmt: skip
+    if memory == "memfd":
+        code = ("import ctypes, mmap, os, numpy as np, sys, time; n = int(sys.argv[1]); src = np.ones(n, np.uint8); "
+                "t = time.perf_counter(); fd = os.memfd_create('bench-fresh'); os.ftruncate(fd, n); "
+                "dst = np.frombuffer(mmap.mmap(fd, n), np.uint8); "
+                "ctypes.CDLL(None).madvise(ctypes.c_void_p(dst.ctypes.data), ctypes.c_size_t(n), 23); "
+                "np.copyto(dst, src); print(time.perf_counter() - t)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code, str(nbytes)], capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
-
 
 
 def measure(src_spec: str, dst_spec: str, workers: int = WORKERS) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tenplex.compiler.passes.lower import Lower
 from tenplex.compiler.passes.place_ranks import PlaceRanks
 from tenplex.compiler.passes.schedule import Schedule
 from tenplex.compiler.passes.select_sources import SelectSources
-from tenplex.compiler.plan import CompileOptions, Plan, Stats
+from tenplex.compiler.plan import CompileOptions, Plan, Stats, trusted_plan
 from tenplex.compiler.program import Pass, Program, run_passes
 from tenplex.compiler.verify import check_plan
 from tenplex.ir.errors import CompileError
@@ -48,7 +48,7 @@ def freeze(program: Program) -> Plan:
         raise CompileError("op graph keys are not 0..n-1 in insertion order")  # passes only add nodes
     edges = tuple(sorted((a, b) for a, b, _ in graph.edges()))
     messages = program.messages
-    return Plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
+    return trusted_plan(ops, edges, messages, program.dst.allocation, program.options, _stats(program, ops, messages))
 
 
 def _stats(program: Program, ops, messages) -> Stats:

@@ -39,10 +39,13 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
 def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str]) -> dict[str, set[Box]]:
     """tensor -> global boxes that the sub-tensors of `partitions` hold."""
     out: dict[str, set[Box]] = defaultdict(set)
+    subtensors = ptc.subtensor_map
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
-            st = ptc.subtensor_map[sid]
-            out[st.tensor].update(p.global_box for p in st.pieces)
+            st = subtensors[sid]
+            boxes = out[st.tensor]
+            for p in st.pieces:
+                boxes.add(p.global_box)
     return out
 
 
@@ -56,20 +59,23 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = N
     held = {} if held is None else held
     src_on = _partitions_by_host(src.allocation, host)
     memo: dict[tuple[frozenset[str], frozenset[str]], int | None] = {}
+    needed: dict[frozenset[str], dict[str, set[Box]]] = {}  # dst partitions -> their boxes
     out: dict[str, int] = {}
     for h, parts in sorted(_partitions_by_host(allocation, host).items()):
         key = (parts, src_on.get(h, frozenset()))
         if key not in memo:
-            memo[key] = _missing_bytes(src, dst, *key, held)
+            if parts not in needed:
+                needed[parts] = _boxes_by_tensor(dst, parts)
+            memo[key] = _missing_bytes(src, dst, needed[parts], key[1], held)
         if memo[key] is not None:
             out[h] = memo[key]
     return out
 
 
-def _missing_bytes(src: PTC, dst: PTC, parts: frozenset[str], src_parts: frozenset[str], held: Held) -> int | None:
-    """Bytes of `parts` (dst) that `src_parts` (src) lack, each element once; None when `parts`
-    hold no sub-tensor (such a host receives nothing and has no figure)."""
-    need = _boxes_by_tensor(dst, parts)
+def _missing_bytes(src: PTC, dst: PTC, need: dict[str, set[Box]], src_parts: frozenset[str], held: Held) -> int | None:
+    """Bytes of the dst boxes `need` (tensor -> boxes of some dst partitions) that `src_parts`
+    (src) lack, each element once; None when `need` is empty (such a host receives nothing and
+    has no figure)."""
     if not need:
         return None
     if src_parts not in held:

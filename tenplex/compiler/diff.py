@@ -64,17 +64,23 @@ def _check_tensor(src: PTC, meta) -> None:
 
 
 def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
-    src_items = [(st, i, p.global_box) for st in src.by_tensor.get(tensor, ()) for i, p in enumerate(st.pieces)]
+    """Needs of every dst piece of `tensor`, in dst piece order. Work is per distinct box, not
+    per piece: replicas of a box (a norm held by every TP rank) meet the same src pieces, so
+    they share their fragments and holder tuples."""
+    held = _holders_by_box(src, tensor)
+    src_boxes = list(held)
     dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
-    hits: dict[int, list[int]] = defaultdict(list)
-    for di, si in overlapping_pairs([b for *_, b in dst_items], [b for *_, b in src_items]):
+    boxes = list(dict.fromkeys(box for *_, box in dst_items))
+    hits: list[list[int]] = [[] for _ in boxes]
+    for di, si in overlapping_pairs(boxes, src_boxes):
         hits[di].append(si)
-    holders_of: dict[Box, tuple[Holder, ...]] = {}
+    parts = {}  # dst box -> (fragments, covered volume)
+    for box, his in zip(boxes, hits):
+        fragments = _fragments(box, [(src_boxes[k], held[src_boxes[k]]) for k in sorted(his)])
+        parts[box] = fragments, sum(f.volume for f, _ in fragments)
     out = []
-    for di, (st, j, box) in enumerate(dst_items):
-        groups = _group_by_box(src, [src_items[si] for si in sorted(hits[di])], holders_of)
-        fragments = _fragments(box, groups)
-        covered = sum(f.volume for f, _ in fragments)
+    for st, j, box in dst_items:
+        fragments, covered = parts[box]
         if covered != box.volume:
             gap = _first_gap(box, [f for f, _ in fragments])
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
@@ -83,17 +89,17 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str) -> list[Need]:
     return out
 
 
-def _group_by_box(src: PTC, items: list, cache: dict[Box, tuple[Holder, ...]]) -> list[tuple[Box, tuple[Holder, ...]]]:
-    """Distinct src global boxes, each with every (device, sub-tensor, piece) holding exactly
-    that box. All src pieces with one box meet the same dst pieces, so `cache` (per tensor)
-    shares the holder tuples between dst pieces."""
+def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
+    """Distinct src global boxes of `tensor` (in order of first appearance), each with every
+    (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
+    meet the same dst pieces, so one tuple serves every dst piece."""
     fresh: dict[Box, list[Holder]] = defaultdict(list)
-    for st, i, box in items:
-        if box not in cache:
-            fresh[box].extend(Holder(d, st.id, i) for d in src.devices_of_subtensor(st.id))
-    for box, hs in fresh.items():
-        cache[box] = tuple(sorted(hs))
-    return [(box, cache[box]) for box in dict.fromkeys(box for *_, box in items)]
+    for st in src.by_tensor.get(tensor, ()):
+        devices = src.devices_of_subtensor(st.id)
+        for i, p in enumerate(st.pieces):
+            if not p.global_box.empty:  # meets no dst piece
+                fresh[p.global_box].extend(Holder(d, st.id, i) for d in devices)
+    return {box: tuple(sorted(hs)) for box, hs in fresh.items()}
 
 
 def _fragments(box: Box, groups: list[tuple[Box, tuple[Holder, ...]]]) -> list[tuple[Box, tuple[Holder, ...]]]:

@@ -150,7 +150,10 @@ class SubTensor:
 
     def fill_boxes(self) -> list[Box]:
         """Local regions that no piece covers, as disjoint boxes in a fixed order."""
-        rest = [self.local_box] if self.volume else []
+        volume = self.volume
+        if not volume or any(p.local_box.volume == volume for p in self.pieces):
+            return []  # a piece as large as the array (pieces lie inside it) leaves no fill
+        rest = [self.local_box]
         for p in self.pieces:
             rest = [part for box in rest for part in box.subtract(p.local_box)]
         return rest

@@ -29,6 +29,17 @@ def npy_descr(dtype: np.dtype) -> str:
     return dtype.name if dtype.name in EXTRA_DTYPES else np.lib.format.dtype_to_descr(dtype)
 
 
+def npy_header(dtype: np.dtype, shape: tuple[int, ...], fortran: bool = False) -> bytes:
+    """The `.npy` header (format 1.0, as `np.save` writes it, with `npy_descr`) of an array of
+    `dtype` and `shape` whose bytes follow in C order (Fortran order with `fortran`)."""
+    import io
+
+    out = io.BytesIO()
+    d = {"descr": npy_descr(np.dtype(dtype)), "fortran_order": fortran, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(out, d)
+    return out.getvalue()
+
+
 def npy_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a `.npy` file names for arrays of `dtype`: itself, or same-width raw unsigned bits
     (bfloat16, float8: numpy has no portable name for them)."""

@@ -32,6 +32,7 @@ def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
         "batches2",
         "loader2",
         "bound",
+        "files",
         "fuse",
     ]
     assert all(len(r["ratios"]) == 1 for r in reads) and reads[0]["ratios"] == [1.0]
@@ -40,7 +41,7 @@ def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
     direct, bound = reads[0], reads[6]  # the bound: direct's seconds plus two measured round trips per file
     assert 0 < bound["rtt_us"][0] < 1e4 and bound["ratios"][0] < 1.0
     assert bound["seconds"][0] == pytest.approx(2 * bound["rtt_us"][0] * 1e-6 * direct["samples"])
-    assert reads[4]["goal"] in ("met", "MISSED") and bound["goal"] == reads[1]["goal"] == "—"
+    assert reads[4]["goal"] in ("met", "MISSED") and bound["goal"] == reads[1]["goal"] == reads[7]["goal"] == "—"
     assert [r["scenario"] for r in rescale] == ["none", "storage", "peers", "kept"]
     assert rescale[2]["storage_bytes"] == 0 and rescale[2]["peer_bytes"] == rescale[0]["storage_bytes"]
     md = (tmp_path / "dataset-quick.md").read_text()

@@ -116,3 +116,16 @@ def pointwise_lower_bounds(src, dst) -> dict[str, int]:
 def test_host_lower_bounds_count_every_missing_element_once(problem):
     src, dst = problem
     assert host_lower_bounds(src, dst) == pointwise_lower_bounds(src, dst)
+
+
+def test_pairs_are_ordered_alike_past_int64():
+    """The round filler orders pairs by numpy, and by Python ints when byte counts pass int64."""
+    import numpy as np
+
+    from tenplex.compiler.passes.schedule import _by_priority
+
+    ends = np.array([(0, 1), (0, 2), (1, 2), (2, 0)], np.int64)
+    live = np.arange(4)
+    for scale in (1, 1 << 70):
+        left = [3 * scale, 5 * scale, 3 * scale]
+        assert _by_priority(live, ends, left) == [0, 2, 1, 3]  # busiest ends 5, 3, 5, 3 (ties: pair order)

@@ -1,4 +1,4 @@
-"""The passes' trusted constructors (`trusted_copy`, `trusted_message`, `Box._trusted`) build
+"""The passes' trusted constructors (`trusted_copy`, `trusted_message`, `trusted_plan`, `Box._trusted`) build
 the same values as the checked ones: equal, same hash, same fields and JSON, and a compiled
 plan's ops and messages round-trip through the checked constructors of `plan_from_json`."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from tenplex.compiler import CopyOp, Message, compile_plan, dumps_plan, plan_from_json, plan_to_json
+from tenplex.compiler import CopyOp, Message, Plan, compile_plan, dumps_plan, plan_from_json, plan_to_json
 from tenplex.compiler.ops import trusted_copy
 from tenplex.compiler.plan import trusted_message
 from tenplex.ir import Box
@@ -44,3 +44,11 @@ def test_a_compiled_plan_round_trips_through_the_checked_constructors():
     again = plan_from_json(plan_to_json(plan))
     assert again.ops == plan.ops and again.messages == plan.messages
     assert dumps_plan(again) == dumps_plan(plan)
+
+
+def test_a_compiled_plan_equals_the_checked_plan_of_its_fields():
+    plan = compile_plan(SRC, DST, OPTIONS)  # built by plan.trusted_plan
+    fields = attrs.asdict(plan, recurse=False)
+    checked = Plan(**fields)
+    assert plan == checked and attrs.asdict(checked, recurse=False) == fields
+    assert plan.round_of == checked.round_of and list(plan.graph.items()) == list(checked.graph.items())

@@ -42,6 +42,6 @@ def test_agents_table_has_fresh_reserved_repeated_its_cpu_and_the_fresh_memcpy_a
     r = measure_agents(TINY, 1)
     assert r["checked_bytes"] > 0 and r["moved_bytes"] > 0
     assert {k: len(v) for k, v in r["all"].items()} == dict.fromkeys(
-        ("fresh", "reserved", "repeated", "fresh_vs_fresh", "repeated_cpu"), 1
+        ("fresh", "reserved", "repeated", "fresh_vs_fresh", "fresh_vs_memfd", "repeated_cpu", "limit", "repeated_vs_limit"), 1
     )
     assert all(v[0] > 0 for v in r["all"].values())

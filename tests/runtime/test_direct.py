@@ -52,6 +52,9 @@ def _offered(sender: Execution, receiver: Execution, store: TensorStore) -> np.n
     return got
 
 
+HEAD_ROWS = 2  # an offer's header: pid, arenas, rows, sure
+
+
 def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
     s0, s1 = TensorStore(), TensorStore()
     h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
@@ -71,8 +74,14 @@ def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
             assert h1.view(theirs).tobytes() == h0.view(mine).tobytes()
     maps.keep_only()  # this execution's mapping is kept for the next one
     assert len(maps.maps) == 1
-    maps.keep_only()  # the next one named no arena: unmapped
-    assert maps.maps == {}
+    again = _offered(h0, h1, s1)
+    assert maps.views(h0, "h1", again, parts) is views  # the same offer again: its views are not rebuilt
+    again[HEAD_ROWS] += 1  # another offer (here: one more region than h0 sends) is parsed anew, and checked
+    with pytest.raises(ExecutionError, match="regions"):
+        maps.views(h0, "h1", again, parts)
+    maps.keep_only()
+    maps.keep_only()  # the next one named no arena: unmapped, its views forgotten
+    assert maps.maps == {} and maps.last == {}
     maps.close()
 
 
@@ -119,3 +128,21 @@ def test_a_mapping_is_the_peers_sealed_memory_checked_by_inode():
     os.close(unsealed)
     maps.close()
     arena.close()
+
+
+def test_src_arrays_come_from_the_store_in_one_call_checked_against_the_slice(pair):
+    from tenplex.runtime.agent import rounds
+
+    store = TensorStore()
+    sl = Execution("h0", "j", "a", "b", pair["h0"]).sliced
+    indices, paths = sl.paths("j", "a", "src")
+    assert sl.paths("j", "a", "src") is sl.paths("j", "a", "src") and paths[0].startswith("/job/j/a/")  # made once
+    with pytest.raises(ExecutionError, match=f"src array {paths[0]} is missing"):
+        rounds.sources(store, sl, "j", "a")
+    for i, path in zip(indices, paths):
+        store.put(path, np.zeros(sl.shapes[i], sl.dtypes[i]))
+    got = rounds.sources(store, sl, "j", "a")
+    assert sorted(got) == sorted(indices) and not any(a.flags.writeable for a in got.values())
+    store.put(paths[-1], np.zeros(3, np.int8), replace=True)
+    with pytest.raises(ExecutionError, match=f"src array {paths[-1]} is int8\\[3\\], the plan reads"):
+        rounds.sources(store, sl, "j", "a")

@@ -148,3 +148,16 @@ def test_populating_an_arena_never_changes_a_byte():
     for t in [t for t in threading.enumerate() if t.name == "tenplex-populate"]:
         t.join(10)
     assert (view[::4096] == 7).all() and (view[1::4096] == 9).all() and not view[2::4096].any()
+
+
+def test_populating_ranges_of_a_mapping_changes_no_byte():
+    from tenplex.runtime.store.shared import populate_ranges
+
+    arena = Arena.create(5 * 4096 + 100)
+    view = np.frombuffer(arena.map, np.uint8, arena.size)
+    view[:] = np.arange(arena.size) % 251
+    before = view.copy()
+    populate_ranges(view, [(9000, 12000), (0, 1), (4000, 9001), (7, 7), (5 * 4096, arena.size)])  # unsorted, overlapping, empty
+    assert np.array_equal(view, before)
+    del view
+    arena.close()

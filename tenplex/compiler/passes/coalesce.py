@@ -59,14 +59,20 @@ class _Packer:
         self.messages: list[Message] = []
 
     def pack(self, src_host: str, dst_host: str, ops: list[tuple[int, int]]) -> list[Message]:
-        out, batch, size = [], [], 0
-        for key, nbytes in ops + [(-1, self.limit + 1)]:
-            if batch and (key < 0 or size + nbytes > self.limit):
-                m = trusted_message(len(self.messages), src_host, dst_host, tuple(batch), size)
-                self.messages.append(m)
-                out.append(m)
+        out: list[Message] = []
+        batch: list[int] = []
+        size, limit = 0, self.limit
+        for key, nbytes in ops:
+            if batch and size + nbytes > limit:
+                out.append(self._emit(src_host, dst_host, batch, size))
                 batch, size = [], 0
-            if key >= 0:
-                batch.append(key)
-                size += nbytes
+            batch.append(key)
+            size += nbytes
+        if batch:
+            out.append(self._emit(src_host, dst_host, batch, size))
         return out
+
+    def _emit(self, src_host: str, dst_host: str, batch: list[int], size: int) -> Message:
+        m = trusted_message(len(self.messages), src_host, dst_host, tuple(batch), size)
+        self.messages.append(m)
+        return m

@@ -22,6 +22,7 @@ import numpy as np
 
 from tenplex.compiler.cost import Held, host_lower_bounds
 from tenplex.compiler.program import Program
+from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
 
@@ -86,7 +87,10 @@ class _Weights:
 def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
     """slot -> its group: slots of one host holding *different* pieces of one tensor are
     model-parallel peers (a TP group, ZeRO shards) and must move together, so TP never ends up
-    spanning hosts. Replicas (equal pieces) and pipeline stages (other tensors) stay apart."""
+    spanning hosts. Replicas (equal pieces) and pipeline stages (other tensors) stay apart.
+    Only which slots share a group matters (the ids are representatives). Whether partitions
+    conflict depends only on them, so hosts holding the same partitions (DP replicas) share
+    the work."""
     parent = {d: d for d in host}
 
     def find(x: int) -> int:
@@ -95,18 +99,59 @@ def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
             x = parent[x]
         return x
 
-    layouts: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    ids: dict[tuple, int] = {}
-    for st in dst.subtensors:
-        layout = ids.setdefault(tuple(p.global_box for p in st.pieces), len(ids))
-        for d in dst.devices_of_subtensor(st.id):
-            layouts[(host[d], st.tensor)][layout].append(d)
-    for by_boxes in layouts.values():
-        if len(by_boxes) > 1:
-            first, *rest = [d for ds in by_boxes.values() for d in ds]
+    on_host: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for pid, devs in dst.allocation.items:
+        for d in devs:
+            on_host[host[d]][pid].append(d)
+    layouts = _layouts(dst)
+    groups: dict[tuple[str, ...], list[list[str]]] = {}
+    for parts in on_host.values():
+        key = tuple(sorted(parts))
+        if key not in groups:
+            groups[key] = _conflicting(key, layouts)
+        for group in groups[key]:
+            first, *rest = [d for pid in group for d in parts[pid]]
             for d in rest:
                 parent[find(d)] = find(first)
     return {d: find(d) for d in host}
+
+
+def _layouts(dst: PTC) -> dict[str, dict[str, set[int]]]:
+    """partition -> tensor -> ids of the piece layouts (tuples of global boxes) it holds."""
+    ids: dict[tuple, int] = {}
+    out: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for st in dst.subtensors:
+        layout = ids.setdefault(tuple(p.global_box for p in st.pieces), len(ids))
+        out[dst.partition_of[st.id]][st.tensor].add(layout)
+    return out
+
+
+def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[int]]]) -> list[list[str]]:
+    """Groups of `parts` (partitions on one host) whose devices are peers: a tensor that they
+    hold in two or more layouts joins all its holders, transitively."""
+    by_tensor: dict[str, tuple[set[int], list[str]]] = {}
+    for pid in parts:
+        for tensor, ids in layouts[pid].items():
+            seen, holders = by_tensor.setdefault(tensor, (set(), []))
+            seen |= ids
+            holders.append(pid)
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for seen, holders in by_tensor.values():
+        if len(seen) > 1:
+            root = find(holders[0])
+            for pid in holders[1:]:
+                if find(pid) != root:
+                    parent[find(pid)] = root
+    out: dict[str, list[str]] = defaultdict(list)
+    for pid in parent:
+        out[find(pid)].append(pid)
+    return list(out.values())
 
 
 def _splits_no_group(blocks: list[tuple[int, ...]], peers: dict[int, int]) -> bool:
@@ -173,13 +218,27 @@ def _unique_best(scores: np.ndarray) -> list[int] | None:
 
 
 def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
-    """dst partition -> {src partition: bytes of the dst partition that it holds}."""
+    """dst partition -> {src partition: bytes of the dst partition that it holds}. Overlaps
+    are found between distinct boxes (replicas of a box share one)."""
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for meta in dst.tensors:
-        a = [(st.id, p.global_box) for st in dst.by_tensor[meta.name] for p in st.pieces]
-        b = [(st.id, p.global_box) for st in src.by_tensor.get(meta.name, ()) for p in st.pieces]
+        a, b = _partitions_by_box(dst, meta.name), _partitions_by_box(src, meta.name)
+        boxes_a, boxes_b = list(a), list(b)
         size = dst.itemsize(meta.name)
-        for i, j in overlapping_pairs([x for _, x in a], [x for _, x in b]):
-            nbytes = a[i][1].overlap_volume(b[j][1]) * size
-            out[dst.partition_of[a[i][0]]][src.partition_of[b[j][0]]] += nbytes
+        for i, j in overlapping_pairs(boxes_a, boxes_b):
+            nbytes = boxes_a[i].overlap_volume(boxes_b[j]) * size
+            for p in a[boxes_a[i]]:
+                row = out[p]
+                for q in b[boxes_b[j]]:
+                    row[q] += nbytes
+    return out
+
+
+def _partitions_by_box(ptc: PTC, tensor: str) -> dict[Box, list[str]]:
+    """Global box -> the partition of each piece with that box (repeated per piece)."""
+    out: dict[Box, list[str]] = defaultdict(list)
+    for st in ptc.by_tensor.get(tensor, ()):
+        pid = ptc.partition_of[st.id]
+        for p in st.pieces:
+            out[p.global_box].append(pid)
     return out

@@ -40,25 +40,29 @@ class SelectSources:
 
     def apply(self, program: Program) -> Program:
         state = _State(program)
-        out = OpGraph()
+        ops: list = []  # the new graph's ops in key order (added in bulk: one add per op costs)
         remote: dict[tuple[str, str], list[Want]] = defaultdict(list)
+        reference = program.options.baseline == "reference"
         for _, op in program.graph.items():
             if isinstance(op, Need):
-                for d in op.dst_devices:
-                    if program.options.baseline == "reference":
-                        out.add_all(state.reference_copies(op, d))
-                    elif (copy := state.local_copy(op, d)) is not None:
-                        out.add_all(state.chunked(copy))
-                    else:
-                        remote[(state.host[d], op.tensor)].append((op, d))
+                if reference:
+                    for d in op.dst_devices:
+                        ops.extend(state.reference_copies(op, d))
+                else:
+                    state.local_copies(op, ops, remote)
             elif isinstance(op, ValueNeed):
-                out.add_all(state.value_ops(op))
+                ops.extend(state.value_ops(op))
             else:
-                out.add(op)
+                ops.append(op)
         atoms = [atom for key in sorted(remote) for atom in state.atoms(remote[key])]
-        atoms.sort(key=lambda a: (-a[0].volume * state.size[a[1][0][0].tensor], a[1][0][1], a[0].start, a[0].stop))
+        size = state.size
+        atoms.sort(key=lambda a: (-a[0].volume * size[a[1][0][0].tensor], a[1][0][1], a[0].start, a[0].stop))
+        edges: list[tuple[int, int]] = []
         for box, wants, hosts in atoms:
-            state.network(out, box, wants, hosts)
+            state.network(ops, edges, box, wants, hosts)
+        out = OpGraph()
+        out.add_all(ops)
+        out.add_edges(edges)
         return attrs.evolve(program, graph=out)
 
 
@@ -100,16 +104,23 @@ class _State:
             self.indexes[key] = (holders, on_device, on_host)  # keeps `holders` alive for id()
         return self.indexes[key][1:]
 
-    def local_copy(self, need: Need, device: int) -> CopyOp | None:
+    def local_copies(self, need: Need, ops: list, remote: dict[tuple[str, str], list[Want]]) -> None:
+        """Copies of `need` onto each of its dst devices that has a holder on the device or on
+        its host (least-loaded device first); the others go to `remote`, per (host, tensor)."""
         on_device, on_host = self.index(need.holders)
-        if device in on_device:
-            return self.copy(need, device, on_device[device], need.box)
-        same_host = on_host.get(self.host[device])
-        if not same_host:
-            return None
-        best = min(same_host, key=lambda h: (self.sent_device[h.device], h))
-        self.sent_device[best.device] += need.box.volume * self.size[need.tensor]
-        return self.copy(need, device, best, need.box)
+        host, box = self.host, need.box
+        for d in need.dst_devices:
+            holder = on_device.get(d)
+            if holder is not None:  # same device: never chunked
+                ops.append(trusted_copy(need.tensor, box, holder.device, holder.subtensor, holder.piece, d, need.dst_subtensor, need.dst_piece))
+                continue
+            same_host = on_host.get(host[d])
+            if not same_host:
+                remote[(host[d], need.tensor)].append((need, d))
+                continue
+            best = min(same_host, key=lambda h: (self.sent_device[h.device], h))
+            self.sent_device[best.device] += box.volume * self.size[need.tensor]
+            ops.extend(self.chunked(self.copy(need, d, best, box)))
 
     def reference_copies(self, need: Need, device: int) -> list[CopyOp]:
         first = need.holders[0].subtensor, need.holders[0].piece
@@ -169,18 +180,21 @@ class _State:
             self.holder_hosts[key] = out
         return self.holder_hosts[key]
 
-    def network(self, out: OpGraph, box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
+    def network(self, ops: list, edges: list[tuple[int, int]], box: Box, wants: list[Want], hosts: dict[str, list[Holder]]) -> None:
+        """The atom's landing copy from the least-loaded holder host (its least-loaded device)
+        and the forwards to the other wants on the dst host, each behind an order edge."""
         host = self.sent_host.least(hosts)
         on_host = hosts[host]
         holder = on_host[0] if len(on_host) == 1 else min(on_host, key=lambda h: (self.sent_device[h.device], h))
-        nbytes = box.volume * self.size[wants[0][0].tensor]
+        landing, at = wants[0]
+        nbytes = box.volume * self.size[landing.tensor]
         self.sent_host.add(host, nbytes)
         self.sent_device[holder.device] += nbytes
-        (landing, at), *rest = wants
-        first = out.add(self.copy(landing, at, holder, box))
-        for n, d in rest:
-            fwd = trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst")
-            out.add_edge(first, out.add(fwd))
+        first = len(ops)
+        ops.append(trusted_copy(landing.tensor, box, holder.device, holder.subtensor, holder.piece, at, landing.dst_subtensor, landing.dst_piece))
+        for n, d in wants[1:]:
+            edges.append((first, len(ops)))
+            ops.append(trusted_copy(n.tensor, box, at, landing.dst_subtensor, landing.dst_piece, d, n.dst_subtensor, n.dst_piece, "dst"))
 
 
 class LeastSent:

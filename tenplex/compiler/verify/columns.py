@@ -203,7 +203,7 @@ class _Columns:
         same_dev = cp.src_dev == cp.dst_dev
         same_host = self.host_of[cp.src_dev] == self.host_of[cp.dst_dev]
         moved = tuple(int(self.bytes[m].sum()) for m in (same_dev, ~same_dev & same_host, ~same_host))
-        fills = [op for op in c.plan.ops if type(op) is FillOp] if c.fills else []
+        fills = [c.plan.ops[i] for i in np.flatnonzero(self.kind == 1).tolist()]
         fill = sum(op.box.volume * c.dst.itemsize(c.dst.subtensor_map[op.dst_subtensor].tensor) for op in fills)
         need(s.fill_bytes == fill and moved == (s.device_bytes, s.host_bytes, s.network_bytes))
         rounds = np.unique(self.m_round)

@@ -51,6 +51,15 @@ def pad(boxes: list[Box], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lo, hi, nd
 
 
+def pad_shared(boxes: list[Box], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`pad` of boxes many of which are one object (a region copied to every replica): each
+    distinct object is read once (by its id; `boxes` keeps them alive)."""
+    ids = ints(map(id, boxes), len(boxes))
+    first, inverse = np.unique(ids, return_index=True, return_inverse=True)[1:]
+    lo, hi, nd = pad([boxes[i] for i in first.tolist()], k)
+    return lo[inverse], hi[inverse], nd[inverse]
+
+
 def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
     pos = np.minimum(np.searchsorted(sorted_keys, q), max(len(sorted_keys) - 1, 0))
     return sorted_keys[pos] == q if len(sorted_keys) else np.zeros(len(q), bool)
@@ -114,7 +123,7 @@ class Copies:
         side = col("src_side", _SIDE)
         need(side >= 0)
         self.forward = side == 1
-        self.lo, self.hi, self.nd = pad(list(map(attrgetter("box"), copies)), k)
+        self.lo, self.hi, self.nd = pad_shared(list(map(attrgetter("box"), copies)), k)
         self.volume = np.prod(self.hi - self.lo, axis=1)
 
 

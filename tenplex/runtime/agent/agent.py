@@ -182,10 +182,7 @@ class Agent(TagCommands):
             raise ExecutionError(f"dst tag {tag_path(job, dst_tag)} already exists")
         if self.store.exists(tag_path(job, ex.staging)):
             self.store.delete(tag_path(job, ex.staging))
-        sources = {}
-        for i, (side, sid, device, dtype, shape) in enumerate(ex.meta):
-            if side == "src":
-                sources[i] = rounds.source(self.store, array_path(job, src_tag, device, sid), shape, dtype)
+        sources = rounds.sources(self.store, ex.sliced, job, src_tag)
         devices = sorted({d for side, _, d, _, _ in ex.meta if side == "dst"})
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():

@@ -82,10 +82,8 @@ def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int]
     files for the instances in `files`, the rest in one shared arena (`pool`: its `ArenaPool`);
     the plan writes every byte, so neither is cleared."""
     out, arena = {}, []
-    for i, (side, sid, d, dtype, shape) in enumerate(ex.meta):
-        if side != "dst":
-            continue
-        path = array_path(ex.job, ex.staging, d, sid)
+    for i, path in zip(*ex.sliced.paths(ex.job, ex.staging, "dst")):
+        _, sid, d, dtype, shape = ex.meta[i]
         if (sid, d) in files:
             out[i] = create_mapped(files[(sid, d)], shape, dtype)
             store.put(path, out[i], copy=False)

@@ -68,16 +68,23 @@ class Execution:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
-def source(store: TensorStore, path: str, shape: list[int], dtype: str) -> np.ndarray:
-    """The src array at `path`, checked against the slice's shape and dtype."""
+def source(store: TensorStore, path: str, shape: list[int], dtype: str, np_type: np.dtype | None = None) -> np.ndarray:
+    """The src array at `path`, checked against the slice's shape and dtype (`np_type`: its numpy dtype)."""
     try:
         got = store.get(path)
     except StoreError:
         raise ExecutionError(f"src array {path} is missing") from None
-    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != np_dtype(dtype):
+    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != (np_type or np_dtype(dtype)):
         what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
         raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")
     return got
+
+
+def sources(store: TensorStore, sl: Sliced, job: str, tag: str) -> dict[int, np.ndarray]:
+    """{slice array index: src array} of `sl` under `tag`, each checked against the slice's shape
+    and dtype (`source`). Raises ExecutionError naming the first missing or mismatched array."""
+    indices, paths = sl.paths(job, tag, "src")
+    return {i: source(store, path, sl.meta[i][4], sl.meta[i][3], sl.dtypes[i]) for i, path in zip(indices, paths)}
 
 
 def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:

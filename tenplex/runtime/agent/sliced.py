@@ -9,8 +9,8 @@ the plan's), UCX tags and whether a part goes straight from or into its view. An
 `Sliced` of the plans it was sent under the runtime's slice id (`Agent.prepare`), so executing
 the same plan again sends only that id and decodes nothing.
 
-Invariants: a `Sliced` is immutable after construction and shared by every execution of its
-plan; every failure to decode is an ExecutionError naming the field, message or host.
+Invariants: a `Sliced` is immutable after construction (but for a memo of its arrays' store
+paths per job and tag) and shared by every execution of its plan; every failure to decode is an ExecutionError naming the field, message or host.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import numpy as np
 from tenplex.compiler.emit.slices import FORMAT, TABLES, c_contiguous
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.arrays import np_dtype
+from tenplex.runtime.store.layout import array_path
 
 BATCH_BYTES = 1 << 20  # local copies between two UCX progress calls
+PATHS_KEPT = 8  # (job, tag, side) path lists a slice keeps
 
 
 class Part(NamedTuple):
@@ -63,12 +65,27 @@ class Sliced:
         for row in _table(sl, "parts", TABLES["parts"]):
             self.parts[row[0]].append(row)
         try:
-            itemsizes = [np_dtype(m[3]).itemsize for m in self.meta]
+            self.dtypes = [np_dtype(m[3]) for m in self.meta]
+            self.shapes = [tuple(int(n) for n in m[4]) for m in self.meta]
+            itemsizes = [dt.itemsize for dt in self.dtypes]
             self.views = [_view_args(row, ndim, itemsizes) for row in self.regions]
         except (TypeError, ValueError, IndexError) as e:
             raise ExecutionError(f"slice for {host!r}: malformed arrays or regions: {type(e).__name__}: {e}") from None
+        self._paths: dict[tuple[str, str, str], tuple[list[int], list[str]]] = {}
         self.batches = {r: _batches(rows, self.views) for r, rows in self.copies.items()}
         self.network = {r: [self._part(r, row) for row in rows] for r, rows in self.parts.items()}
+
+    def paths(self, job: str, tag: str, side: str) -> tuple[list[int], list[str]]:
+        """The indices of this slice's `side` ("src" or "dst") arrays and their store paths under
+        `tag` (`store.layout.array_path`), made once per (job, tag, side): every execution of a
+        plan looks up the same paths."""
+        key = (job, tag, side)
+        if key not in self._paths:
+            if len(self._paths) >= PATHS_KEPT:
+                self._paths.clear()
+            rows = [(i, array_path(job, tag, m[2], m[1])) for i, m in enumerate(self.meta) if m[0] == side]
+            self._paths[key] = ([i for i, _ in rows], [path for _, path in rows])
+        return self._paths[key]
 
     def _part(self, r: int, row: list[int]) -> Part:
         _, p, outgoing, tag, nbytes, first, count, message = row

@@ -5,7 +5,8 @@ STORE is a directory written by `tenplex.save` (it holds `state.json`) or a chec
 directory's own: a save's array `<file>.npy` at `/<file>`, a checkpoint's sub-tensor at
 `/<partition>/<path>` and its partition's values (if it has any) at `/<partition>/values`; so a
 FUSE mount of the store shows the same files (`.npy`, `values.json`) as STORE, minus the manifest
-or `ptc.json`. Arrays are written back as `checkpoint.npy` writes them (a bfloat16 or float8
+or `ptc.json`. C-order arrays are held as `.npy` images (`store.image`), so a read-only mount
+hands the kernel their memory files (FUSE passthrough: reads and `mmap` as fast as tmpfs). Arrays are written back as `checkpoint.npy` writes them (a bfloat16 or float8
 header names its dtype), and read in that format or the raw bits of older versions.
 `write_back` puts the store back into STORE: the tree is written into a new directory beside
 STORE, fsynced, re-read, and swapped in by rename (`checkpoint.swap`).
@@ -26,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shutil
@@ -41,8 +43,9 @@ from tenplex.ir.files import check_relative, read_json
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.directory import PTC_FILE, read_checkpoint, write_checkpoint
 from tenplex.runtime.checkpoint.manifest import FORMAT, MANIFEST, VERSION
-from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, write_npy
+from tenplex.runtime.checkpoint.npy import as_dtype, map_npy, write_npy
 from tenplex.runtime.checkpoint.swap import swap_in, sync_tree
+from tenplex.runtime.store.image import put_image
 from tenplex.runtime.store.tree import StoreError, TensorStore
 
 __all__ = ["StoreDir", "StoreDirError", "open_dir", "write_back"]
@@ -111,14 +114,28 @@ def _load_save(root: Path, store: Any) -> dict:
         file, dtype, shape = root / _inside(node["file"]), np_dtype(node["dtype"]), tuple(node["shape"])
         if store.exists(leaf := "/" + node["file"].removesuffix(".npy")):
             continue  # one array reached twice is one file
-        array = load_npy(file, "an array of the save", StoreDirError)
+        array = map_npy(file, "an array of the save", StoreDirError)
         got = as_dtype(array, dtype)  # the dtype itself, or the raw bits older versions wrote
         if got is None or array.shape != shape:
             raise StoreDirError(
                 f"{file}: holds {array.dtype}{list(array.shape)}, {MANIFEST} says {node['dtype']}{list(shape)}"
             )
-        store.put(leaf, got, copy=False)
+        _adopt(store, leaf, got)
     return doc
+
+
+def _adopt(store: TensorStore, leaf: str, mapped: np.ndarray) -> None:
+    """Store an array read from its mapped file: a C-order one as a `.npy` image (`store.image`:
+    a read-only mount hands the kernel its memory file, FUSE passthrough), others in memory as
+    they are laid out; either way one copy out of the file, the read."""
+    if mapped.flags.c_contiguous and mapped.size:
+        try:
+            put_image(store, leaf, mapped)
+            return
+        except OSError as e:  # out of descriptors (an image holds two): this one in plain memory
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+    store.put(leaf, np.array(mapped, order="K"), copy=False)
 
 
 def _inside(file: Any) -> str:
@@ -137,9 +154,9 @@ def _subtensor_leaves(ptc: Any) -> dict[str, str]:
 
 
 def _load_checkpoint(root: Path, store: Any) -> Any:
-    ptc, arrays, values = read_checkpoint(root)
+    ptc, arrays, values = read_checkpoint(root, mapped=True)
     for sid, leaf in _subtensor_leaves(ptc).items():
-        store.put(leaf, arrays[sid], copy=False)
+        _adopt(store, leaf, arrays.pop(sid))
     for pid, named in values.items():
         if named:
             store.put(f"/{pid}/values", named)

@@ -8,7 +8,9 @@ the file where it is not, instead of returning raw uint16 bits) whose data bytes
 from the stored array: `NpyFile.segments` names a byte range as views of the header and of the
 array's memory (no copy) for C- or Fortran-contiguous arrays, which the mount splices into the
 kernel's reply (`fuse.splice`), and copies just the elements that cover the range of a strided
-view. A value leaf is its JSON plus a newline.
+view. A value leaf is its JSON plus a newline. A leaf that the store holds as a `.npy` image
+(`store.image`: a memory file holding exactly these bytes) names it as `NpyFile.image`, which a
+read-only mount hands the kernel instead (FUSE passthrough, `fuse.session`).
 
 `load_npy` is the reader's side: `numpy.load` for a file of the view, faster for large arrays
 because it reads with O_DIRECT, which FUSE serves straight into the array's memory (no page
@@ -17,7 +19,8 @@ cache, one copy in all, as a tmpfs read; see bench/results/fuse.md).
 Invariants:
 - a file's bytes are exactly what `np.save` (`json.dumps` + newline) writes for the leaf, but for
   the `descr` of the `NAMED` dtypes;
-- `read(size, offset)` and `segments(size, offset)` serve the same bytes;
+- `read(size, offset)` and `segments(size, offset)` serve the same bytes, and so does `image`
+  where it is set (`store.image.is_image` checked it against the header and the array);
 - `parse_npy` returns a C- or F-contiguous array and rejects truncated, oversized, object-dtype
   or unsupported-version `.npy` bytes with a ValueError that says which.
 """
@@ -28,12 +31,14 @@ import errno
 import io
 import json
 import os
+from typing import Any
 
 import attrs
 import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so headers naming them parse)
 import numpy as np
 
-from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
+from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr, npy_header
+from tenplex.runtime.store.image import is_image
 
 __all__ = ["NAMED", "Handle", "NpyFile", "load_npy", "npy_descr", "parse_npy"]
 
@@ -51,19 +56,21 @@ class NpyFile:
     header: bytes
     array: np.ndarray | None  # None for a JSON value (all bytes are in `header`)
     address: int | None = None
+    image: Any = None  # the leaf's `store.image` memory file when it holds exactly these bytes
 
     @classmethod
-    def from_leaf(cls, data: np.ndarray | object) -> NpyFile:
+    def from_leaf(cls, data: np.ndarray | object, shared: tuple[Any, int] | None = None) -> NpyFile:
+        """The file of a leaf; `shared` is where the store holds it (`TensorStore.shared`), which
+        makes it the file's `image` when that memory file holds exactly the file's bytes."""
         if not isinstance(data, np.ndarray):
             return cls((json.dumps(data) + "\n").encode(), None)
         array = data
         fortran = array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous
-        out = io.BytesIO()
-        d = {"descr": npy_descr(array.dtype), "fortran_order": fortran, "shape": array.shape}
-        np.lib.format.write_array_header_1_0(out, d)
+        header = npy_header(array.dtype, array.shape, fortran)
         contiguous = array.flags.c_contiguous or array.flags.f_contiguous
         address = array.__array_interface__["data"][0] if contiguous and array.size else None
-        return cls(out.getvalue(), array, address)
+        image = shared[0] if shared is not None and is_image(shared[0], shared[1], header, address, array.nbytes) else None
+        return cls(header, array, address, image)
 
     @property
     def size(self) -> int:

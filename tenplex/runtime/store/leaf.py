@@ -119,10 +119,10 @@ def leaf_parts(path: str) -> tuple[str, ...]:
 
 def shape_of(shape: Sequence[int], path: str) -> tuple[int, ...]:
     try:
-        out = tuple(operator.index(s) for s in shape)
+        out = tuple(map(operator.index, shape))
     except TypeError:
         raise StoreError(f"shape {shape!r} for {path} is not a sequence of integers") from None
-    if any(s < 0 for s in out):
+    if out and min(out) < 0:
         raise StoreError(f"shape {out} for {path} has a negative side")
     return out
 

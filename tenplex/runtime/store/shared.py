@@ -194,6 +194,27 @@ def populate(arena: Arena, chunk: int = 16 << 20) -> Arena:
     return arena
 
 
+def populate_ranges(view: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None:
+    """Fault in the pages under the byte ranges `[start, stop)` of the mapped uint8 `view` now, in
+    this thread (MADV_POPULATE_WRITE per run of merged ranges: one call instead of a page fault
+    per page; writes no byte). For a mapping about to be written (`agent.direct`: a peer's arena
+    mapped anew), it halves the CPU of the first copies into it. Best effort: stops at the first error."""
+    page = mmap.PAGESIZE
+    runs: list[list[int]] = []
+    for start, stop in sorted((s // page * page, -(-e // page) * page) for s, e in ranges if e > s):
+        if runs and start <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], stop)
+        else:
+            runs.append([start, stop])
+    if not runs:
+        return
+    base, size = view.ctypes.data, view.nbytes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for start, stop in runs:
+        if libc.madvise(ctypes.c_void_p(base + start), ctypes.c_size_t(min(stop, size) - start), MADV_POPULATE_WRITE):
+            return
+
+
 def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
                     pool: ArenaPool | None = None) -> list[np.ndarray]:  # fmt: skip
     """Arrays at (path, shape, dtype name) in one arena that `store` (a `TensorStore`) adopts:

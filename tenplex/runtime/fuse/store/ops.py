@@ -84,7 +84,8 @@ class StoreFS(Writes):
 
     def _file(self, path: str) -> NpyFile:
         try:
-            return NpyFile.from_leaf(self.store.get(self._store_path(path)))
+            sp = self._store_path(path)
+            return NpyFile.from_leaf(self.store.get(sp), self.store.shared(sp))
         except StoreError:
             raise oserror(errno.ENOENT, path) from None
 
@@ -164,6 +165,12 @@ class StoreFS(Writes):
             stale = h.path in self._rewritten
             self._rewritten.discard(h.path)  # an open that does not keep them drops them
             return self.keep_cache and not h.writer and not stale
+
+    def backing(self, fh: int) -> int | None:
+        """An open descriptor of a memory file holding exactly the bytes of the file open as `fh`
+        (its leaf is a `store.image`), which FUSE passthrough can serve instead; else None."""
+        h = self._handles[fh]
+        return None if h.writer or h.file is None or h.file.image is None else h.file.image.fd
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         h = self._handles[fh]
