@@ -7,6 +7,7 @@ before the rename, and the same output as the in-memory executor for random layo
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from tenplex.compiler import CompileOptions, FillOp, compile_plan
+from tenplex.ir import loads
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import arange_tensors, materialize
@@ -261,9 +263,21 @@ def test_files_are_shared_out_largest_first_to_the_least_loaded_worker():
     assert shares({"a": 1}, 3) == [["a"], [], []]
 
 
+TWO_FILES = {
+    "format": "tenplex.ptc/1",
+    "devices": [{"id": 0, "host": "h0"}, {"id": 1, "host": "h0"}],
+    "tensors": {"w": {"shape": [8, 4], "dtype": "float32"}},
+    "subtensors": {"w/tp0": {"tensor": "w", "path": "w", "box": [[0, 4], [0, 4]]},
+                   "w/tp1": {"tensor": "w", "path": "w", "box": [[4, 8], [0, 4]]}},
+    "partitions": {"tp0": {"subtensors": ["w/tp0"]}, "tp1": {"subtensors": ["w/tp1"]}},
+    "allocation": {"tp0": [0], "tp1": [1]},
+}  # fmt: skip
+
+
 @pytest.mark.multiprocess
 def test_more_workers_than_files_write_them_all(tmp_path):
-    src, _, values = _tenplex_triple()  # gpt-tiny tp2: a few dozen files
+    src = loads(json.dumps(TWO_FILES))  # a worker a file and 3 more: forks only what it needs
+    values = {p.id: {} for p in src.partitions}
     root, tensors = _src_dir(src, tmp_path / "a")
     _, arrays, _ = read_checkpoint(root, mapped=True)
     src_h, dst_h = rehome(src, src, 1)
