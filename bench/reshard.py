@@ -7,10 +7,19 @@ alternating rounds (cp, workers 1, workers 2, cp, ...):
 
 - `cp -r SRC OUT`: the anchor, the same bytes copied file by file (`copy_file_range`);
 - `tenplex reshard SRC --to tp4,pp1 --out OUT --workers 1`: read, compile, write the new layout
-  (in-process plan, each dst file written once from the mapped src);
-- the same with `--workers 2`: two agent processes (`Runtime.local`, UCX, started while the plan
-  compiles), each mapping its src files and executing straight into its dst files (memory-mapped
-  in OUT's temporary); only the bytes that change workers move between them.
+  (in-process plan, each dst file written once from the mapped src, by the kernel's copies; the
+  dst files allocated by a helper process while the plan compiles);
+- the same with `--workers 2`: the dst files shared out by bytes between two worker processes
+  forked once the plan is compiled, each writing its share the same way (nothing moves between
+  them: each reads the src files it needs).
+
+- `start only`: a Python process that imports what `--workers 1` imports and does nothing else:
+  the part of each tenplex side that is interpreter start and imports (not a goal; it shows
+  what is left for the work).
+
+tenplex's bytecode is compiled once before the rounds (`compileall` into `__pycache__`), as an
+installed package has it: where PYTHONDONTWRITEBYTECODE is set and nothing wrote it, every
+tenplex process would otherwise compile its modules from source.
 
 Per side: wall seconds (process start to exit: what a user waits for) min/median/max, the ratio
 to the `cp -r` of the same round min/median/max, and the seconds tenplex reports itself
@@ -86,10 +95,20 @@ def check_copy(src: Path, out: Path) -> int:
     return n
 
 
+START = "import tenplex.cli.app, tenplex.cli.reshard, tenplex.runtime.reshard, tenplex.runtime.checkpoint.planned"
+
+
+def compile_bytecode() -> None:
+    """tenplex's modules compiled to bytecode (`__pycache__`, ignored by git), as an installed
+    package has them: with PYTHONDONTWRITEBYTECODE set and none written, every tenplex process
+    would compile its ~100 modules from source at start (0.15-0.25 CPU s here)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "tenplex")], check=True, stdout=subprocess.DEVNULL)
+
+
 def commands(src: Path, dst: Path, out: Path) -> dict[str, list[str]]:
     tenplex = [sys.executable, "-m", "tenplex.cli", "reshard", str(src), "--to", str(dst), "--out", str(out), "--json"]
     return {"cp -r": ["cp", "-r", str(src), str(out)], "workers 1": [*tenplex, "--workers", "1"],
-            "workers 2": [*tenplex, "--workers", "2"]}  # fmt: skip
+            "workers 2": [*tenplex, "--workers", "2"], "start only": [sys.executable, "-c", START]}  # fmt: skip
 
 
 def run_side(argv: list[str], timeout_s: float) -> tuple[float, float | None]:
@@ -107,6 +126,7 @@ def run_side(argv: list[str], timeout_s: float) -> tuple[float, float | None]:
 def measure(quick: bool, timeout_s: float) -> tuple[list[dict[str, Any]], int]:
     """Rows (one per side) and the source's bytes."""
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="bench-reshard-", dir=base) as d:
         root = Path(d)
         src, dst, oracle = make_source(root, quick)
@@ -122,7 +142,8 @@ def measure(quick: bool, timeout_s: float) -> tuple[list[dict[str, Any]], int]:
                     continue
                 try:
                     wall, reported = run_side(argv, timeout_s)
-                    row["checked_bytes"] += check_copy(src, root / "out") if name == "cp -r" else check_reshard(root / "out", oracle)
+                    if name != "start only":
+                        row["checked_bytes"] += check_copy(src, root / "out") if name == "cp -r" else check_reshard(root / "out", oracle)
                 except subprocess.TimeoutExpired:
                     row.update(status="timeout", timeout_s=timeout_s)
                 except (RuntimeError, AssertionError) as e:

@@ -21,6 +21,7 @@ atomically, so an error leaves no file behind.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import traceback
@@ -28,16 +29,18 @@ from typing import Any
 
 import click
 
-from tenplex.cli.agent import agent_cmd
 from tenplex.cli.common import EXIT_INTERNAL, EXIT_USAGE, EXIT_VERIFY, configure_logging, fail, is_verbose
-from tenplex.cli.dataset import dataset
-from tenplex.cli.job import job
-from tenplex.cli.layout import layout_cmd
-from tenplex.cli.plans import compile_cmd, verify
-from tenplex.cli.reshard import reshard_cmd
-from tenplex.cli.specs import inspect_cmd, spec
-from tenplex.cli.store import store
 from tenplex.ir.errors import PlanVerifyError, TenplexError
+
+# command name -> (module, attribute): a command's module (and what only it needs: the elastic
+# controller, the dataset tools, ...) is imported when that command runs, or for --help
+COMMANDS = {
+    "compile": ("tenplex.cli.plans", "compile_cmd"), "verify": ("tenplex.cli.plans", "verify"),
+    "inspect": ("tenplex.cli.specs", "inspect_cmd"), "spec": ("tenplex.cli.specs", "spec"),
+    "reshard": ("tenplex.cli.reshard", "reshard_cmd"), "layout": ("tenplex.cli.layout", "layout_cmd"),
+    "agent": ("tenplex.cli.agent", "agent_cmd"), "dataset": ("tenplex.cli.dataset", "dataset"),
+    "job": ("tenplex.cli.job", "job"), "store": ("tenplex.cli.store", "store"),
+}  # fmt: skip
 
 EPILOG = f"""\b
 Exit codes:
@@ -50,7 +53,17 @@ Errors are one line on stderr: tenplex: error: <message>. Details: docs/cli.md."
 
 
 class _Tenplex(click.Group):
-    """Runs click in non-standalone mode so that every failure ends in one error line."""
+    """Runs click in non-standalone mode so that every failure ends in one error line; loads
+    each command from `COMMANDS` when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -106,18 +119,6 @@ def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
     if quiet and verbose:
         raise click.UsageError("give -q or -v, not both")
     ctx.call_on_close(configure_logging(1 if verbose else -1 if quiet else 0))
-
-
-cli.add_command(compile_cmd)
-cli.add_command(verify)
-cli.add_command(inspect_cmd)
-cli.add_command(spec)
-cli.add_command(reshard_cmd)
-cli.add_command(layout_cmd)
-cli.add_command(agent_cmd)
-cli.add_command(dataset)
-cli.add_command(job)
-cli.add_command(store)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,7 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 @click.option("--format", "fmt", type=click.Choice(["tenplex", "megatron", "megatron-dist", "dcp", "deepspeed", "hf"]),
               help="Format of OUT_DIR (default: SRC_DIR's).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
-              help=f"Local workers (1: in-process; >= 2: one agent process each, at most {MAX_WORKERS}).")  # fmt: skip
+              help=f"Local workers (1: in-process; >= 2: one process each, at most {MAX_WORKERS}).")  # fmt: skip
 @click.option("--central", is_flag=True, help="Baseline (tenplex format only): gather on worker w0, then scatter.")
 @click.option("--trust-pickles", is_flag=True,
               help="Unpickle any class in Megatron rank files and DCP .metadata (they can run code): "

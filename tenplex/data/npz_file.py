@@ -23,7 +23,7 @@ from typing import IO
 import numpy as np
 
 from tenplex.data.errors import DataError
-from tenplex.ir.files import read_npy_header
+from tenplex.ir.npy_header import read_npy_header
 
 MAX_INFLATION = 1032  # deflate's largest ratio of output to input
 

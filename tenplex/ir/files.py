@@ -56,14 +56,31 @@ def check_relative(name: Any, what: str, error: type[TenplexError]) -> str:
     return name
 
 
-def confined(root: Path, rel: Any, what: str, error: type[TenplexError]) -> Path:
-    """`root / rel`, refused unless `rel` is a safe relative path that resolves inside `root`."""
+def confined(root: Path, rel: Any, what: str, error: type[TenplexError], seen: dict[str, str] | None = None) -> Path:
+    """`root / rel`, refused unless `rel` is a safe relative path that resolves inside `root`.
+    `seen`: a dict the caller keeps across calls with one `root`, where the real paths of the
+    directories resolved so far are remembered (a symlink is followed as `os.path.realpath` does)."""
     path = root / check_relative(rel, what, error)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
+    seen = {} if seen is None else seen
+    real_root = _real_dir(root, "", seen)
+    up, _, name = rel.rpartition("/")
+    real = _resolved(os.path.join(_real_dir(root, up, seen), name))
     if os.path.commonpath([real_root, real]) != real_root:
         raise error(f"{path}: {what} {rel!r} leads outside {root} (to {real})")
     return path
+
+
+def _real_dir(root: Path, rel: str, seen: dict[str, str]) -> str:
+    """The real path of directory `root / rel` (`rel` checked), from `seen` or resolved into it."""
+    if rel not in seen:
+        up, _, name = rel.rpartition("/")
+        seen[rel] = _resolved(os.path.join(_real_dir(root, up, seen), name)) if rel else os.path.realpath(root)
+    return seen[rel]
+
+
+def _resolved(path: str) -> str:
+    """`path` (whose directory is real) with its last component resolved if it is a symlink."""
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def file_kind(mode: int) -> str:
@@ -245,22 +262,3 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     """`e`'s message with all whitespace runs as single spaces, cut at `limit` characters."""
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, Any]:
-    """(shape, fortran order, dtype) of the `.npy` header at `f`'s position (format 1.0 or 2.0),
-    leaving `f` at the data. Raises ValueError for anything else, whatever numpy's parser raised
-    (it raises ValueError, SyntaxError, TokenError, ... on a malformed header)."""
-    import numpy as np
-
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-        if version not in ((1, 0), (2, 0)):
-            raise ValueError(f"format version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        return read(f)
-    except ValueError:
-        raise
-    except Exception as e:  # noqa: BLE001 (see the docstring)
-        raise ValueError(f"{type(e).__name__}: {e}") from None

@@ -1,22 +1,28 @@
 """Offline resharding of a checkpoint directory (`tenplex reshard`; the format: `checkpoint.directory`).
 
-`reshard(src_dir, dst, out_dir, workers=N)` reads SRC, re-homes both PTCs onto N local workers
-and runs the compiled plan: src partition i (sorted by id; first replica only) goes on device i,
-the dst allocation is renumbered onto devices 0..D-1 (old ids in order), and device k lives on
-host `w{k % N}` in one topology shared by both PTCs. With `central=True` the state is gathered
-on the host of device 0 and scattered from there (`compile_central`: the paper's
-Tenplex-Central baseline), so every byte that changes workers goes through that one. workers
-== 1 runs in-process (the central baseline on the executor and local transport); workers >= 2
-starts one agent process per worker (`Runtime.local`, UCX). The src files are memory-mapped, not read
-(`checkpoint.npy.map_npy`); with one worker each dst file is written once straight from the
-plan's copies (`checkpoint.planned`). With more, each agent maps the src files of its devices
-itself, and the dst arrays it stores are the dst files themselves (new `.npy` files in OUT_DIR's
-temporary, memory-mapped: `agent.files`), so the plan's copies and receives write the output in
-place; no array byte crosses a control connection, only the bytes that change workers move,
-each read by its receiver out of the sender's memory (`Runtime.local(transport="cma")`: no UCX
-loaded, nothing packed; UCX where the kernel forbids that). The agents start while the plan is compiled. OUT_DIR is written into a temporary directory beside it, made durable and renamed at
-the end (`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial,
-also after a crash, and an existing OUT_DIR is an error.
+`reshard(src_dir, dst, out_dir, workers=N)` reads SRC (the src files memory-mapped, not read:
+`checkpoint.npy.map_npy`), compiles the plan and writes OUT_DIR. Src partition i (sorted by id;
+first replica only) goes on device i and the dst allocation is renumbered onto devices 0..D-1
+(old ids in order), in one topology shared by both PTCs (`rehome`).
+
+- Peer to peer (the default): the plan is compiled for one host (all devices on `w0`: the
+  files are on one machine) and each dst file is written once, straight from the plan's copies
+  (`checkpoint.planned`: copies in the kernel from the mapped src files). With `workers` N >= 2
+  the files are shared out by bytes among N worker processes forked once the plan is compiled
+  (`checkpoint.workers`), each writing its share the same way: every worker reads the src
+  files it needs itself, so no byte moves between workers. A worker that dies fails the
+  reshard with an error naming it (`host 'w1'`).
+- `central=True`: the paper's Tenplex-Central baseline. Device k lives on host `w{k % N}`; the
+  state is gathered on the host of device 0 and scattered from there (`compile_central`), so
+  every byte that changes workers goes through that one: in-process (executor, local
+  transport) for one worker, else on N local agent processes (`Runtime.local`, forked while the
+  plan compiles; the bytes between them read out of each other's memory, `transport="cma"`,
+  UCX where the kernel forbids that), which map the src files themselves and execute into the
+  dst files (`agent.files`).
+
+OUT_DIR is written into a temporary directory beside it, made durable and renamed at the end
+(`checkpoint.directory.write_checkpoint_dir`): it is complete or absent, never partial, also
+after a crash, and an existing OUT_DIR is an error.
 """
 
 from __future__ import annotations
@@ -34,12 +40,22 @@ import attrs
 
 from tenplex.compiler import CompileOptions, Plan, compile_plan
 from tenplex.compiler.central import compile_central
+from tenplex.compiler.nogc import without_gc
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.checkpoint.apply import plan_values
-from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint_dir
+from tenplex.runtime.checkpoint.directory import (
+    CheckpointError,
+    checkpoint_dir,
+    make_tree,
+    read_checkpoint,
+    relative_paths,
+    write_checkpoint,
+    write_checkpoint_dir,
+)
 from tenplex.runtime.checkpoint.planned import PlannedFiles
+from tenplex.runtime.checkpoint.prealloc import Preallocation, npy_files
 
 
 @attrs.frozen
@@ -83,6 +99,7 @@ def _with(ptc: PTC, alloc: Allocation, topo: Topology) -> PTC:
     return moved.with_allocation(alloc)
 
 
+@without_gc  # its objects (two PTCs, a plan) hold no cycles; the collector's scans of them cost ~5%
 def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *, workers: int = 1,
             central: bool = False, timeout: float = 30.0, round_timeout: float = 600.0,
             on_round: Callable[[int, int], None] | None = None) -> ReshardResult:  # fmt: skip
@@ -94,25 +111,62 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     if out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    with _agents(workers, timeout, round_timeout) as rt:  # they start up while the plan compiles
+    run = _central if central else _direct
+    steps = run(src_dir, dst, out, workers, timeout, round_timeout, on_round)
+    plans = tuple(plan for plan, _, _ in steps)
+    return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
+                         sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+
+
+def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeout: float, round_timeout: float,
+            on_round: Callable[[int, int], None] | None) -> list[Step]:  # fmt: skip
+    """Peer to peer: OUT's tree made and its files allocated (`Preallocation`) while the src is
+    read and the plan compiled for one host, then each dst file written once from the mapped src."""
+    with checkpoint_dir(out) as tmp:
+        pre = Preallocation(tmp, npy_files(dst, make_tree(dst, tmp)))
+        try:
+            orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
+            src, dst_h = rehome(orig_src, dst, 1)
+            steps = _steps(src, dst_h, False)
+            plan = steps[0][0]
+            files = PlannedFiles(plan, src, dst_h, {(sid, _first(src, sid)): a for sid, a in arrays.items()})
+            files.preallocated = pre.started
+            write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), tmp)
+        finally:
+            pre.stop()
+    return steps
+
+
+def _central(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeout: float, round_timeout: float,
+             on_round: Callable[[int, int], None] | None) -> list[Step]:  # fmt: skip
+    """The central baseline: in-process for one worker, else on agents started while the plan compiles."""
+    with _agents(workers, timeout, round_timeout) as rt:
         orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
         relative_paths(dst)  # fail before any work if dst cannot be written
         src, dst_h = rehome(orig_src, dst, workers)
-        steps = _steps(src, dst_h, central, workers)
-        src_arrays = {(sid, src.allocation.devices_of(src.partition_of[sid])[0]): a for sid, a in arrays.items()}
-        if rt is None and not central:  # one host: each dst file straight from the mapped src
-            plan = steps[0][0]
-            write_checkpoint_dir(dst, PlannedFiles(plan, src, dst_h, src_arrays), plan_values(plan, values), out)
-        elif rt is None:
+        steps = _steps(src, dst_h, True)
+        src_arrays = {(sid, _first(src, sid)): a for sid, a in arrays.items()}
+        if rt is None:
             write_checkpoint_dir(dst, *_executed(steps, src_arrays, values, workers, timeout, round_timeout, on_round),
                                  out)  # fmt: skip
         else:
             rt.link(max(60.0, timeout))
             files = _src_files(src_dir, src, relative_paths(orig_src), src_arrays)
             _on_agents(rt, steps, files, values, dst, out, on_round)
-    plans = tuple(plan for plan, _, _ in steps)
-    return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
-                         sum(p.stats.network_bytes for p in plans), time.monotonic() - start, True)  # fmt: skip
+    return steps
+
+
+def _first(ptc: PTC, sid: str) -> int:
+    """The first device of sub-tensor `sid`'s partition."""
+    return ptc.allocation.devices_of(ptc.partition_of[sid])[0]
+
+
+def _writer(files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None) -> Any:
+    """`files` as written by this process (`workers` 1, or no `fork` here), else by `workers`
+    forked worker processes (`checkpoint.workers`)."""
+    from tenplex.runtime.checkpoint.workers import WorkerFiles, fork_available  # multiprocessing: not for one
+
+    return WorkerFiles(files, workers, on_file) if workers > 1 and fork_available() else files
 
 
 def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays: dict) -> dict:
@@ -128,10 +182,11 @@ def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays
 Step = tuple[Plan, PTC, PTC]  # (plan, its src, its dst)
 
 
-def _steps(src: PTC, dst: PTC, central: bool, workers: int) -> list[Step]:
-    """The plans to run in order: one, or the central baseline's gather then scatter."""
-    if not central:  # placing ranks matters across hosts only
-        return [(compile_plan(src, dst, CompileOptions(place_ranks=workers > 1)), src, dst)]
+def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
+    """The plans to run in order: one (on one host: placing ranks moves nothing there), or the
+    central baseline's gather then scatter."""
+    if not central:
+        return [(compile_plan(src, dst, CompileOptions(place_ranks=False)), src, dst)]
     c = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
     return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
 
@@ -178,7 +233,8 @@ class AgentFiles:
                  on_round: Callable[[int, int], None] | None):  # fmt: skip
         self.rt, self.steps, self.load, self.on_round = rt, steps, load, on_round
 
-    def write_files(self, out: Path, files: dict[str, str]) -> None:
+    def write_files(self, out: Path, files: dict[str, str], meanwhile: Callable[[], None]) -> None:
+        meanwhile()
         placed = self.steps[-1][2].with_allocation(self.steps[-1][0].allocation)
         first = {p.id: placed.allocation.devices_of(p.id)[0] for p in placed.partitions}
         per_host: dict[str, list] = {}

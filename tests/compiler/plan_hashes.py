@@ -18,6 +18,7 @@ its plan.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -82,8 +83,27 @@ def random_problems(n: int = RANDOM_PROBLEMS) -> list[tuple[PTC, PTC, CompileOpt
     def draw(problem, options) -> None:
         drawn.append((*problem, options))
 
-    draw()
+    with _no_local_constants():
+        draw()
     return drawn
+
+
+@contextlib.contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Hypothesis mixes literals of the modules loaded so far (tenplex's, the suite's helpers')
+    into what it draws, so the same seed drew other problems after other tests had run, and
+    would after any edit of a literal in tenplex. Drawing with none makes the set depend on
+    the seed and hypothesis's version only (a version change shows as changed inputs)."""
+    from hypothesis.internal.conjecture import providers
+
+    saved = providers._get_local_constants
+    providers._get_local_constants = providers.Constants
+    providers.CONSTANTS_CACHE.cache.clear()  # allowed constants computed with the local ones
+    try:
+        yield
+    finally:
+        providers._get_local_constants = saved
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def _random(prefix: str, n: int) -> Iterator[Problem]:

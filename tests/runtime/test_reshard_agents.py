@@ -1,10 +1,11 @@
-"""`reshard --workers N` (N >= 2): agents map the src `.npy` files and execute into dst files
-that they create and map themselves (`agent.files`), no array bytes on the control connections; a worker that dies
-leaves no OUT and the src intact, with an error naming it; the command (one or two workers) starts
-without the modules it does not need.
+"""`reshard --workers N` (N >= 2): worker processes each write their share of the dst files
+straight from the src files; with `--central`, agents map the src `.npy` files and execute into
+dst files that they create and map themselves (`agent.files`). A worker or agent that dies
+leaves no OUT and the src intact, with an error naming it; the command (one or two workers)
+starts without the modules it does not need.
 
 Real agents (`Agent` in-process for the file commands, `Runtime.local` processes for the
-rest), real checkpoint directories written by `write_checkpoint`."""
+rest), real worker processes, real checkpoint directories written by `write_checkpoint`."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ import pytest
 from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.serialize import dumps
-from tenplex.runtime.agent import client
 from tenplex.runtime.agent.agent import Agent
 from tenplex.runtime.agent.files import create_mapped
 from tenplex.runtime.arrays import arange_tensors, materialize
+from tenplex.runtime.checkpoint import directory
 from tenplex.runtime.checkpoint.directory import read_checkpoint, relative_paths, write_checkpoint
 from tenplex.runtime.checkpoint.npy import load_npy, mapped_file
 from tenplex.runtime.reshard import reshard
@@ -99,32 +100,38 @@ def test_agent_refuses_a_src_file_that_is_not_its_row(case, tmp_path):
         agent.stop()
 
 
-@UCX
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_two_workers_move_no_array_bytes_over_the_control_connection(case, tmp_path, monkeypatch):
+def test_two_workers_each_write_their_share_from_the_src_files(case, tmp_path, monkeypatch):
     _, dst, tensors, a = case
-    calls: list[tuple[str, dict]] = []
-    real = client.call_all
+    log = tmp_path / "written.log"  # appended to by the worker processes (forked: they run the patched writer)
+    real = directory.write_file
 
-    def recorded(agents, cmds, *args, **kwargs):
-        calls.extend(cmds.values())
-        return real(agents, cmds, *args, **kwargs)
+    def logged(path, write, key, *flags):
+        real(path, write, key, *flags)
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {path.stat().st_size} {path}\n")
 
-    monkeypatch.setattr(client, "call_all", recorded)
+    monkeypatch.setattr(directory, "write_file", logged)
     reshard(a, dst, tmp_path / "b", workers=2, **FAST)
     _, arrays, values = read_checkpoint(tmp_path / "b")
     assert all(arrays[st.id].tobytes() == materialize(dst, tensors, st).tobytes() for st in dst.subtensors)
     assert all(values[p.id]["iteration"] == 7 for p in dst.partitions)
-    names = {name for name, _ in calls}
-    assert "load_files" in names and not names & {"load", "fetch"}
-    written = sorted(row[2] for name, kw in calls if name == "prepare" for row in kw["files"])
-    assert len(written) == len(dst.subtensors) and all(".out" not in w and ".b.tmp-" in w for w in written)
+    rows = [line.split() for line in log.read_text().splitlines()]
+    npy = [r for r in rows if r[2].endswith(".npy")]
+    assert len(npy) == len({r[2] for r in npy}) == len(dst.subtensors)  # every dst file once
+    assert all(".b.tmp-" in r[2] for r in npy)  # into OUT's temporary
+    per_pid: dict[str, int] = {}
+    for pid, size, _ in npy:
+        per_pid[pid] = per_pid.get(pid, 0) + int(size)
+    assert len(per_pid) == 2 and str(os.getpid()) not in per_pid  # two worker processes, not this one
+    assert max(per_pid.values()) < 1.2 * min(per_pid.values())  # shared out by bytes
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tenplex-worker-")]
 
 
-def _kill_on_last_round(name: str):
+def _kill(name: str, when: str):
     def on_round(done: int, total: int) -> None:
-        if done == total:  # every round ran; the dst is not yet committed nor written
+        if done == (total if when == "last" else total // 2):  # "last": every file or round done, nothing committed
             for p in multiprocessing.active_children():
                 if p.name == name:
                     p.kill()
@@ -133,18 +140,19 @@ def _kill_on_last_round(name: str):
     return on_round
 
 
-@UCX
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_a_worker_that_dies_leaves_no_out_and_the_src_intact(case, tmp_path):
+@pytest.mark.parametrize("central,name,when", [(False, "tenplex-worker-w1", "half"), (False, "tenplex-worker-w1", "last"),
+                                               pytest.param(True, "tenplex-agent-w1", "last", marks=UCX)])  # fmt: skip
+def test_a_worker_that_dies_leaves_no_out_and_the_src_intact(case, tmp_path, central, name, when):
     _, dst, _, a = case
     before = _files(a)
-    with pytest.raises(ExecutionError, match="host 'w1'.*agent process died"):
-        reshard(a, dst, tmp_path / "out", workers=2, on_round=_kill_on_last_round("tenplex-agent-w1"), **FAST)
+    with pytest.raises(ExecutionError, match=r"host 'w1'.*(agent|worker) process died"):
+        reshard(a, dst, tmp_path / "out", workers=2, central=central, on_round=_kill(name, when), **FAST)
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
     assert _files(a) == before
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tenplex-agent-")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith(("tenplex-agent-", "tenplex-worker-"))]
 
 
 # --workers 2 forks its agents (no imports) and moves bytes between them without UCX (cma)

@@ -1,4 +1,4 @@
-"""An agent's arrays straight from and to `.npy` files on its own machine (`tenplex reshard --workers N`).
+"""An agent's arrays straight from and to `.npy` files on its own machine (`tenplex reshard --central --workers N`).
 
 `map_files(store, job, tag, files)` puts each src file's array into the store without reading
 it: the leaf is a read-only view of the memory-mapped file (`checkpoint.npy.map_npy`), so the

@@ -28,9 +28,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,8 @@ from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, map_npy, write_np
 from tenplex.runtime.checkpoint.planned import PlannedFiles, pwrite_all
 from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
-__all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "read_checkpoint", "relative_paths", "write_checkpoint",
-           "write_checkpoint_dir"]  # fmt: skip
+__all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "WriteError", "checkpoint_dir", "make_tree", "read_checkpoint",
+           "relative_paths", "write_checkpoint", "write_checkpoint_dir", "write_file", "write_files"]  # fmt: skip
 
 PTC_FILE = "ptc.json"
 VALUES_FILE = "values.json"
@@ -92,44 +93,84 @@ def _check_no_file_is_a_directory(owner: dict[str, str]) -> None:
 def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping[str, Mapping[str, Any]],
                      out_dir: str | os.PathLike) -> None:  # fmt: skip
     """Write the directory format into `out_dir` (created; must not exist, or be empty), each
-    file once, several at a time (`THREADS`).
+    file once, several at a time (`THREADS`), the values and ptc.json while the arrays are written.
 
     `arrays`: sub-tensor id -> local array, a plan's `PlannedFiles` (written straight from its
-    src), or an object whose `write_files(out_dir, {sub-tensor id: relative path})` creates
-    every array file itself (agents, `runtime.reshard.AgentFiles`); `values`: partition id -> {name: value}. Raises CheckpointError naming the sub-tensor
-    or partition when one is missing or wrong, or the file being written when the system
-    refuses a write (full disk, ...)."""
-    files = relative_paths(ptc)
+    src; into the files of a `prealloc.Preallocation` where it says so), or an object whose
+    `write_files(out_dir, {sub-tensor id: relative path}, meanwhile)` creates every array file
+    itself and calls `meanwhile()` once (agents, `runtime.reshard.AgentFiles`; worker processes,
+    `checkpoint.workers`); `values`: partition id -> {name: value}. Raises CheckpointError naming
+    the sub-tensor or partition when one is missing or wrong, or the file being written when the
+    system refuses a write (full disk, ...)."""
     out = Path(out_dir)
+    preallocated = getattr(arrays, "preallocated", False)  # then its tree was made for the preallocation
+    files = relative_paths(ptc) if preallocated else make_tree(ptc, out)
     texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
     write = arrays.write if isinstance(arrays, PlannedFiles) else None
     write = write or (None if callable(getattr(arrays, "write_files", None)) else _array_writer(ptc, arrays))
+
+    def write_texts() -> None:
+        for rel, text in [*texts.items(), (PTC_FILE, dumps(ptc))]:
+            write_file(out / rel, lambda _, fd, text=text: pwrite_all(fd, text.encode(), 0), rel)
+
+    if write is None:  # written elsewhere (agents, worker processes), every file created new
+        arrays.write_files(out, files, write_texts)
+    else:
+        ordered = {st.id: files[st.id] for st in ptc.subtensors}
+        write_files(out, ordered, write, meanwhile=write_texts, exclusive=not preallocated)
+
+
+def make_tree(ptc: PTC, out: Path) -> dict[str, str]:
+    """Create `out` and every directory its files need; returns `relative_paths(ptc)`. Raises
+    CheckpointError (`relative_paths`), WriteError naming the directory that cannot be made."""
+    files = relative_paths(ptc)
     path = out
     try:
-        for path in [out, *sorted({(out / rel).parent for rel in [*files.values(), *texts]})]:
+        values = [f"{p.id}/{VALUES_FILE}" for p in ptc.partitions if p.values]  # the partitions with a values file
+        for path in [out, *sorted({(out / rel).parent for rel in [*files.values(), *values]})]:
             path.mkdir(parents=True, exist_ok=True)
-        if write is None:  # written elsewhere (agents: `runtime.reshard.AgentFiles`), every file created new
-            arrays.write_files(out, files)
-        with ThreadPoolExecutor(THREADS) as pool:
-            for done in [pool.submit(_write_file, out / files[st.id], write, st.id) for st in ptc.subtensors if write]:
-                done.result()
-        for rel, text in [*texts.items(), (PTC_FILE, dumps(ptc))]:
-            path = out / rel
-            _write_file(path, lambda _, fd, text=text: pwrite_all(fd, text.encode(), 0), rel)
     except OSError as e:
-        raise _WriteError(path, e) from None
+        raise WriteError(path, e) from None
+    return files
 
 
-def _write_file(path: Path, write: Callable[[str, int], object], key: str) -> None:
-    """Create `path` (it must not exist) and `write(key, fd)` into it; an OSError names `path`."""
+def write_files(out: Path, files: Mapping[str, str], write: Callable[[str, int], object], threads: int = THREADS,
+                on_file: Callable[[], None] | None = None, meanwhile: Callable[[], None] | None = None,
+                exclusive: bool = True) -> None:  # fmt: skip
+    """`write_file(out / files[key], write, key, exclusive)` for every key, `threads` files at a
+    time, `on_file()` after each; `meanwhile()` in this thread while they are written. Raises
+    WriteError naming the file (the first to fail, in key order)."""
+    if threads == 1:
+        if meanwhile is not None:
+            meanwhile()
+        for key, rel in files.items():
+            write_file(out / rel, write, key, exclusive)
+            if on_file is not None:
+                on_file()
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        running = [pool.submit(write_file, out / rel, write, key, exclusive) for key, rel in files.items()]
+        if meanwhile is not None:
+            meanwhile()
+        for done in running:
+            done.result()
+            if on_file is not None:
+                on_file()
+
+
+def write_file(path: Path, write: Callable[[str, int], object], key: str, exclusive: bool = True) -> None:
+    """Create `path` (it must not exist, unless not `exclusive`: then it may, from a
+    `prealloc.Preallocation`, and is written over) and `write(key, fd)` into it. Raises
+    WriteError naming `path`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags, 0o644)
         try:
             write(key, fd)
         finally:
             os.close(fd)
     except OSError as e:
-        raise _WriteError(path, e) from None
+        raise WriteError(path, e) from None
 
 
 def _array_writer(ptc: PTC, arrays: Mapping[str, np.ndarray]) -> Callable[[str, int], None]:
@@ -159,12 +200,15 @@ def _value_texts(ptc: PTC, values: Mapping[str, Mapping[str, Any]]) -> dict[str,
     return out
 
 
-class _WriteError(CheckpointError):
+class WriteError(CheckpointError):
     """An I/O error while writing `path`; `write_checkpoint_dir` names it as the file of OUT."""
 
     def __init__(self, path: Path, err: OSError):
         super().__init__(str(write_failure(path, err, CheckpointError)))
         self.path, self.err = path, err
+
+    def __reduce__(self) -> tuple:  # a worker process sends it to the writer (`checkpoint.workers`)
+        return WriteError, (self.path, self.err)
 
 
 def _checked_array(ptc: PTC, arrays: Mapping[str, np.ndarray], st: Any) -> np.ndarray:
@@ -188,9 +232,10 @@ def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tupl
         raise CheckpointError(f"{root / PTC_FILE}: missing (not a checkpoint directory)")
     ptc = ptc_from_json(read_json(root / PTC_FILE, CheckpointError, "the PTC"), str(root / PTC_FILE))
     arrays: dict[str, np.ndarray] = {}
+    seen: dict[str, str] = {}  # real paths of the directories resolved so far
     for sid, rel in relative_paths(ptc).items():
         st, what = ptc.subtensor_map[sid], f"sub-tensor {sid!r}"
-        path = confined(root, rel, f"file of {what}", CheckpointError)
+        path = confined(root, rel, f"file of {what}", CheckpointError, seen)
         dtype = ptc.tensor_map[st.tensor].dtype
         a = (map_npy if mapped else load_npy)(path, what, CheckpointError)
         got = as_dtype(a, np_dtype(dtype))  # the dtype itself, or the raw bits older versions wrote
@@ -200,7 +245,7 @@ def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tupl
         arrays[sid] = got
     values: dict[str, dict[str, Any]] = {}
     for part in ptc.partitions:
-        path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError)
+        path = confined(root, f"{part.id}/{VALUES_FILE}", f"values file of partition {part.id!r}", CheckpointError, seen)
         if not part.values and not os.path.lexists(path):
             values[part.id] = {}  # a partition without values needs no values file
             continue
@@ -213,16 +258,25 @@ def read_checkpoint(src_dir: str | os.PathLike, *, mapped: bool = False) -> tupl
 
 
 def write_checkpoint_dir(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping, out: Path) -> None:
-    """Write into a temporary directory beside `out`, make it durable, rename it to `out` (the
-    rename made durable too): `out` is complete or absent, also after a crash (`swap.sync_tree`)."""
+    """`write_checkpoint` into a `checkpoint_dir(out)`: `out` is complete or absent, also after a crash."""
+    with checkpoint_dir(out) as tmp:
+        write_checkpoint(ptc, arrays, values, tmp)
+
+
+@contextlib.contextmanager
+def checkpoint_dir(out: Path) -> Iterator[Path]:
+    """A new temporary directory beside `out` to write into; when the block succeeds it is made
+    durable and renamed to `out` (the rename made durable too), when it fails it is deleted:
+    `out` is complete or absent, also after a crash (`swap.sync_tree`). A WriteError in the
+    block is raised as the CheckpointError naming the file of `out` (and its errno)."""
     with atomic_dir(out, CheckpointError) as tmp:
         try:
-            write_checkpoint(ptc, arrays, values, tmp)
+            yield tmp
             try:
                 sync_tree(tmp)
             except OSError as e:
-                raise _WriteError(tmp, e) from None
-        except _WriteError as e:
+                raise WriteError(tmp, e) from None
+        except WriteError as e:
             shown = out / e.path.relative_to(tmp) if e.path.is_relative_to(tmp) else e.path
             raise write_failure(shown, e.err, CheckpointError) from None
     try:

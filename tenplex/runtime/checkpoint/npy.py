@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import mmap
@@ -39,7 +40,8 @@ import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so header
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import one_line, open_regular, read_npy_header
+from tenplex.ir.files import one_line, open_regular
+from tenplex.ir.npy_header import read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
 
 __all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "pwrite_all", "write_npy"]
@@ -125,6 +127,7 @@ def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError
     return shape, fortran, dtype
 
 
+@functools.lru_cache(maxsize=1024)  # a checkpoint's files share a few shapes (a parameter and its moments)
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The `.npy` header (format 1.0, or 2.0 past 64 KiB as `np.save` chooses) of a C-order
     array of `dtype` and `shape`; the array's bytes follow it."""

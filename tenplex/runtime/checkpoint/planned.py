@@ -38,6 +38,7 @@ from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype, view
 from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst
 from tenplex.runtime.checkpoint.npy import mapped_file, npy_header, pwrite_all
+from tenplex.runtime.checkpoint.vectored import runs, write_runs
 from tenplex.runtime.executor import source_region, target_region
 
 __all__ = ["PlannedFiles", "pwrite_all"]
@@ -45,6 +46,8 @@ __all__ = ["PlannedFiles", "pwrite_all"]
 
 class PlannedFiles:
     """The dst arrays of `plan`, written file by file (see the module docstring)."""
+
+    preallocated = False  # the files exist already (`prealloc.Preallocation`): opened without O_EXCL
 
     def __init__(self, plan: Plan, src: PTC, dst: PTC, src_arrays: Mapping):
         self.src, self.src_arrays = src, src_arrays
@@ -91,7 +94,11 @@ class PlannedFiles:
         where = mapped_file(a) if a.flags.c_contiguous else None
         if where is not None and copy_range(*where, fd, at, a.nbytes):
             return
-        if not a.flags.c_contiguous:  # a column block: gathered into one run first
+        spans = None if a.flags.c_contiguous else runs(a)
+        if spans is not None:  # a column block: its rows handed to the kernel as they lie
+            write_runs(fd, *spans, at)
+            return
+        if not a.flags.c_contiguous:  # runs too short for an iovec each: gathered into one run first
             gathered = self._buffer("gather", a.nbytes).view(a.dtype).reshape(a.shape)
             np.copyto(gathered, a)
             a = gathered
