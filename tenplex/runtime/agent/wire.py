@@ -55,38 +55,41 @@ def _dtype(name: Any, where: str) -> np.dtype:
 def encode(value: Any) -> tuple[bytes, list[memoryview]]:
     """(JSON header, raw buffers) of `value`. Raises WireError for a type the wire does not carry."""
     buffers: list[memoryview] = []
-
-    def enc(x: Any) -> Any:
-        if x is None or isinstance(x, (bool, str)):
-            return x
-        if isinstance(x, int):
-            return int(x)
-        if isinstance(x, float):
-            return x if math.isfinite(x) else {"$f": repr(x)}
-        if isinstance(x, np.ndarray):
-            a = x if x.flags.c_contiguous else x.copy(order="C")  # ascontiguousarray makes 0-d 1-d
-            _dtype(str(a.dtype), "encode")
-            buffers.append(memoryview(a.reshape(-1).view(np.uint8)))
-            return {"$a": len(buffers) - 1, "dtype": str(a.dtype), "shape": list(a.shape)}
-        if isinstance(x, np.generic):
-            _dtype(str(x.dtype), "encode")
-            buffers.append(memoryview(x.tobytes()))
-            return {"$g": len(buffers) - 1, "dtype": str(x.dtype)}
-        if isinstance(x, (bytes, bytearray, memoryview)):
-            buffers.append(memoryview(bytes(x)))
-            return {"$b": len(buffers) - 1}
-        if isinstance(x, tuple):
-            return {"$t": [enc(v) for v in x]}
-        if isinstance(x, list):
-            return [enc(v) for v in x]
-        if isinstance(x, dict):
-            if all(type(k) is str and not k.startswith("$") for k in x):
-                return {k: enc(v) for k, v in x.items()}
-            return {"$m": [[enc(k), enc(v)] for k, v in x.items()]}
-        raise WireError(f"cannot send a {type(x).__module__}.{type(x).__qualname__} over the agent wire")
-
-    header = json.dumps({"v": enc(value), "n": [b.nbytes for b in buffers]}, allow_nan=False).encode()
+    header = json.dumps({"v": _enc(value, buffers), "n": [b.nbytes for b in buffers]}, allow_nan=False).encode()
     return header, buffers
+
+
+def _enc(x: Any, buffers: list[memoryview]) -> Any:
+    """`x` as JSON, its raw parts appended to `buffers`. A module function, not a closure that
+    calls itself: such a closure is a reference cycle holding `buffers`, so every array sent
+    would live on until the cyclic collector ran."""
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return x if math.isfinite(x) else {"$f": repr(x)}
+    if isinstance(x, np.ndarray):
+        a = x if x.flags.c_contiguous else x.copy(order="C")  # ascontiguousarray makes 0-d 1-d
+        _dtype(str(a.dtype), "encode")
+        buffers.append(memoryview(a.reshape(-1).view(np.uint8)))
+        return {"$a": len(buffers) - 1, "dtype": str(a.dtype), "shape": list(a.shape)}
+    if isinstance(x, np.generic):
+        _dtype(str(x.dtype), "encode")
+        buffers.append(memoryview(x.tobytes()))
+        return {"$g": len(buffers) - 1, "dtype": str(x.dtype)}
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        buffers.append(memoryview(bytes(x)))
+        return {"$b": len(buffers) - 1}
+    if isinstance(x, tuple):
+        return {"$t": [_enc(v, buffers) for v in x]}
+    if isinstance(x, list):
+        return [_enc(v, buffers) for v in x]
+    if isinstance(x, dict):
+        if all(type(k) is str and not k.startswith("$") for k in x):
+            return {k: _enc(v, buffers) for k, v in x.items()}
+        return {"$m": [[_enc(k, buffers), _enc(v, buffers)] for k, v in x.items()]}
+    raise WireError(f"cannot send a {type(x).__module__}.{type(x).__qualname__} over the agent wire")
 
 
 def parse_prefix(prefix: bytes) -> tuple[int, int]:
