@@ -120,8 +120,16 @@ def test_a_dropped_tags_arena_is_recycled_only_when_nothing_maps_it(served):
     assert pool.nbytes == 0 and (store.get("/job/j/u/0/a") == 7).all()  # the same pages, not zeroed
     view = store.get("/job/j/u/0/a")
     store.delete("/job/j/u")
-    assert pool.nbytes == 0  # a view still maps it: closed as usual, never handed out again
-    assert (view == 7).all()
+    assert pool.nbytes == 0  # a view still maps it: kept aside, never handed out while it lives
+    create_in_arena(store, [("/job/j/v/0/a", (1000,), "float32")], "dst", pool)
+    assert (store.get("/job/j/v/0/a") == 0).all() and (view == 7).all()  # a new arena, zero-filled
+    store.delete("/job/j/v")  # the pool is full with the one aside: this one is closed
+    del view  # the last view gone: its pages are the next take's
+    assert pool.nbytes >= 8000
+    create_in_arena(store, [("/job/j/w/0/a", (1000,), "float32")], "dst", pool)
+    assert (store.get("/job/j/w/0/a") == 7).all()
+    store.delete("/job/j/w")
+    pool.clear()
     create_in_arena(store, items, "dst", pool)
     with StoreClient(path) as client:
         client.get(["/job/j/t/0/a"])  # its descriptor goes to another process

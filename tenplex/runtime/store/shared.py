@@ -14,9 +14,9 @@ Invariants:
 - `fd` is open exactly as long as the arena object lives (closed by `close` or at collection),
   and is close-on-exec;
 - a read-only arena's views are read-only;
-- an arena goes back to its `ArenaPool` (pages kept, not zeroed) only when no leaf, no view and
-  no other process holds it: one whose descriptor was sent to another process (`exported`) or
-  that a view still maps is closed as usual.
+- an arena goes back to its `ArenaPool` (pages kept, not zeroed) only when no leaf and no other
+  process holds it, and is handed out again only once no view maps it either: one whose
+  descriptor was sent to another process (`exported`) is closed as usual.
 """
 
 from __future__ import annotations
@@ -112,9 +112,10 @@ class Arena:
             self.fd = -1
 
     def __del__(self) -> None:
-        # no leaf holds it; 2 references to the map (ours, getrefcount's) mean no view maps it either
-        if self.pool is not None and not self.exported and self.fd >= 0 and sys.getrefcount(self.map) == 2:
-            self.pool.give(self.fd, self.size, self.map)
+        # no leaf holds it; 2 references to the map (ours, getrefcount's) mean no view maps it either,
+        # else the pool keeps it aside until the views are gone
+        pooled = self.pool is not None and not self.exported and self.fd >= 0 and self.map is not None
+        if pooled and self.pool.give(self.fd, self.size, self.map, sys.getrefcount(self.map) == 2):
             self.fd, self.map = -1, None
             return
         with contextlib.suppress(OSError):
@@ -124,22 +125,30 @@ class Arena:
 class ArenaPool:
     """Arenas whose pages this process already touched, kept for the next `take` instead of
     faulting fresh memory in (first touch runs at a fraction of memcpy speed on VMs). Holds at
-    most `limit` bytes (None: the largest arena taken so far, one execution's dst)."""
+    most `limit` bytes (None: the largest arena taken so far, one execution's dst). An arena given
+    back while views of it still live (a transfer that has not let go of its buffers yet) waits
+    aside and is handed out only once no view maps it; before, it was closed, and the next
+    execution faulted all its pages in anew."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit, self.largest = limit, 0
         self.free: list[tuple[int, int, mmap.mmap]] = []  # (size, fd, map)
+        self.waiting: list[tuple[int, int, mmap.mmap]] = []  # (size, fd, map) that views still map
         self.lock = threading.RLock()
 
     @property
     def nbytes(self) -> int:
-        return sum(size for size, _, _ in self.free)
+        """Bytes ready for a `take` (arenas that views still map not counted)."""
+        with self.lock:
+            self._settle()
+            return sum(size for size, _, _ in self.free)
 
     def take(self, size: int, name: str = "tenplex") -> Arena:
         """The smallest pooled arena of at least `size` bytes (its old bytes still in it), else a
         new one whose pages a thread faults in meanwhile (`populate`)."""
         with self.lock:  # reentrant: a collection inside may give an arena back
             self.largest = max(self.largest, size)
+            self._settle()
             got = min((x for x in self.free if x[0] >= size), default=None, key=lambda x: x[0])
             if got is not None:
                 self.free.remove(got)
@@ -154,18 +163,37 @@ class ArenaPool:
             np.frombuffer(arena.map, np.uint8, size)[::mmap.PAGESIZE] = 0  # one write per page
         del arena  # unused: back to the pool
 
-    def give(self, fd: int, size: int, mapped: mmap.mmap) -> None:
+    def give(self, fd: int, size: int, mapped: mmap.mmap, unmapped: bool = True) -> bool:
+        """Keep an arena: pooled when `unmapped` (no view maps it) and the pool has room, else
+        False (the caller closes it); one that views still map waits aside until none does (its
+        pages are pinned by those views meanwhile, so waiting costs no memory), then is pooled or
+        closed as if given back then."""
         with self.lock:
-            limit = self.largest if self.limit is None else self.limit
-            if self.nbytes + size <= limit:
-                self.free.append((size, fd, mapped))
-                return
-        os.close(fd)
+            self._settle()
+            if not unmapped:
+                self.waiting.append((size, fd, mapped))
+                return True
+            return self._pool(size, fd, mapped)
+
+    def _pool(self, size: int, fd: int, mapped: mmap.mmap) -> bool:
+        limit = self.largest if self.limit is None else self.limit
+        if sum(n for n, _, _ in self.free) + size > limit:
+            return False
+        self.free.append((size, fd, mapped))
+        return True
+
+    def _settle(self) -> None:
+        """Pool (or close) the waiting arenas that no view maps any more: 2 references to a map
+        (the list's tuple, getrefcount's) are the pool's own."""
+        for entry in [x for x in self.waiting if sys.getrefcount(x[2]) == 2]:
+            self.waiting.remove(entry)
+            if not self._pool(*entry):
+                os.close(entry[1])
 
     def clear(self) -> None:
         with self.lock:
-            free, self.free = self.free, []
-        for _, fd, _ in free:
+            kept, self.free, self.waiting = self.free + self.waiting, [], []
+        for _, fd, _ in kept:
             os.close(fd)
 
 
