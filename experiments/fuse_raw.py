@@ -43,24 +43,45 @@ import time
 
 import numpy as np
 
-# ---- protocol constants (include/uapi/linux/fuse.h, 7.41+) ------------------------------------
-LOOKUP, FORGET, GETATTR, OPEN, READ, STATFS, RELEASE, GETXATTR, LISTXATTR, FLUSH = 1, 2, 3, 14, 15, 17, 18, 22, 23, 25
-INIT, OPENDIR, READDIR, RELEASEDIR, ACCESS, INTERRUPT, DESTROY, BATCH_FORGET, READDIRPLUS, LSEEK = (
-    26, 27, 28, 29, 34, 36, 38, 42, 44, 46)
-STATX = 52
-F_ASYNC_READ, F_BIG_WRITES, F_DO_READDIRPLUS, F_PARALLEL_DIROPS = 1, 1 << 5, 1 << 13, 1 << 18
-F_MAX_PAGES, F_INIT_EXT, F_NO_OPENDIR = 1 << 22, 1 << 30, 1 << 24
-F_ALLOW_MMAP, F_PASSTHROUGH = 1 << 36, 1 << 37
-FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE, FOPEN_CACHE_DIR, FOPEN_PASSTHROUGH = 1, 2, 8, 1 << 7
-IN_HDR = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid total_extlen padding
-OUT_HDR = struct.Struct("<IiQ")
-ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # 88 bytes
-BACKING_OPEN, BACKING_CLOSE = 0x4010E501, 0x4004E502
+# ---- the protocol: fuse.kernel's, under the prototype's short names -------------------------
+from tenplex.runtime.fuse import kernel  # noqa: E402 (after numpy: the module's import order)
+from tenplex.runtime.fuse.kernel import (  # noqa: E402
+    ATTR,
+    BATCH_FORGET,
+    DESTROY,
+    FOPEN_CACHE_DIR,
+    FOPEN_DIRECT_IO,
+    FOPEN_KEEP_CACHE,
+    FOPEN_PASSTHROUGH,
+    FORGET,
+    GETATTR,
+    INIT,
+    INTERRUPT,
+    LOOKUP,
+    MNT_DETACH,
+    MS_NODEV,
+    MS_NOSUID,
+    MS_RDONLY,
+    OPEN,
+    OPENDIR,
+    READ,
+    READDIR,
+    READDIRPLUS,
+    RELEASE,
+    RELEASEDIR,
+    STATFS,
+)
 
-libc = ctypes.CDLL(None, use_errno=True)
+IN_HDR, OUT_HDR = kernel.IN_HEADER, kernel.OUT_HEADER
+F_ASYNC_READ, F_BIG_WRITES, F_DO_READDIRPLUS = kernel.ASYNC_READ, kernel.BIG_WRITES, kernel.DO_READDIRPLUS
+F_PARALLEL_DIROPS, F_MAX_PAGES, F_INIT_EXT = kernel.PARALLEL_DIROPS, kernel.MAX_PAGES, kernel.INIT_EXT
+F_ALLOW_MMAP, F_PASSTHROUGH = kernel.DIRECT_IO_ALLOW_MMAP, kernel.PASSTHROUGH
+F_NO_OPENDIR = 1 << 24  # zero-message opendir: only the prototype asks for it
+LSEEK, STATX = 46, 52  # answered ENOSYS: only the prototype names them
+
+libc = ctypes.CDLL(None, use_errno=True)  # its own mount(2): allow_other, no max_read
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-MS_RDONLY, MS_NOSUID, MS_NODEV, MNT_DETACH = 1, 2, 4, 2
 
 
 class Node:
@@ -97,12 +118,7 @@ class Server:
         return node
 
     def backing(self, fd: int) -> int:
-        arg = struct.pack("<iIQ", fd, 0, 0)
-        buf = ctypes.create_string_buffer(arg)
-        r = libc.ioctl(self.fd, ctypes.c_ulong(BACKING_OPEN), buf)
-        if r < 0:
-            raise OSError(ctypes.get_errno(), "FUSE_DEV_IOC_BACKING_OPEN")
-        return r
+        return kernel.backing_open(self.fd, fd)
 
     def pusher(self) -> None:
         """FUSE_NOTIFY_STORE every file of a listed directory into the kernel's page cache."""
@@ -139,7 +155,7 @@ class Server:
 
     def entry(self, node: Node) -> bytes:
         t = int(self.timeout)
-        return struct.pack("<QQQQII", node.ino, 0, t, t, 0, 0) + self.attr(node)
+        return kernel.ENTRY.pack(node.ino, 0, t, t, 0, 0) + self.attr(node)
 
     # -- the loop
     def loop(self, cpu: int | None) -> None:
@@ -166,7 +182,7 @@ class Server:
 
     def handle(self, op: int, unique: int, nodeid: int, arg: memoryview) -> None:
         if op == READ:
-            fh, offset, size = struct.unpack_from("<QQI", arg)
+            fh, offset, size = kernel.READ_IN.unpack_from(arg)
             node = self.nodes[nodeid]
             data = node.data[offset: offset + size] if offset < node.size else b""
             self.reply(unique, data)
@@ -182,25 +198,25 @@ class Server:
                 return
             node = self.nodes[nodeid]
             backing = node.backing if node.backing is not None else 0
-            self.reply(unique, struct.pack("<QIi", 0, node.fopen, backing))
+            self.reply(unique, kernel.OPEN_OUT.pack(0, node.fopen, backing))
         elif op in (FORGET, BATCH_FORGET, INTERRUPT):
             return  # no reply
         elif op == GETATTR:
             t = int(self.timeout)
-            self.reply(unique, struct.pack("<QII", t, 0, 0) + self.attr(self.nodes[nodeid]))
+            self.reply(unique, kernel.ATTR_OUT.pack(t, 0, 0) + self.attr(self.nodes[nodeid]))
         elif op in (RELEASE, RELEASEDIR):
             self.reply(unique)
         elif op == OPENDIR:
-            self.reply(unique, struct.pack("<QIi", 0, FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE, 0))
+            self.reply(unique, kernel.OPEN_OUT.pack(0, FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE, 0))
         elif op in (READDIR, READDIRPLUS):
-            fh, offset, size = struct.unpack_from("<QQI", arg)
+            fh, offset, size = kernel.READ_IN.unpack_from(arg)
             self.reply(unique, self.listing(self.nodes[nodeid], offset, size, op == READDIRPLUS))
             if self.push and op == READDIRPLUS and offset == 0:
                 self.pushq.put(nodeid)
         elif op == INIT:
             self.init(unique, arg)
         elif op == STATFS:
-            self.reply(unique, struct.pack("<QQQQQIIII", 0, 0, 0, 0, 0, 4096, 255, 4096, 0) + bytes(24))
+            self.reply(unique, kernel.STATFS_OUT.pack(0, 0, 0, 0, 0, 4096, 255, 4096, 0))
         elif op == DESTROY:
             self.reply(unique)
         else:
@@ -212,7 +228,7 @@ class Server:
         for k in range(offset, len(names)):
             name, child = names[k]
             dt = 4 if child.mode & stat.S_IFDIR else 8
-            rec = struct.pack("<QQII", child.ino, k + 1, len(name), dt) + name
+            rec = kernel.DIRENT.pack(child.ino, k + 1, len(name), dt) + name
             rec += bytes(-len(rec) % 8)
             if plus:
                 rec = self.entry(child) + rec
@@ -222,14 +238,14 @@ class Server:
         return bytes(out)
 
     def init(self, unique: int, arg: memoryview) -> None:
-        major, minor, max_readahead, flags, flags2 = struct.unpack_from("<IIIII", arg)
-        kernel = flags | (flags2 << 32)
-        want = self.want & kernel
+        major, minor, max_readahead, flags, flags2 = kernel.INIT_IN.unpack_from(arg)
+        offered = flags | (flags2 << 32)
+        want = self.want & offered
         self.negotiated = want
         want |= F_INIT_EXT
-        out = struct.pack("<IIIIHHIIHHIIH", 7, min(minor, 41), max_readahead, want & 0xFFFFFFFF, 64, 48,
-                          4096, 1, self.max_pages, 0, want >> 32, 1, 0) + bytes(22)
-        self.kernel_flags = kernel
+        out = kernel.INIT_OUT.pack(7, min(minor, 41), max_readahead, want & 0xFFFFFFFF, 64, 48,
+                                   4096, 1, self.max_pages, 0, want >> 32, 1, 0)
+        self.kernel_flags = offered
         self.reply(unique, out)
 
 
