@@ -68,16 +68,6 @@ class OpGraph:
         self._edges[(src, dst)] = kind
         self._preds[dst].append(src)
 
-    def add_edges(self, edges: Iterable[tuple[int, int]], kind: EdgeKind = EdgeKind.ORDER) -> None:
-        """`add_edge` for many edges at once."""
-        self._mutable()
-        ops, preds = self._ops, self._preds
-        for src, dst in edges:
-            if src not in ops or dst not in ops:
-                raise IRError(f"edge {src} -> {dst} names a node that is not in the graph")
-            self._edges[(src, dst)] = kind
-            preds[dst].append(src)
-
     def op(self, key: int) -> Op:
         return self._ops[key]
 

@@ -29,11 +29,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tenplex.compiler.ops import CopyOp, Op, trusted_copy
+from tenplex.compiler.ops import SIDES, CopyOp, Op, trusted_copy
 from tenplex.ir.box import Box
 
 I64 = np.int64
-SIDES = ("src", "dst")
 
 
 @attrs.frozen(eq=False)

@@ -1,9 +1,9 @@
 """Least-sent source hosts of `select-sources`: the greedy choice, by heap and by runs.
 
 Atoms are taken largest first; each is sent by the holder host that has sent the fewest bytes
-so far (first in topology order on ties). `LeastSent` makes that choice one atom at a time,
-from one heap per holder set (the tests' oracle). `least_sent_hosts` gives the same choices
-for a whole sequence of atoms at once. Holder sets that share no host (joined transitively:
+so far (first in topology order on ties). `least_sent_hosts` makes those choices for a whole
+sequence of atoms at once (the tests check it against a heap per holder set choosing one atom
+at a time, `tests/compiler/test_scaling.py:LeastSent`). Holder sets that share no host (joined transitively:
 a *component*) never affect each other's counts, so each component's atoms can be taken
 apart, in their order. There, consecutive atoms of one set and one size s (DP replicas of a
 stage hold most atoms, largest first, so runs are long) take the k smallest *slots*
@@ -13,8 +13,6 @@ are the slots in sorted order."""
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -23,39 +21,8 @@ I64 = np.int64
 SHORT_RUN = 8  # runs up to this long are chosen in Python: numpy costs more per call
 
 
-class LeastSent:
-    """Bytes sent per host, and the host of a holder set that has sent the fewest (first in
-    `rank` order on ties), from one heap per set: O(log n) a choice instead of a scan of all
-    holder hosts (which grow with DP). Counts only grow, so a heap entry whose count is stale
-    is too small: it surfaces first and is pushed back with its count."""
-
-    def __init__(self, rank: dict[str, int]):
-        self.rank = rank
-        self.sent: Counter[str] = Counter()
-        self.heaps: dict[int, tuple[object, list[tuple[int, int, str]]]] = {}  # id(set) -> (set, heap)
-        self.shared: dict[tuple[str, ...], list[tuple[int, int, str]]] = {}  # equal sets share a heap
-
-    def add(self, host: str, nbytes: int) -> None:
-        self.sent[host] += nbytes
-
-    def least(self, hosts: Iterable[str]) -> str:
-        """`hosts` must not change while it is used here (the heap is kept by its id)."""
-        entry = self.heaps.get(id(hosts))
-        if entry is None:
-            key = tuple(sorted(hosts))
-            if key not in self.shared:  # one heap per distinct set: a count goes stale in few heaps
-                self.shared[key] = [(self.sent[h], self.rank[h], h) for h in key]
-                heapq.heapify(self.shared[key])
-            entry = self.heaps[id(hosts)] = (hosts, self.shared[key])  # keeps `hosts` alive for id()
-        heap, sent = entry[1], self.sent
-        while heap[0][0] != sent[heap[0][2]]:
-            _, rank, h = heap[0]
-            heapq.heapreplace(heap, (sent[h], rank, h))
-        return heap[0][2]
-
-
 def least_sent_hosts(sets: Sequence[Iterable[str]], nbytes: np.ndarray, rank: dict[str, int]) -> list[str]:
-    """The host `LeastSent` chooses for each atom in order (holder hosts `sets[i]`, which do
+    """The least-sent host of each atom in order (holder hosts `sets[i]`, which do
     not change, sending `nbytes[i]` > 0), all counts starting at zero. Sets are joined into
     components that share hosts; each component's atoms are taken in order, in runs of one set
     and one size (one count per host, in rank order)."""

@@ -111,9 +111,6 @@ def _fill(queues: list[list[tuple[int, int]]], pairs: list[tuple[int, int]], lef
 def _by_priority(live: np.ndarray, ends: np.ndarray, left: list[int]) -> list[int]:
     """Pair numbers of `live`, the pair whose busiest end has the most bytes left first (ties:
     in pair order)."""
-    try:
-        counts = np.array(left, np.int64)
-    except OverflowError:  # past 8 EiB: the same order, by Python ints
-        return sorted(live.tolist(), key=lambda i: (-max(left[ends[i, 0]], left[ends[i, 1]]), i))
+    counts = np.array(left, np.int64)  # counted in int64 by `_network_rounds`, and only ever lower
     busiest = np.maximum(counts[ends[live, 0]], counts[ends[live, 1]])
     return live[np.lexsort((live, -busiest))].tolist()
