@@ -45,13 +45,15 @@ def fresh_memcpy_seconds(nbytes: int, memory: str = "anon") -> float:
     memory the guest gave back to the host is slow, so both vary much more than a warm memcpy."""
     import subprocess
 
+    from tenplex.runtime.store.shared import MADV_POPULATE_WRITE
+
     code = ("import numpy as np, sys, time; n = int(sys.argv[1]); src = np.ones(n, np.uint8); "
             "t = time.perf_counter(); dst = np.empty(n, np.uint8); np.copyto(dst, src); print(time.perf_counter() - t)")  # fmt: skip
     if memory == "memfd":
         code = ("import ctypes, mmap, os, numpy as np, sys, time; n = int(sys.argv[1]); src = np.ones(n, np.uint8); "
                 "t = time.perf_counter(); fd = os.memfd_create('bench-fresh'); os.ftruncate(fd, n); "
                 "dst = np.frombuffer(mmap.mmap(fd, n), np.uint8); "
-                "ctypes.CDLL(None).madvise(ctypes.c_void_p(dst.ctypes.data), ctypes.c_size_t(n), 23); "
+                f"ctypes.CDLL(None).madvise(ctypes.c_void_p(dst.ctypes.data), ctypes.c_size_t(n), {MADV_POPULATE_WRITE}); "
                 "np.copyto(dst, src); print(time.perf_counter() - t)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code, str(nbytes)], capture_output=True, text=True, check=True)
     return float(out.stdout.strip())

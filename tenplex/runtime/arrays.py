@@ -7,6 +7,8 @@ and write through it, so both layouts share every other line of the runtime.
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -29,14 +31,18 @@ def npy_descr(dtype: np.dtype) -> str:
     return dtype.name if dtype.name in EXTRA_DTYPES else np.lib.format.dtype_to_descr(dtype)
 
 
+@functools.lru_cache(maxsize=1024)  # a checkpoint's files share a few shapes (a parameter and its moments)
 def npy_header(dtype: np.dtype, shape: tuple[int, ...], fortran: bool = False) -> bytes:
-    """The `.npy` header (format 1.0, as `np.save` writes it, with `npy_descr`) of an array of
-    `dtype` and `shape` whose bytes follow in C order (Fortran order with `fortran`)."""
+    """The `.npy` header (format 1.0, or 2.0 past 64 KiB, as `np.save` chooses; with `npy_descr`)
+    of an array of `dtype` and `shape` whose bytes follow in C order (Fortran order with `fortran`)."""
     import io
 
     out = io.BytesIO()
     d = {"descr": npy_descr(np.dtype(dtype)), "fortran_order": fortran, "shape": tuple(shape)}
-    np.lib.format.write_array_header_1_0(out, d)
+    try:
+        np.lib.format.write_array_header_1_0(out, d)
+    except ValueError:
+        np.lib.format.write_array_header_2_0(out, d)
     return out.getvalue()
 
 

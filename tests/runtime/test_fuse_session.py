@@ -129,9 +129,10 @@ def test_arrays_in_other_arenas_are_not_images():
     assert NpyFile.from_leaf(store.get("/a"), store.shared("/a")).image is None
     image, offset = npy_image(np.arange(4, dtype=np.float32))
     header = NpyFile.from_leaf(np.arange(4, dtype=np.float32)).header
-    assert is_image(image, offset, header, np.frombuffer(image.map, np.uint8).ctypes.data + offset, 16)
+    address = np.frombuffer(image.map, np.uint8).ctypes.data + offset
+    assert is_image(image, offset, header, address, 16)
     assert not is_image(image, offset, header, None, 16)  # an array elsewhere in memory
-    assert not is_image(image, offset, header.replace(b"<f4", b"<i4"), None, 16)
+    assert not is_image(image, offset, header.replace(b"<f4", b"<i4"), address, 16)  # another header
 
 
 # ---- a real mount (root) ------------------------------------------------------------------------

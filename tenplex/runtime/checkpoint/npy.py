@@ -28,8 +28,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-import io
 import math
 import mmap
 import os
@@ -42,7 +40,7 @@ import numpy as np
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import one_line, open_regular
 from tenplex.ir.npy_header import read_npy_header
-from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr
+from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr, npy_header
 
 __all__ = ["NAMED", "as_dtype", "load_npy", "map_npy", "mapped_file", "npy_descr", "npy_header", "pwrite_all", "write_npy"]
 
@@ -125,19 +123,6 @@ def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError
         raise error(f"{path}: header claims {dtype}{list(shape)} ({need} bytes) but the file holds {have} bytes "
                     f"of data ({what})")  # fmt: skip
     return shape, fortran, dtype
-
-
-@functools.lru_cache(maxsize=1024)  # a checkpoint's files share a few shapes (a parameter and its moments)
-def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The `.npy` header (format 1.0, or 2.0 past 64 KiB as `np.save` chooses) of a C-order
-    array of `dtype` and `shape`; the array's bytes follow it."""
-    header = {"descr": npy_descr(dtype), "fortran_order": False, "shape": tuple(shape)}
-    f = io.BytesIO()
-    try:
-        _fmt.write_array_header_1_0(f, header)
-    except ValueError:
-        _fmt.write_array_header_2_0(f, header)
-    return f.getvalue()
 
 
 def write_npy(f: BinaryIO, array: np.ndarray) -> None:

@@ -82,10 +82,12 @@ class StoreFS(Writes):
             return None
         return None
 
-    def _file(self, path: str) -> NpyFile:
+    def _file(self, path: str, image: bool = False) -> NpyFile:
+        """The file at `path`; with `image`, also whether a memory file holds its bytes exactly
+        (`NpyFile.image`: only an open needs it, not a size)."""
         try:
             sp = self._store_path(path)
-            return NpyFile.from_leaf(self.store.get(sp), self.store.shared(sp))
+            return NpyFile.from_leaf(self.store.get(sp), self.store.shared(sp) if image else None)
         except StoreError:
             raise oserror(errno.ENOENT, path) from None
 
@@ -150,7 +152,7 @@ class StoreFS(Writes):
         if kind == "dir":
             raise oserror(errno.EISDIR, path)
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            return self._add(Handle(path, file=self._file(path)))
+            return self._add(Handle(path, file=self._file(path, image=True)))
         self._writable(path)
         return self._add(Handle(path, buf=bytearray() if flags & os.O_TRUNC else None, writer=True))
 
