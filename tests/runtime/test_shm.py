@@ -169,3 +169,25 @@ def test_populating_ranges_of_a_mapping_changes_no_byte():
     assert np.array_equal(view, before)
     del view
     arena.close()
+
+
+def test_populating_ranges_faults_in_exactly_their_pages():
+    """The pages under the ranges (rounded out to pages, merged) are resident afterwards, and no
+    other page of the new memory file is (`mincore`)."""
+    import ctypes
+    import mmap
+
+    from tenplex.runtime.store.shared import page_runs, populate_ranges
+
+    page = mmap.PAGESIZE
+    ranges = [(9000, 12000), (0, 1), (4000, 9001), (7, 7), (6 * page + 5, 6 * page + 6)]  # unsorted, overlapping, empty
+    assert page_runs(ranges, page) == [(0, 3 * page), (6 * page, 7 * page)]
+    arena = Arena.create(8 * page)
+    view = np.frombuffer(arena.map, np.uint8, arena.size)
+    populate_ranges(view, ranges)
+    resident = (ctypes.c_ubyte * 8)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(arena.size), resident) == 0
+    assert [b & 1 for b in resident] == [1, 1, 1, 0, 0, 0, 1, 0]
+    del view
+    arena.close()

@@ -227,13 +227,7 @@ def populate_ranges(view: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None
     this thread (MADV_POPULATE_WRITE per run of merged ranges: one call instead of a page fault
     per page; writes no byte). For a mapping about to be written (`agent.direct`: a peer's arena
     mapped anew), it halves the CPU of the first copies into it. Best effort: stops at the first error."""
-    page = mmap.PAGESIZE
-    runs: list[list[int]] = []
-    for start, stop in sorted((s // page * page, -(-e // page) * page) for s, e in ranges if e > s):
-        if runs and start <= runs[-1][1]:
-            runs[-1][1] = max(runs[-1][1], stop)
-        else:
-            runs.append([start, stop])
+    runs = page_runs(ranges, mmap.PAGESIZE)
     if not runs:
         return
     base, size = view.ctypes.data, view.nbytes
@@ -241,6 +235,18 @@ def populate_ranges(view: np.ndarray, ranges: Iterable[tuple[int, int]]) -> None
     for start, stop in runs:
         if libc.madvise(ctypes.c_void_p(base + start), ctypes.c_size_t(min(stop, size) - start), MADV_POPULATE_WRITE):
             return
+
+
+def page_runs(ranges: Iterable[tuple[int, int]], page: int) -> list[tuple[int, int]]:
+    """The byte ranges `[start, stop)` rounded out to whole pages, sorted, overlapping and
+    touching ones merged, empty ones dropped."""
+    runs: list[list[int]] = []
+    for start, stop in sorted((s // page * page, -(-e // page) * page) for s, e in ranges if e > s):
+        if runs and start <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], stop)
+        else:
+            runs.append([start, stop])
+    return [(a, b) for a, b in runs]
 
 
 def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
