@@ -21,6 +21,7 @@ from tenplex.compiler.plan import CompileOptions, Plan, Stats, trusted_plan
 from tenplex.compiler.program import Pass, Program, run_passes
 from tenplex.compiler.table import PlanMessages, PlanOps
 from tenplex.compiler.verify import check_plan
+from tenplex.compiler.verify.tables import group_sum
 from tenplex.ir.ptc import PTC
 
 
@@ -61,15 +62,14 @@ def _stats(program: Program) -> Stats:
     row = np.full(t.n, -1, np.int64)
     row[t.copy_at] = np.arange(len(t.copy_at))
     net = m.src != m.dst
-    local = row[m.ops[np.repeat(~net, m.lens)]]
-    rounds = np.repeat(m.round, m.lens)[np.repeat(~net, m.lens)]
+    local_op = np.repeat(~net, m.lens)
+    local = row[m.ops[local_op]]
+    rounds = np.repeat(m.round, m.lens)[local_op]
     link = np.where(t.src_dev[local] == t.dst_dev[local], 2, 3)  # device, host
     w = max(len(m.hosts), int(t.dst_dev.max(initial=0)) + 1)
     keys = np.concatenate(((m.round[net] * 4) * w + m.src[net], (m.round[net] * 4 + 1) * w + m.dst[net],
                            (rounds * 4 + link) * w + t.dst_dev[local]))  # fmt: skip
-    uk, inverse = np.unique(keys, return_inverse=True)
-    sums = np.zeros(len(uk), np.int64)
-    np.add.at(sums, inverse, np.concatenate((m.bytes[net], m.bytes[net], nbytes[local])))
+    uk, sums = group_sum(keys, np.concatenate((m.bytes[net], m.bytes[net], nbytes[local])))
     links = program.topology.links
     bw = (links.network, links.network, links.device, links.host)
     seconds = [b / bw[k] for b, k in zip(sums.tolist(), ((uk // w) % 4).tolist())]
