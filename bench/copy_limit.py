@@ -24,6 +24,7 @@ import numpy as np
 class CopyLimit:
     def __init__(self, plan: Any, src: Any, dst: Any, hosts: list[str]):
         from tenplex.compiler.emit.slices import host_slices
+        from tenplex.runtime.agent.rounds import Execution
         from tenplex.runtime.agent.sliced import Sliced
         from tenplex.runtime.arrays import np_dtype
 
@@ -32,9 +33,12 @@ class CopyLimit:
         arrays = {h: [shared.setdefault((sid, d), np.ones(shape, np_dtype(dt))) if side == "dst" else np.ones(shape, np_dtype(dt))
                       for side, sid, d, dt, shape in s.meta] for h, s in sliced.items()}  # fmt: skip
 
+        runs = {h: Execution(h, "bench", "src", "dst", s) for h, s in sliced.items()}  # for `Execution.view`
+        for h, ex in runs.items():
+            ex.arrays = arrays[h]
+
         def view(h: str, r: int) -> np.ndarray:
-            v, base = sliced[h].views[r], arrays[h][sliced[h].views[r].array]
-            return np.ndarray(v.shape, base.dtype, buffer=base, offset=v.offset, strides=v.strides)
+            return runs[h].view(r)
 
         into = {p.tag: (h, p) for h, s in sliced.items() for parts in s.network.values() for p in parts if not p.outgoing}
         self.work: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}

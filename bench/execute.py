@@ -103,8 +103,9 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                 pids = [os.getpid(), *(a.proc.pid for a in rt.agents.values())]
                 for j in range(runs):
                     anchor = memcpy_seconds(moved)
-                    fresh_anchor = fresh_memcpy_seconds(moved) if j == 0 and not reserve else None
-                    memfd_anchor = fresh_memcpy_seconds(moved, "memfd") if j == 0 and not reserve else None
+                    first_fresh = j == 0 and not reserve
+                    fresh_anchor = fresh_memcpy_seconds(moved) if first_fresh else None
+                    memfd_anchor = fresh_memcpy_seconds(moved, "memfd") if first_fresh else None
                     c0, t0 = cpu_seconds(pids), time.perf_counter()
                     rt.execute(plan, src, dst, "bench", "src", "dst")
                     took, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
@@ -113,7 +114,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
                     if j:  # the work of an execute, which other load on the machine does not inflate
                         ratios["repeated_cpu"].append(memcpy_seconds(moved, clock=time.thread_time) / cpu)
                         repeated.append((anchor, took))
-                    if fresh_anchor is not None and memfd_anchor is not None:  # the same bytes into new pages
+                    if first_fresh:  # the same bytes into new pages
                         ratios["fresh_vs_fresh"].append(fresh_anchor / took)
                         ratios["fresh_vs_memfd"].append(memfd_anchor / took)
                     if j in (0, runs - 1) and k == 0:

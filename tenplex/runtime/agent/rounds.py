@@ -26,7 +26,6 @@ import numpy as np
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import direct, parts
 from tenplex.runtime.agent.sliced import Sliced
-from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.store.layout import staging_tag, value_path
 from tenplex.runtime.store.tree import StoreError, TensorStore
 from tenplex.runtime.transport.ucx.wire import CTL
@@ -68,13 +67,13 @@ class Execution:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
-def source(store: TensorStore, path: str, shape: list[int], dtype: str, np_type: np.dtype | None = None) -> np.ndarray:
+def source(store: TensorStore, path: str, shape: tuple[int, ...], dtype: str, np_type: np.dtype) -> np.ndarray:
     """The src array at `path`, checked against the slice's shape and dtype (`np_type`: its numpy dtype)."""
     try:
         got = store.get(path)
     except StoreError:
         raise ExecutionError(f"src array {path} is missing") from None
-    if not isinstance(got, np.ndarray) or got.shape != tuple(shape) or got.dtype != (np_type or np_dtype(dtype)):
+    if not isinstance(got, np.ndarray) or got.shape != shape or got.dtype != np_type:
         what = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
         raise ExecutionError(f"src array {path} is {what}, the plan reads {dtype}{list(shape)}")
     return got
@@ -84,7 +83,7 @@ def sources(store: TensorStore, sl: Sliced, job: str, tag: str) -> dict[int, np.
     """{slice array index: src array} of `sl` under `tag`, each checked against the slice's shape
     and dtype (`source`). Raises ExecutionError naming the first missing or mismatched array."""
     indices, paths = sl.paths(job, tag, "src")
-    return {i: source(store, path, sl.meta[i][4], sl.meta[i][3], sl.dtypes[i]) for i, path in zip(indices, paths)}
+    return {i: source(store, path, sl.shapes[i], sl.meta[i][3], sl.dtypes[i]) for i, path in zip(indices, paths)}
 
 
 def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, str, int, str]]) -> dict[int, Any]:
