@@ -203,9 +203,9 @@ def measure_all(size: int, rounds: int, timeout_s: float) -> list[dict]:
 def _session(mounted: str) -> str:
     """How the read-only view was served: " (kernel protocol)" where `fuse.session` mounted it
     (its file system type is fuse.tenplex), else " (libfuse: no passthrough)"."""
-    with open("/proc/self/mountinfo") as f:
-        types = [line.split(" - ")[1].split()[0] for line in f if f" {mounted} " in line]
-    return " (kernel protocol)" if types[-1:] == ["fuse.tenplex"] else " (libfuse: no passthrough)"
+    from tenplex.runtime.fuse.mount import mount_type
+
+    return " (kernel protocol)" if mount_type(mounted) == "fuse.tenplex" else " (libfuse: no passthrough)"
 
 
 def row_cells(r: dict[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ from tenplex.ir.box import Box
 from tenplex.runtime.fuse import backing as backing_mod
 from tenplex.runtime.fuse import kernel as k
 from tenplex.runtime.fuse.backing import Backings
+from tenplex.runtime.fuse.mount import mount_type
 from tenplex.runtime.fuse.nodes import ROOT, Listings, Nodes
 from tenplex.runtime.fuse.npy import NpyFile
 from tenplex.runtime.fuse.store import StoreFS, fuse_unavailable_reason, mount
@@ -248,9 +249,7 @@ def test_the_store_view_uses_the_session_read_only_and_libfuse_otherwise(tmp_pat
     (tmp_path / "m").mkdir()
     for read_only, lowlevel, fstype in ((True, None, "fuse.tenplex"), (True, False, "fuse"), (False, None, "fuse")):
         with mount(store, str(tmp_path / "m"), read_only=read_only, lowlevel=lowlevel) as m:
-            with open("/proc/self/mountinfo") as f:
-                types = [line.split(" - ")[1].split()[0] for line in f if f" {m} " in line]
-            assert types == [fstype], (read_only, lowlevel)
+            assert mount_type(m) == fstype, (read_only, lowlevel)
             assert _child("print(np.load(argv[0]).sum())", f"{m}/a.npy") == "45"
 
 

@@ -191,7 +191,20 @@ def is_mounted(directory: str) -> bool:
 
 def mount_entry(directory: str) -> str | None:
     """The `major:minor` of the file system mounted at `directory` (the last one), or None."""
+    mounted = _mountinfo(directory)
+    return mounted[0] if mounted else None
+
+
+def mount_type(directory: str) -> str | None:
+    """The file system type mounted at `directory` (the last one; "fuse.tenplex" where
+    `fuse.session` serves it, "fuse" for libfuse), or None."""
+    mounted = _mountinfo(directory)
+    return mounted[1] if mounted else None
+
+
+def _mountinfo(directory: str) -> tuple[str, str] | None:
+    """(major:minor, type) of the last mount at `directory` in /proc/self/mountinfo, or None."""
     escaped = directory.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
     with open("/proc/self/mountinfo") as f:
-        devices = [fields[2] for line in f if (fields := line.split(" "))[4] == escaped]
-    return devices[-1] if devices else None
+        found = [(fields[2], line.split(" - ", 1)[1].split()[0]) for line in f if (fields := line.split(" "))[4] == escaped]
+    return found[-1] if found else None
