@@ -127,8 +127,13 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
         limit = min(copies.seconds() for _ in range(3))
         ratios["limit"].append(anchor / limit)
         ratios["repeated_vs_limit"].append(limit / took)
+    kinds = {}  # the copy limit's two kinds of copies: one run each side, or strided runs
+    for name, strided in (("flat", False), ("strided", True)):
+        work = copies.flat(strided)
+        nbytes = sum(d.nbytes for pairs in work.values() for _, d in pairs)
+        kinds[name] = {"bytes": nbytes, "gbps": nbytes / min(copies.seconds(work) for _ in range(3)) / 1e9 if nbytes else 0.0}
     return {"moved_bytes": moved, "ops": len(plan.ops), **{k: spread(v) for k, v in ratios.items()},
-            "all": ratios, "checked_bytes": checked}  # fmt: skip
+            "all": ratios, "limit_kinds": kinds, "memcpy_gbps": moved / memcpy_seconds(moved) / 1e9, "checked_bytes": checked}  # fmt: skip
 
 
 def measure_execute(model: str, repeats: int) -> dict[str, Any]:
@@ -180,11 +185,11 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
     if kind == "agents":
         headers = ["case", "status", "moved", "fresh / memcpy", "fresh / fresh memcpy", "fresh / fresh memfd memcpy",
                    "fresh, pool reserved / memcpy", "repeated / memcpy", "repeated: memcpy / CPU", "copy limit / memcpy",
-                   "repeated / copy limit", "checked"]  # fmt: skip
+                   "repeated / copy limit", "copy limit GB/s: flat / strided (strided share); memcpy", "checked"]  # fmt: skip
         cells = [row["name"], row["status"], *([fmt_bytes(row["moved_bytes"]), fmt(row["fresh"]), fmt(row["fresh_vs_fresh"]),
                  fmt(row["fresh_vs_memfd"]), fmt(row["reserved"]), fmt(row["repeated"]), fmt(row["repeated_cpu"]), fmt(row["limit"]),
-                 fmt(row["repeated_vs_limit"]), fmt_bytes(row["checked_bytes"])] if row["status"] == "ok"
-                 else ["", "", "", "", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
+                 fmt(row["repeated_vs_limit"]), _kinds(row), fmt_bytes(row["checked_bytes"])] if row["status"] == "ok"
+                 else ["", "", "", "", "", "", "", "", "", "", row.get("error", "")[:80]])]  # fmt: skip
         what = (f"{WORKERS} agent processes on one host vs a warm numpy memcpy of the moved bytes, min / median / max "
                 f"of the ratio over {repeats} repeats (goals: fresh ≥ {GOAL_FRESH}×, repeated ≥ {GOAL_REPEATED}×). "
                 "Fresh memcpy: a new process copying the same bytes into pages that the copy faults in (numpy's "
@@ -192,7 +197,9 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
                 "MADV_POPULATE_WRITE, the memory kind of the agents' shared dst arenas (4 KiB pages where shmem has no "
                 "huge pages): the physical limit of a first execute, whose dst pages are new. Copy limit: the plan's "
                 "region copies without agents, one thread per host at once (`bench.copy_limit`), the limit of a "
-                "repeated execute. memcpy / CPU: the CPU seconds of the memcpy over "
+                "repeated execute; its copies split into flat ones (one run of bytes on both sides) and strided "
+                "ones (column blocks: runs of a few KiB, each copied with ordinary stores), each kind timed alone, "
+                "beside the warm memcpy's GB/s. memcpy / CPU: the CPU seconds of the memcpy over "
                 "those of the runtime and both agents (every thread) during a repeated execute: the work it costs, "
                 "which other load on the machine does not inflate (1x: every byte copied once at memcpy speed).")
     else:
@@ -210,6 +217,12 @@ def _table(kind: str, quick: bool, timeout_s: float, out_dir: Path, info: dict[s
                     what, "", md_table(headers, [cells]), ""])  # fmt: skip
     stem = f"{kind}-quick" if quick else kind
     return [row], write_results(out_dir, stem, {"machine": info, kind: [row]}, md)
+
+
+def _kinds(row: dict[str, Any]) -> str:
+    k = row["limit_kinds"]
+    share = k["strided"]["bytes"] / max(1, k["flat"]["bytes"] + k["strided"]["bytes"])
+    return f"{k['flat']['gbps']:.1f} / {k['strided']['gbps']:.1f} ({share:.0%}); {row['memcpy_gbps']:.1f}"
 
 
 def run_agents(quick: bool, timeout_s: float, out_dir: Path, info: dict[str, Any]) -> tuple[list[dict], list[Path]]:

@@ -45,3 +45,6 @@ def test_agents_table_has_fresh_reserved_repeated_its_cpu_and_the_fresh_memcpy_a
         ("fresh", "reserved", "repeated", "fresh_vs_fresh", "fresh_vs_memfd", "repeated_cpu", "limit", "repeated_vs_limit"), 1
     )
     assert all(v[0] > 0 for v in r["all"].values())
+    kinds = r["limit_kinds"]  # the copy limit split into flat and strided copies: every moved byte once
+    assert kinds["flat"]["bytes"] + kinds["strided"]["bytes"] == r["moved_bytes"]
+    assert kinds["strided"]["bytes"] > 0 and all(k["gbps"] > 0 for k in kinds.values())  # TP2 -> PP2 has column blocks
