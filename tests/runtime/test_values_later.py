@@ -13,6 +13,7 @@ from tenplex.frontends.spec import ptc_from_spec
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.agent import Agent
 from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+from tenplex.runtime.store.layout import array_path
 
 
 def test_a_waiting_value_op_holds_the_commit_until_its_value_comes_with_it():
@@ -27,7 +28,11 @@ def test_a_waiting_value_op_holds_the_commit_until_its_value_comes_with_it():
         agent.prepare("j", "a", "b", slice=host_slices(plan, src, dst, ["h0"])["h0"])
         with pytest.raises(ExecutionError, match=r"before its rounds ran \(0 of 1\)"):
             agent.commit("j", "b")
+        st = dst.with_allocation(plan.allocation).subtensors[0]
+        leaf = array_path("j", ".staging-b", dst.with_allocation(plan.allocation).devices_of_subtensor(st.id)[0], st.id)
+        assert not agent.store.exists(leaf)  # the dst arrays become store leaves in `run` (Execution.adopt)
         agent.run(later=[op])  # as if another host read its src value
+        assert agent.store.exists(leaf)
         with pytest.raises(ExecutionError, match=rf"value ops on 'h0': \[\] wait for no value, \[{op}\] got none"):
             agent.commit("j", "b")
         with pytest.raises(ExecutionError, match=rf"\[{op + 1}\] wait for no value, \[\] got none"):
