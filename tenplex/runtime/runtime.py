@@ -5,12 +5,12 @@ UCX worker addresses and connects every agent to every other. `execute(plan, src
 src_tag, dst_tag)` then:
 
 1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan;
-   `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`);
-2. passes the src values that value ops copy from other hosts (read by their hosts in `prepare`);
-3. has every agent run all its rounds (`run`: one call, no barrier between rounds; agents wait
-   only on the messages they receive) and waits for all of them;
-4. commits on every agent (a store rename of staging to the dst tag) only if every agent
-   finished every round.
+   `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`) and has
+   it run all its rounds in the same command (no barrier before or between rounds; agents wait
+   only on the messages they receive), and waits for all of them;
+2. commits on every agent (a store rename of staging to the dst tag) only if every agent
+   finished every round, passing on with the commit the src values that value ops copy from
+   other hosts (read by their hosts in `prepare`; those ops wait for them, `Agent.commit`).
 
 On any failure (an agent raised, died, or missed the deadline) it aborts everywhere (staging
 deleted; the src tag is never written) and raises `ExecutionError` listing each failed host with
@@ -205,27 +205,23 @@ class Runtime:
         slices, sid = self._slices(plan, src, dst, hosts, what)
         self._epoch += 1
         progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
-        try:
-            direct = not any(sl["gives"] for sl in slices.values())  # no host waits for values: run at once
+        try:  # no host waits for another before its rounds: values read on other hosts come with the commit
+            later = client.values_later(slices)
             prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
                                                   "slice": None if self.agents[h].slice_id == sid else slices[h], "slice_id": sid,
-                                                  "run": {"epoch": self._epoch} if direct else None,
+                                                  "run": {"epoch": self._epoch, "later": later.get(h, [])},
                                                   "files": [list(f) for f in (files or {}).get(h, [])]})
                                   for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             for h in hosts:  # each agent keeps the slice: executing this plan again sends only its id
                 self.agents[h].slice_id = sid
-            clock.lap("prepare")
-            if direct:  # the agents' own prepare seconds, the rest is rounds
-                clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
-                clock.phases["prepare"] -= clock.phases["rounds"]
-                sent = {h: p["sent"] for h, p in prepared.items()}
-            else:
-                values = client.passed_values(slices, prepared)
-                runs = {h: ("run", {"values": values.get(h, {}), "epoch": self._epoch}) for h in hosts}
-                sent = self._all(runs, self.round_timeout * max(1, total), on_beat=progress.beat)
-                clock.lap("rounds")
+            clock.lap("prepare")  # the agents' own prepare seconds, the rest is rounds
+            clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
+            clock.phases["prepare"] -= clock.phases["rounds"]
+            sent = {h: p["sent"] for h, p in prepared.items()}
+            values = client.passed_values(slices, prepared)
             progress.finish()
-            self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag}) for h in hosts})
+            self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag, "values": values.get(h, {})})
+                                           for h in hosts})  # fmt: skip
             clock.lap("commit")
         except AgentFailures as e:
             self._abort(job, dst_tag)

@@ -22,9 +22,11 @@ from tenplex.runtime.store.tree import TensorStore
 
 
 def _execution(host: str, sl: dict, store: TensorStore) -> Execution:
-    """`host`'s execution with src arrays of distinct bytes and its dst arrays made as `Agent.prepare` does."""
+    """`host`'s execution with src arrays of distinct bytes and its dst arrays made as `Agent.prepare`
+    does, store leaves already (as `direct.setup` makes them before its offers)."""
     ex = Execution(host, "j", "a", "b", sl)
-    made = dst_arrays(store, ex, {}, None)
+    made, ex.pending = dst_arrays(store, ex, {}, None)
+    ex.adopt()
     src = {i: np.frombuffer(np.random.default_rng(i).bytes(int(np.prod(shape)) * np_dtype(dtype).itemsize), np_dtype(dtype))
            .reshape(shape) for i, (side, _, _, dtype, shape) in enumerate(ex.meta) if side == "src"}  # fmt: skip
     ex.arrays = [src[i] if i in src else made[i] for i in range(len(ex.meta))]

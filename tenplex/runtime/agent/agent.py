@@ -172,9 +172,8 @@ class Agent(TagCommands):
         under `slice_id`), check the src arrays it reads exist and the dst tag does not, create
         its dst arrays (in one shared arena; those named in `files`, `[sub-tensor, device, path]`
         rows, as new memory-mapped `.npy` files, `agent.files.create_mapped`) and the tag's `meta`
-        records under staging; then `run(**run)` if given (one command less when no host waits
-        for values). Returns {"gives": {op id: src value other hosts' value ops copy},
-        "prepare_s": seconds, "sent": bytes (after a run)}."""
+        records under staging; then `run(**run)` if given. Returns {"gives": {op id: src value
+        other hosts' value ops copy}, "prepare_s": seconds, "sent": bytes (after a run)}."""
         t0 = time.perf_counter()
         self._finish()
         ex = Execution(self.host, job, src_tag, dst_tag, self._sliced(slice, slice_id))
@@ -187,7 +186,7 @@ class Agent(TagCommands):
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        made = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
+        made, ex.pending = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
         ex.arrays = [sources[i] if side == "src" else made[i] for i, (side, *_) in enumerate(ex.meta)]
         out = {"gives": rounds.src_values(self.store, job, src_tag, ex.sliced.gives)}
         self.execution = ex
@@ -224,22 +223,28 @@ class Agent(TagCommands):
         self.pool.reserve(nbytes)
         return self.pool.nbytes
 
-    def run(self, values: Mapping[int, Any] | None = None, epoch: int = 0) -> int:
-        """Run every round of the prepared slice (`values`: {op id: src value} of value ops that
-        copy from other hosts; `epoch` tells this execution's UCX tags from earlier ones');
-        returns the bytes this host sent."""
+    def run(self, epoch: int = 0, later: list[int] | None = None) -> int:
+        """Run every round of the prepared slice (`later`: ids of value ops whose src value another
+        host reads: they wait for it until `commit`; `epoch` tells this execution's UCX tags from
+        earlier ones'); returns the bytes this host sent."""
         ex = self._execution()
         if ex.done:
             raise ExecutionError("the prepared execution already ran")
-        return rounds.run(ex, self.store, values or {}, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps)
+        ex.waiting = set(later or ())
+        return rounds.run(ex, self.store, self._peer, self._endpoint, self.scratch, epoch % 256, self.maps)
 
-    def commit(self, job: str, dst_tag: str) -> dict[str, float]:
-        """Make the dst tag visible (rename staging); returns the execution's seconds per activity
-        and the bytes it sent by a copy into same-node peers' memory (`direct_bytes`) and through
-        the transport, UCX or cma (`transport_bytes`)."""
+    def commit(self, job: str, dst_tag: str, values: Mapping[int, Any] | None = None) -> dict[str, float]:
+        """Write `values` ({op id: src value} another host read) for the value ops waiting since
+        `run`, then make the dst tag visible (rename staging); returns the execution's seconds per
+        activity and the bytes it sent by a copy into same-node peers' memory (`direct_bytes`) and
+        through the transport, UCX or cma (`transport_bytes`). Raises ExecutionError, nothing
+        renamed, before the rounds ran or when a waiting op gets no value or a value no op."""
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):
             raise ExecutionError(f"commit of {job}/{dst_tag} but the prepared execution is {ex.job}/{ex.dst_tag}")
+        if ex.done < ex.rounds:
+            raise ExecutionError(f"commit of {job}/{dst_tag} before its rounds ran ({ex.done} of {ex.rounds})")
+        rounds.late_values(ex, self.store, values or {})
         self._finish()
         self.store.rename(tag_path(job, ex.staging), tag_path(job, dst_tag))
         return {**ex.seconds, **ex.sent}
@@ -256,8 +261,7 @@ class Agent(TagCommands):
         return False
 
     def _finish(self) -> None:
-        """Forget the current execution. The scratch pool (at most one round's packed bytes) is
-        kept for the next execution: its pages are already touched."""
+        """Forget the current execution (the scratch pool, its pages touched, is kept)."""
         self.execution = None
 
     def serve_rest(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> str:

@@ -32,7 +32,7 @@ from tenplex.runtime.agent.server import serve
 from tenplex.runtime.agent.wire import WireError
 
 __all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "by_host", "call_all",
-           "close_all", "connect", "passed_values"]
+           "close_all", "connect", "passed_values", "values_later"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
@@ -201,6 +201,16 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
     if failures:
         raise AgentFailures(failures)
     return results
+
+
+def values_later(slices: Mapping[str, dict]) -> dict[str, list[int]]:
+    """{host: ids of its value ops whose src value another host reads (its slice's `gives`)}:
+    they wait for it until the commit (`Agent.run`'s `later`)."""
+    out: dict[str, list[int]] = {}
+    for sl in slices.values():
+        for g in sl["gives"]:
+            out.setdefault(g[4], []).append(g[0])
+    return out
 
 
 def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:

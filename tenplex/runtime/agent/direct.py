@@ -82,6 +82,7 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
     out = sorted({p.peer for p in parts if p.outgoing})
     if not parts:
         return NONE
+    ex.adopt()  # offers name the dst arrays' arenas, from the store
     mine = {(h, way): [p for p in parts if p.peer == h and p.outgoing == way] for h in same for way in (True, False)}
     offers = {h: offer(ex, store, mine[h, False], h in maps.mapped_by) for h in into}
     got = {h: np.zeros(capacity(ex, mine[h, True]), "<i8") for h in out}  # zeros: equal offers compare equal

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +77,11 @@ def create_mapped(path: str, shape: list[int], dtype: str) -> np.ndarray:
 
 
 def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int], str],
-               pool: Any) -> dict[int, np.ndarray]:  # fmt: skip
+               pool: Any) -> tuple[dict[int, np.ndarray], Callable[[], Any]]:  # fmt: skip
     """{slice array index: dst array} of `ex` under its staging tag (`Agent.prepare`): new mapped
     files for the instances in `files`, the rest in one shared arena (`pool`: its `ArenaPool`);
-    the plan writes every byte, so neither is cleared."""
+    the plan writes every byte, so neither is cleared. The arena's arrays become store leaves
+    when the returned call is made (`shared.arena_arrays`; `Execution.adopt`)."""
     out, arena = {}, []
     for i, path in zip(*ex.sliced.paths(ex.job, ex.staging, "dst")):
         _, sid, d, dtype, shape = ex.meta[i]
@@ -89,7 +90,8 @@ def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int]
             store.put(path, out[i], copy=False)
         else:
             arena.append((i, (path, shape, dtype)))
-    if arena:
-        made = shared.create_in_arena(store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", pool)
-        out.update(zip([i for i, _ in arena], made))
-    return out
+    if not arena:
+        return out, lambda: None
+    made, adopt = shared.arena_arrays(store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", pool)
+    out.update(zip([i for i, _ in arena], made))
+    return out, adopt

@@ -51,6 +51,16 @@ class Execution:
         self.done = 0  # rounds finished
         self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, views, exchange (pack within), unpack
         self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
+        self.waiting: set[int] = set()  # value ops whose src value another host reads: written at the commit
+        self.pending: Callable[[], Any] | None = None  # makes the dst arrays store leaves (`adopt`)
+
+    def adopt(self) -> None:
+        """Make the dst arrays leaves of the store under staging, once (`Agent.prepare` leaves it to
+        `run`, which does it while round 0's first transfers travel: ~200 store inserts less before them)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            with self.timed("adopt"):
+                pending()
 
     def view(self, r: int) -> np.ndarray:
         """The strided view of region row `r` in its array (bounds checked by numpy)."""
@@ -97,13 +107,13 @@ def src_values(store: TensorStore, job: str, tag: str, wanted: list[tuple[int, s
     return out
 
 
-def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Callable[[], Any],
-        endpoint: Callable[[str], Any], scratch: parts.Scratch, epoch: int, maps: direct.Mappings) -> int:  # fmt: skip
+def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Callable[[str], Any],
+        scratch: parts.Scratch, epoch: int, maps: direct.Mappings) -> int:  # fmt: skip
     """Every round of this host's slice, in order; returns the bytes it sent (`maps`: this
     agent's mappings of same-node peers' arenas, `direct`)."""
     sent = 0
-    fills_and_values(ex, store, values)
-    links, first = direct.NONE, local(ex, ex.sliced.batches.get(0, []))
+    fills_and_values(ex, store)
+    links, first = direct.NONE, _adopting(ex, local(ex, ex.sliced.batches.get(0, [])))
     if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already
         # round 0's local copies run while the offers and answers travel
         with ex.timed("setup"), _named(f"setting up shared memory with the peers on this node ({ex.host})"):
@@ -116,22 +126,47 @@ def run(ex: Execution, store: TensorStore, values: Mapping[int, Any], peer: Call
             for _ in work:
                 pass
         ex.done = r + 1
+    ex.adopt()  # round 0's work did, but for a failure of its own
     return sent
 
 
-def fills_and_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
-    """This host's fill ops, and its value ops (`values`: {op id: src value} of other hosts,
-    passed on by the runtime; src values on this host are read here)."""
+def fills_and_values(ex: Execution, store: TensorStore) -> None:
+    """This host's fill ops, and its value ops but those `waiting` for a src value another host
+    reads (`late_values`, at the commit); src values on this host are read here."""
     for region, k in ex.fills:
         with _named(f"fill of region {region} with {ex.fill_values[k]!r}"):
             ex.view(region)[...] = ex.fill_values[k]
     for op_id, device, partition, name, src_partition, src_device, literal in ex.values:
+        if op_id in ex.waiting:
+            continue
         with _named(f"op {op_id} (ValueOp on device {device})"):
             if src_partition is None:
                 value = literal
             else:
-                value = values[op_id] if op_id in values else store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
+                value = store.get(value_path(ex.job, ex.src_tag, src_device, src_partition, name))
             store.put(value_path(ex.job, ex.staging, device, partition, name), value, replace=True)
+
+
+def late_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) -> None:
+    """The value ops `waiting` since `run`, with `values` ({op id: src value} that other hosts
+    read, passed on by the runtime with the commit). Raises ExecutionError, before writing any,
+    naming ops that wait for no value or whose value is missing."""
+    wrong, missing = sorted(set(values) - ex.waiting), sorted(ex.waiting - set(values))
+    if wrong or missing:
+        raise ExecutionError(f"value ops on {ex.host!r}: {wrong[:8]} wait for no value, {missing[:8]} got none")
+    for op_id, device, partition, name, *_ in ex.values:
+        if op_id in values:
+            with _named(f"op {op_id} (ValueOp on device {device})"):
+                store.put(value_path(ex.job, ex.staging, device, partition, name), values[op_id], replace=True)
+    ex.waiting = set()
+
+
+def _adopting(ex: Execution, work: Iterator[None]) -> Iterator[None]:
+    """`work` (round 0's local copies) after `ex.adopt()`, its first step: the dst arrays become
+    store leaves once the round's transfers are posted."""
+    ex.adopt()
+    yield
+    yield from work
 
 
 def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:

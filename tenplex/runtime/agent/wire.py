@@ -36,6 +36,8 @@ PREFIX = struct.Struct(">4sQI")  # magic, header bytes, number of buffers
 MAX_HEADER = 1 << 31
 MAX_BUFFERS = 1 << 24
 _TAGS = {"$t", "$m", "$f", "$b", "$a", "$g"}
+_PLAIN = {str, int, bool, type(None)}  # exact types `_enc` returns unchanged
+_NESTED = {list, dict}  # what JSON decodes to that `_dec` must look into
 
 
 class WireError(ExecutionError):
@@ -63,6 +65,8 @@ def _enc(x: Any, buffers: list[memoryview]) -> Any:
     """`x` as JSON, its raw parts appended to `buffers`. A module function, not a closure that
     calls itself: such a closure is a reference cycle holding `buffers`, so every array sent
     would live on until the cyclic collector ran."""
+    if type(x) is list:  # the common case first; str, int and None items as they are (no call each)
+        return [v if type(v) in _PLAIN else _enc(v, buffers) for v in x]
     if x is None or isinstance(x, (bool, str)):
         return x
     if isinstance(x, int):
@@ -126,8 +130,8 @@ def _buffer(buffers: list[memoryview], index: Any) -> memoryview:
 
 
 def _dec(x: Any, buffers: list[memoryview]) -> Any:
-    if isinstance(x, list):
-        return [_dec(v, buffers) for v in x]
+    if type(x) is list:  # only lists and dicts need decoding: no call per other item
+        return [_dec(v, buffers) if type(v) in _NESTED else v for v in x]
     if not isinstance(x, dict):
         return x
     tags = _TAGS & set(x)

@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import math
 import mmap
 import os
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -251,10 +252,20 @@ def page_runs(ranges: Iterable[tuple[int, int]], page: int) -> list[tuple[int, i
 
 def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
                     pool: ArenaPool | None = None) -> list[np.ndarray]:  # fmt: skip
-    """Arrays at (path, shape, dtype name) in one arena that `store` (a `TensorStore`) adopts:
-    a new zero-filled one, or from `pool` (then holding old bytes: for arrays that will be
-    written whole); one by one with `store.create` (zero-filled) where the arena would not fit
-    the store's memory budget (so that they may spill). Returns writable views of them, in order."""
+    """`arena_arrays`, added to `store` at once. Returns writable views of them, in order."""
+    arrays, adopt = arena_arrays(store, items, name, pool)
+    adopt()
+    return arrays
+
+
+def arena_arrays(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
+                 pool: ArenaPool | None = None) -> tuple[list[np.ndarray], Callable[[], Any]]:  # fmt: skip
+    """Writable arrays at (path, shape, dtype name) in one arena for `store` (a `TensorStore`): a
+    new zero-filled one, or from `pool` (then holding old bytes: for arrays that will be written
+    whole); and the call that makes them the store's leaves (`put_shared`, all or none), which the
+    caller may make later (an execution adds its dst arrays while its first transfers run). Where
+    the arena would not fit the store's memory budget, arrays made one by one with `store.create`
+    (zero-filled, so that they may spill), already leaves."""
     from tenplex.ir.box import Box
     from tenplex.runtime.arrays import np_dtype
 
@@ -264,6 +275,7 @@ def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]],
     if budget is not None and store.resident_nbytes + size > budget:
         for path, shape, dtype in items:
             store.create(path, shape, dtype)
-        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items]
+        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items], lambda: None
     arena = pool.take(size, name) if pool is not None else Arena.create(size, name)
-    return store.put_shared(arena, [(p, at, tuple(s), dt) for (p, s, _), at, dt in zip(items, offsets, dtypes)])
+    rows = [(p, at, tuple(s), dt) for (p, s, _), at, dt in zip(items, offsets, dtypes)]
+    return [arena.array(at, shape, dt) for _, at, shape, dt in rows], functools.partial(store.put_shared, arena, rows)
