@@ -127,10 +127,17 @@ class _Queues:
                     still.append(i)
                 else:
                     gone.append(i)
-                used[s], sent[s] = u, x = used[s] + size, sent[s] + size
-                send_room[s], receive_room[s] = min(budget - u, half - x), min(budget - u, half - received[s])
-                used[d], received[d] = u, x = used[d] + size, received[d] + size
-                send_room[d], receive_room[d] = min(budget - u, half - sent[d]), min(budget - u, half - x)
+                # each room is the least of what the budget and the direction's half leave
+                used[s] = u = used[s] + size
+                sent[s] = x = sent[s] + size
+                r, a, b = budget - u, half - x, half - received[s]  # min() calls cost more than the compares
+                send_room[s] = a if a < r else r
+                receive_room[s] = b if b < r else r
+                used[d] = u = used[d] + size
+                received[d] = x = received[d] + size
+                r, a, b = budget - u, half - sent[d], half - x
+                send_room[d] = a if a < r else r
+                receive_room[d] = b if b < r else r
             alive = still
         return placed, gone
 
