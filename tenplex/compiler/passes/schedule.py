@@ -143,8 +143,8 @@ class _Queues:
 
 
 def _by_priority(live: np.ndarray, ends: np.ndarray, left: np.ndarray | list[int]) -> list[int]:
-    """Pair numbers of `live`, the pair whose busiest end has the most bytes left first (ties:
-    in pair order)."""
+    """Pair numbers of `live` (ascending), the pair whose busiest end has the most bytes left
+    first (ties: in pair order, by a stable sort)."""
     counts = np.array(left, np.int64)  # counted in int64 by `_network_rounds`, and only ever lower
     busiest = np.maximum(counts[ends[live, 0]], counts[ends[live, 1]])
-    return live[np.lexsort((live, -busiest))].tolist()
+    return live[np.argsort(-busiest, kind="stable")].tolist()
