@@ -13,6 +13,8 @@ no src sub-tensor holds.
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
+from itertools import repeat
 
 import attrs
 
@@ -114,6 +116,9 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
     return out
 
 
+_holder = partial(tuple.__new__, Holder)  # Holder(d, sid, i) from a tuple, without namedtuple's Python __new__
+
+
 def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
     """Distinct src global boxes of `tensor` (in order of first appearance), each with every
     (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
@@ -123,7 +128,7 @@ def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
         devices = src.devices_of_subtensor(st.id)
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
-                fresh[p.global_box].extend(Holder(d, st.id, i) for d in devices)
+                fresh[p.global_box].extend(map(_holder, zip(devices, repeat(st.id), repeat(i))))
     return {box: tuple(sorted(hs)) for box, hs in fresh.items()}
 
 

@@ -145,7 +145,10 @@ def test_least_sent_hosts_by_runs_choose_what_the_heap_chooses(runs, overlap):
         expected.append(least.least(hosts))
         least.add(expected[-1], nbytes)
     nbytes = np.array([n for _, n in atoms], np.int64)
-    assert least_sent_hosts([h for h, _ in atoms], nbytes, rank) == expected
+    which = np.array([g if overlap else g % 4 for g, k, _ in runs for _ in range(k)], np.int64)
+    names = sorted(rank, key=rank.__getitem__)
+    members = [sorted(rank[h] for h in hosts) for hosts in sets]
+    assert [names[r] for r in least_sent_hosts(which, members, nbytes, len(rank)).tolist()] == expected
 
 
 def _points(box) -> set[tuple[int, ...]]:

@@ -16,6 +16,7 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from tenplex.compiler.ops import Need
+from tenplex.compiler.passes.atoms import Far
 
 I64 = np.int64
 _HOLDERS, _DEVICES, _BOX = attrgetter("holders"), attrgetter("dst_devices"), attrgetter("box")
@@ -23,10 +24,10 @@ _TENSOR, _SID, _PIECE = attrgetter("tensor"), attrgetter("dst_subtensor"), attrg
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, dict[tuple[str, str], list]]:
+def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, Far]:
     """(rows of the copies within a host, in need order then device order: tensor, box, src
-    device, sub-tensor and piece, dst device, sub-tensor and piece; remote wants per (dst
-    host, tensor), in need order)."""
+    device, sub-tensor and piece, dst device, sub-tensor and piece; the wants that cross the
+    network)."""
     n = len(needs)
     ids = list(map(id, map(_HOLDERS, needs)))
     sets = dict(zip(ids, map(_HOLDERS, needs)))
@@ -49,20 +50,26 @@ def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, dict[tuple[str, 
     w = np.flatnonzero(here)
     rows = np.column_stack((per_need[of[w], :2], first[at[w]], devs[w], per_need[of[w], 2:]))
     rows = _with_host_class(state, needs, of, devs, np.flatnonzero(near), w, rows)
-    return rows, _remote(needs, of, devs, np.flatnonzero(~here & ~near), host_of, list(host_ix), state, per_need[:, 0])
+    return rows, _remote(needs, of, devs, np.flatnonzero(~here & ~near), host_of, list(host_ix), state, per_need)
 
 
-def _remote(needs, of, devs, far, host_of, hosts, state, tensor) -> dict[tuple[str, str], list]:
-    """The wants `far` as lists of (need, device) per (dst host, tensor), in want order."""
+def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
+    """The wants `far` per (dst host, tensor), in want order within each, with their shape codes
+    (need number and device rank among the group's devices)."""
     tensors = list(state.tensor_ix)
-    key = host_of[devs[far]] * len(tensors) + tensor[of[far]]
+    key = host_of[devs[far]] * len(tensors) + per_need[of[far], 0]
     order = np.argsort(key, kind="stable")
     key, far = key[order], far[order]
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
-    starts, stops = np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(far)])).tolist()
-    wants = list(zip(map(needs.__getitem__, of[far].tolist()), devs[far].tolist()))
-    return {(hosts[k // len(tensors)], tensors[k % len(tensors)]): wants[a:b]
-            for k, a, b in zip(key[starts].tolist() if len(far) else [], starts, stops)}  # fmt: skip
+    starts, stops = (np.concatenate(([0], cuts)), np.concatenate((cuts, [len(far)]))) if len(far) else (cuts, cuts)
+    need, dev = of[far], devs[far]
+    group = np.repeat(np.arange(len(starts)), stops - starts)
+    wide = int(dev.max(initial=0)) + 1
+    distinct, inverse = np.unique(group * wide + dev, return_inverse=True)  # by group, then device
+    first = np.searchsorted(distinct // wide, distinct // wide)
+    code = need * wide + (np.arange(len(distinct)) - first)[inverse.reshape(-1)]
+    names = [(hosts[k // len(tensors)], tensors[k % len(tensors)]) for k in key[starts].tolist()]
+    return Far(needs, need, dev, per_need[need, 2], per_need[need, 3], code, starts.tolist(), stops.tolist(), names)
 
 
 def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):

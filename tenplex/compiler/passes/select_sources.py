@@ -16,15 +16,14 @@ locality and no deduplication. Such plans still verify; they only move more byte
 from __future__ import annotations
 
 from collections import Counter
-from operator import getitem, itemgetter
 
 import attrs
 import numpy as np
 
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.ops import Holder, Need, ValueOp
-from tenplex.compiler.passes.atoms import Atoms, Want
-from tenplex.compiler.passes.least_sent import least_sent_hosts
+from tenplex.compiler.passes.atoms import Atoms, Far
+from tenplex.compiler.passes.least_sent import HolderHosts, least_sent_hosts
 from tenplex.compiler.passes.local import local_copies
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64, OpTable, pad
@@ -44,7 +43,7 @@ class SelectSources:
         needs = [op for op in items if isinstance(op, Need)]
         if items[: len(needs)] != needs:  # op ids: the needs' copies come first
             raise CompileError("the lowered graph lists a fill or value need before a need")
-        remote: dict[tuple[str, str], list[Want]] = {}
+        remote = Far.empty()
         if program.options.baseline == "reference":
             for need in needs:
                 for d in need.dst_devices:
@@ -128,26 +127,32 @@ class _State:
             found = self.value_holders[id(holders)] = (on_device, on_host, holders)  # keeps `holders` alive for id()
         return found[0], found[1]
 
-    def sources(self, hosts: list[dict[str, list[Holder]]], nbytes: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Each atom's landing source, in the order given: the least-sent holder host, and on
-        it the least-loaded holder device (bytes it sent so far, local copies included; ties
-        by holder); (device, sub-tensor id, piece) arrays."""
-        on_host = list(map(getitem, hosts, least_sent_hosts(hosts, nbytes, self.host_rank)))
-        n = len(on_host)
-        chosen = list(map(itemgetter(0), on_host))
-        multi = np.flatnonzero(np.fromiter(map(len, on_host), I64, n) > 1).tolist()
+    def sources(self, sets: HolderHosts, which: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each atom's landing source, in the order given (holders `which[i]` of `sets`): the
+        least-sent holder host, and on it the least-loaded holder device (bytes it sent so
+        far, local copies included; ties by holder); (device, sub-tensor id, piece) arrays.
+        Atoms of one holder set and host share their candidates (looked up once per pair)."""
+        host = least_sent_hosts(which, sets.members, nbytes, sets.n)
+        pair, inverse = np.unique(which * sets.n + host, return_inverse=True)
+        at = np.searchsorted(sets.keys, pair)
+        inverse = inverse.reshape(-1)
+        ints = self.holder_ints([sets.flat[i] for i in sets.order[sets.first[at]].tolist()])[inverse]
+        multi = np.flatnonzero(sets.count[at][inverse] > 1).tolist()
         if multi:  # the rest hold the atom on one device of that host: no choice
-            device = np.fromiter(map(itemgetter(0), chosen), I64, n)
-            before = _sent_before(device, nbytes, multi, [[h.device for h in on_host[i]] for i in multi])
-            sent = Counter(self.sent_device)
-            for i, counts in zip(multi, before):
-                best = min(zip(counts, on_host[i]), key=lambda x: (x[0] + sent[x[1].device], x[1]))[1]
-                sent[best.device] += int(nbytes[i])
-                chosen[i] = best
-        distinct, inverse = np.unique(np.fromiter(map(id, chosen), I64, n), return_index=True, return_inverse=True)[1:]
-        first = [chosen[i] for i in distinct.tolist()]
-        ints = np.array([(h.device, self.sid_ix[h.subtensor], h.piece) for h in first], I64).reshape(-1, 3)[inverse]
+            keys = pair[inverse[multi]].tolist()
+            on_host = {k: sets.on_host(k) for k in dict.fromkeys(keys)}
+            candidates = [on_host[k] for k in keys]
+            before = _sent_before(ints[:, 0], nbytes, multi, [[h.device for h in hs] for hs in candidates])
+            sent, best = Counter(self.sent_device), []
+            for i, hs, counts in zip(multi, candidates, before):
+                best.append(min(zip(counts, hs), key=lambda x: (x[0] + sent[x[1].device], x[1]))[1])
+                sent[best[-1].device] += int(nbytes[i])
+            ints[multi] = self.holder_ints(best)
         return ints[:, 0], ints[:, 1], ints[:, 2]
+
+    def holder_ints(self, holders: list[Holder]) -> np.ndarray:
+        """Rows (device, sub-tensor id, piece) of `holders`."""
+        return np.array([(h.device, self.sid_ix[h.subtensor], h.piece) for h in holders], I64).reshape(-1, 3)
 
     def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
         """The pass's copies as columns: the local ones in need order, then the fills and
@@ -157,7 +162,9 @@ class _State:
         itemsize = np.array([self.size[t] for t in self.tensor_ix], I64)
         order = atoms.order(volume, itemsize, lo, nd, hi)
         nbytes = (volume[atoms.box] * itemsize[atoms.tensor])[order]
-        holders = self.sources([atoms.hosts[i] for i in order.tolist()], nbytes)
+        host_of = np.zeros(max(self.host) + 1, I64)
+        host_of[list(self.host)] = [self.host_rank[h] for h in self.host.values()]
+        holders = self.sources(HolderHosts(atoms.sets, host_of, len(self.host_rank)), atoms.holders[order], nbytes)
         first = self.next_id()
         cols, edges = atoms.copies(order, first, holders)
         local = self.local
