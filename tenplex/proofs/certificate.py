@@ -16,6 +16,10 @@ outside all pieces receives the fill. Instances with more than `split_over` writ
 one cover query per piece plus one for the fill region (sound because query 1 already placed
 each copy inside its own piece, and pieces are disjoint).
 
+A query is a function of boxes only (the instance's pieces and shape, each write's box and dst
+piece, each copy's source box and feeds), so replicas written with the same boxes ask the same
+formula: it is solved once per certificate and counts as proved for every instance that asks it.
+
 Raises CertificateError (an AssertionError) with a counterexample: the index and its writers.
 """
 
@@ -111,11 +115,12 @@ def certify(
     if max_instances is not None and len(instances) > max_instances:
         chosen = sorted(random.Random(seed).sample(instances, max_instances), key=lambda sd: (sd[0].id, sd[1]))
     feeds = _forward_feeds(plan)
-    proofs = []
+    proofs, proved = [], set()
     for st, d in chosen:
         t0 = time.perf_counter()
         ws = writes.get((st.id, d), [])
-        n = _prove_sources(src, dst, feeds, st, d, ws, timeout_ms) + _prove_cover(st, d, ws, timeout_ms, split_over)
+        n = _prove_sources(src, dst, feeds, st, d, ws, timeout_ms, proved)
+        n += _prove_cover(st, d, ws, timeout_ms, split_over, proved)
         proofs.append(InstanceProof(st.id, d, len(ws), n, time.perf_counter() - t0))
     return Certificate(tuple(proofs), len(instances), time.perf_counter() - began)
 
@@ -206,20 +211,24 @@ def _forward_feeds(plan: Plan) -> dict[int, list[Box]]:
     return out
 
 
-def _prove_sources(
-    src: PTC, dst: PTC, feeds: dict[int, list[Box]], st: SubTensor, device: int, ws: list[Write], timeout_ms: int
-) -> int:
+def _prove_sources(src: PTC, dst: PTC, feeds: dict[int, list[Box]], st: SubTensor, device: int, ws: list[Write],
+                   timeout_ms: int, proved: set[tuple]) -> int:  # fmt: skip
     copies = [(i, op) for i, op in ws if isinstance(op, CopyOp)]
     if not copies:
         return 0
+    # (write box, dst piece's global box, source box, feeds, from src) per copy: the formula's inputs
+    boxes = [(op.box, st.pieces[op.dst_piece].global_box,
+              (src if op.src_side == "src" else dst).subtensor_map[op.src_subtensor].pieces[op.src_piece].global_box,
+              tuple(feeds.get(i, [])), op.src_side == "src") for i, op in copies]  # fmt: skip
+    key = ("source", tuple(boxes))
+    if key in proved:
+        return 1
     g = int_vector("g", len(copies[0][1].box.start))
     bad = []
-    for i, op in copies:
-        side = src if op.src_side == "src" else dst
-        held = side.subtensor_map[op.src_subtensor].pieces[op.src_piece].global_box
-        fed = z3.Or(*[in_box(g, b) for b in feeds.get(i, [])], z3.BoolVal(op.src_side == "src"))
-        ok = z3.And(in_box(g, st.pieces[op.dst_piece].global_box), in_box(g, held), fed)
-        bad.append(z3.And(in_box(g, op.box), z3.Not(ok)))
+    for box, piece, held, fed_by, from_src in boxes:
+        fed = z3.Or(*[in_box(g, b) for b in fed_by], z3.BoolVal(from_src))
+        ok = z3.And(in_box(g, piece), in_box(g, held), fed)
+        bad.append(z3.And(in_box(g, box), z3.Not(ok)))
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     solver.add(z3.Or(*bad))
@@ -235,14 +244,16 @@ def _prove_sources(
             point,
             [i],
         )
+    proved.add(key)
     return 1
 
 
-def _prove_cover(st: SubTensor, device: int, ws: list[Write], timeout_ms: int, split_over: int) -> int:
+def _prove_cover(st: SubTensor, device: int, ws: list[Write], timeout_ms: int, split_over: int,
+                 proved: set[tuple]) -> int:  # fmt: skip
     if st.volume == 0:
         return 0
     if len(ws) <= split_over:
-        return _cover_query(st, device, ws, None, timeout_ms)
+        return _cover_query(st, device, ws, None, timeout_ms, proved)
     n = 0
     for j, piece in enumerate(st.pieces):
         mine = [
@@ -250,13 +261,18 @@ def _prove_cover(st: SubTensor, device: int, ws: list[Write], timeout_ms: int, s
             for i, op in ws
             if (op.dst_piece == j if isinstance(op, CopyOp) else op.box.overlaps(piece.local_box))
         ]
-        n += _cover_query(st, device, mine, j, timeout_ms)
+        n += _cover_query(st, device, mine, j, timeout_ms, proved)
     fills = [(i, op) for i, op in ws if isinstance(op, FillOp)]
-    return n + _cover_query(st, device, fills, -1, timeout_ms)
+    return n + _cover_query(st, device, fills, -1, timeout_ms, proved)
 
 
-def _cover_query(st: SubTensor, device: int, ws: list[Write], region: int | None, timeout_ms: int) -> int:
+def _cover_query(st: SubTensor, device: int, ws: list[Write], region: int | None, timeout_ms: int,
+                 proved: set[tuple]) -> int:  # fmt: skip
     """One query; `region` restricts x to piece `region` (-1: outside every piece; None: all)."""
+    key = ("cover", st.shape, st.pieces, region,
+           tuple((op.box, -1 if isinstance(op, FillOp) else op.dst_piece) for _, op in ws))  # fmt: skip
+    if key in proved:
+        return 1
     frame = LocalFrame(st)
     hits = [frame.covers(op) for _, op in ws]
     wrong = z3.Or(*[frame.misplaced(op) for _, op in ws], z3.BoolVal(False))
@@ -268,6 +284,7 @@ def _cover_query(st: SubTensor, device: int, ws: list[Write], region: int | None
         solver.add(frame.in_piece(region) if region >= 0 else z3.Not(frame.in_any_piece()))
     model = _solve(solver, "cover", st, device)
     if model is None:
+        proved.add(key)
         return 1
     x = frame.point(model)
     writers = [ws[k] for k, h in enumerate(hits) if z3.is_true(model.eval(h, model_completion=True))]

@@ -30,9 +30,8 @@ def _metrics(job_dir: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(400)
-def test_a_job_spans_hosts_and_moves_its_state_between_their_stores(tmp_path):
+def test_a_job_spans_hosts_and_moves_its_state_between_their_stores(tmp_path, static_metrics):
     base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
-    Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
     job = parse_job({**base, "devices": 2, "gpus_per_host": 1,
                      "schedule": [{"at_step": 2, "devices": 3}, {"at_step": 4, "devices": 2, "pp": 2}]})  # fmt: skip
     lines: list[str] = []
@@ -41,7 +40,7 @@ def test_a_job_spans_hosts_and_moves_its_state_between_their_stores(tmp_path):
         recs = Controller(job, tmp_path / "elastic", out=lines.append, cluster=cluster).run()
     assert [(r.dst.tp, r.dst.pp, r.dst.dp) for r in recs] == [(1, 1, 3), (1, 2, 1)]
     assert all(r.bytes_moved > 0 and {"plan", "move"} <= set(r.phases) for r in recs)
-    a, b = _metrics(tmp_path / "static"), _metrics(tmp_path / "elastic")
+    a, b = static_metrics({**base, "devices": 2}), _metrics(tmp_path / "elastic")
     assert [r["W"] for r in b] == [2, 2, 3, 3, 2, 2]
     assert [r["samples"] for r in a] == [r["samples"] for r in b]
     assert max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)) < 1e-4
@@ -52,9 +51,8 @@ def test_a_job_spans_hosts_and_moves_its_state_between_their_stores(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(tmp_path):
+def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(tmp_path, static_metrics):
     base = {"program": str(EXAMPLE), "args": ARGS, "parallel": {"2": [2, 1, 1], "3": [1, 1, 3]}, "timeout": 300}
-    Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
     job = parse_job({**base, "devices": 2, "gpus_per_host": 1, "schedule": [{"at_step": 2, "devices": 3}]})
     lines: list[str] = []
     killed, recs = _run_losing_a_host(job, tmp_path / "elastic", lines, 2, lambda r: r["W"] == 3 and r["step"] == 3)
@@ -64,12 +62,12 @@ def test_a_lost_host_is_detected_and_the_job_goes_on_from_the_survivors_stores(t
     assert any("host(s) h2 lost with rank(s) [2]" in line for line in lines)
     run = _metrics(tmp_path / "elastic")
     assert run[-1]["step"] == 5 and run[-1]["W"] == 2
-    same_training(_metrics(tmp_path / "static"), run)
+    same_training(static_metrics({**base, "devices": 2}), run)
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("replicas", [0, 1])
-def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_restarts(tmp_path, replicas):
+def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_restarts(tmp_path, replicas, static_metrics):
     """dp 3 on 3 hosts, then tp 2 on h0, h1; h1 is lost. Without store replicas its shards are gone:
     the job restarts from its start and says so; with one, h2 holds a copy of h1's start state and
     the job goes on (on h0 and h2) from the generation's start, losing only its steps."""
@@ -84,15 +82,10 @@ def test_a_lost_host_holding_the_only_shards_needs_store_replicas_else_the_job_r
     if replicas:
         assert (lost.failed, lost.lost_steps, lost.dst.world, restarted) == ((1,), 2, 2, False)
         assert [r["step"] for r in run][-4:] == [2, 3, 4, 5] and run[-1]["tp"] == 2  # on h0 and h2
-        same_training(_metrics_static(tmp_path, base), run)
+        same_training(static_metrics({**base, "devices": 2}), run)
     else:
         assert (lost.failed, lost.lost_steps, lost.dst.world, restarted) == ((1,), 4, 2, True)
         assert [r["step"] for r in run][-6:] == list(range(6))  # every step again, from the start
-
-
-def _metrics_static(tmp_path: Path, base: dict) -> list[dict]:
-    Controller(parse_job({**base, "devices": 2}), tmp_path / "static", out=lambda _: None).run()
-    return _metrics(tmp_path / "static")
 
 
 def _run_losing_a_host(job, job_dir: Path, lines: list[str], host: int, when) -> tuple[int, list]:

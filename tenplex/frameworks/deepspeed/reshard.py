@@ -21,7 +21,6 @@ import numpy as np
 
 from tenplex.compiler.emit import human_bytes
 from tenplex.frameworks.dcp.apply import StreamedArrays, apply_ops
-from tenplex.frameworks.dcp.reshard import reshard_arrays
 from tenplex.frameworks.deepspeed.files import DeepSpeedError
 from tenplex.frameworks.deepspeed.meta import DeepSpeedMeta, build_ptc
 from tenplex.frameworks.deepspeed.read import read_deepspeed
@@ -104,6 +103,8 @@ def reshard_deepspeed(src_dir: str | os.PathLike, to: str, out_dir: str | os.Pat
                       trust_pickles: bool = False) -> DeepSpeedReshardResult:  # fmt: skip
     """Reshard the checkpoint at `src_dir` to `to` (`dp=N[,tp=M][,pp=P]`) into `out_dir` (see the module
     docstring). Raises DeepSpeedError (bad SRC or `to`, existing OUT) and the compiler's and runtime's errors."""
+    from tenplex.frameworks.dcp.reshard import reshard_arrays  # imports DCP's reader: not on `inspect`'s path
+
     parse_to(to)
     if Path(out_dir).exists():
         raise DeepSpeedError(f"{out_dir}: already exists (refusing to overwrite)")

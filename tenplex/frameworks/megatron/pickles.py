@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import check_regular, one_line
@@ -86,6 +85,8 @@ def load_rank_file(path: Path, what: str, error: type[TenplexError], *, trust_pi
     by pickle name, as the given objects (another format's stand-ins for its classes). Raises
     `error` naming the file when it is missing, not a regular file, not a torch file, or needs a
     class that is refused."""
+    import torch  # here, not at the top: format detection imports this module and needs no torch
+
     check_regular(path, what, error)
     zipped = zipfile.is_zipfile(path)
     if trust_pickles:
@@ -103,6 +104,8 @@ def load_rank_file(path: Path, what: str, error: type[TenplexError], *, trust_pi
 
 def _globals(path: Path, error: type[TenplexError]) -> list[str]:
     """The pickle's globals that torch does not allow by default, read without unpickling."""
+    import torch
+
     try:
         return torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception as e:  # noqa: BLE001 (a corrupt zip or pickle, whatever raises)
@@ -110,6 +113,8 @@ def _globals(path: Path, error: type[TenplexError]) -> list[str]:
 
 
 def _load(path: Path, error: type[TenplexError], zipped: bool, *, weights_only: bool) -> Any:
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=zipped)
     except pickle.UnpicklingError as e:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
 from tenplex.frameworks.megatron.tree import TRACKER, CheckpointFormatError, load_file, open_tree
 from tenplex.ir.files import read_json, write_atomic
@@ -104,6 +103,8 @@ def read_common(step: Path, *, trust_pickles: bool = False) -> dict[str, Any]:
 
 def write_side_files(step: Path, config: dict[str, Any], common: dict[str, Any]) -> None:
     """`metadata.json` and `common.pt` into `step` (a directory being built)."""
+    import torch  # here, not at the top: format detection imports this module and needs no torch
+
     torch.save(common, step / COMMON)
     write_atomic(step / CONFIG, json.dumps(config))
 
