@@ -111,7 +111,9 @@ def test_ctrl_c_ends_a_reshard_whose_agent_is_stopped(checkpoint, tmp_path):
 def test_sigterm_leaves_no_temporary_and_a_dead_writers_temporary_is_cleaned(checkpoint, tmp_path):
     out = tmp_path / "out"
     proc = _reshard(checkpoint, out)
-    time.sleep(3.0)
+    deadline = time.monotonic() + 60  # signal once its temporary exists: mid-write, handler installed
+    while not list(tmp_path.glob(f".out.tmp-{proc.pid}-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(20)
     assert code in (0, 143), proc.stderr.read()
