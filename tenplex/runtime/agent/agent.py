@@ -211,8 +211,7 @@ class Agent(TagCommands):
         return self.slices[slice_id]
 
     def forget_slices(self) -> None:
-        """Drop the kept slices (a runtime's connection ended: its slice ids mean nothing to the next)
-        and what peers answered to this agent's offers (`direct`)."""
+        """Drop the kept slices and peers' answers to this agent's offers (a runtime's connection ended)."""
         self.slices.clear()
         self.maps.forget_peers()
 
