@@ -9,7 +9,7 @@ what agents on this machine would take with no control messages, no bookkeeping 
 ratio to a warm memcpy of the same bytes shows how far the copy pattern itself (strided regions,
 many small copies, hosts sharing the memory bus) stays from one flat memcpy. It holds its own
 copy of the arrays (every host's src arrays and the dst arrays once: about twice the state) for
-as long as it lives. `flat(strided)` splits the copies into those of one run of bytes on both sides and
+as long as it lives. `of_kind(strided)` splits the copies into those of one run of bytes on both sides and
 the rest, so the bench can show each kind's speed.
 """
 
@@ -52,7 +52,7 @@ class CopyLimit:
             self.work[h] = pairs
         self.nbytes = sum(d.nbytes for pairs in self.work.values() for _, d in pairs)
 
-    def flat(self, strided: bool) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+    def of_kind(self, strided: bool) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
         """Each host's copies whose two regions are both one run of bytes (`strided=False`), or
         the others: a region with runs shorter than the array (a column block), where each run
         is a small copy with ordinary stores, against a flat memcpy's one long one."""
@@ -60,7 +60,7 @@ class CopyLimit:
                 for h, pairs in self.work.items()}  # fmt: skip
 
     def seconds(self, work: dict[str, list[tuple[np.ndarray, np.ndarray]]] | None = None) -> float:
-        """Wall seconds of every host's copies (or of `work`, e.g. `flat(True)`), one thread per
+        """Wall seconds of every host's copies (or of `work`, e.g. `of_kind(True)`), one thread per
         host, all at once."""
         threads = [threading.Thread(target=_copy, args=(pairs,)) for pairs in (work or self.work).values()]
         t0 = time.perf_counter()

@@ -129,7 +129,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
         ratios["repeated_vs_limit"].append(limit / took)
     kinds = {}  # the copy limit's two kinds of copies: one run each side, or strided runs
     for name, strided in (("flat", False), ("strided", True)):
-        work = copies.flat(strided)
+        work = copies.of_kind(strided)
         nbytes = sum(d.nbytes for pairs in work.values() for _, d in pairs)
         kinds[name] = {"bytes": nbytes, "gbps": nbytes / min(copies.seconds(work) for _ in range(3)) / 1e9 if nbytes else 0.0}
     return {"moved_bytes": moved, "ops": len(plan.ops), **{k: spread(v) for k, v in ratios.items()},

@@ -82,11 +82,12 @@ class _Weights:
         parts = frozenset(p for s in block for p in self.slots[s])
         out = self.by_parts.get(parts)
         if out is None:
-            out = self.by_parts[parts] = defaultdict(int)
+            count: dict[str, int] = defaultdict(int)
             for p in parts:
                 for q, b in self.shared[p].items():
                     for h in self.src_hosts[q]:
-                        out[h] += b
+                        count[h] += b
+            out = self.by_parts[parts] = dict(count)  # a plain dict: a read of a missing host adds nothing
         return out
 
 

@@ -130,14 +130,14 @@ class _Queues:
                 # each room is the least of what the budget and the direction's half leave
                 used[s] = u = used[s] + size
                 sent[s] = x = sent[s] + size
-                r, a, b = budget - u, half - x, half - received[s]  # min() calls cost more than the compares
-                send_room[s] = a if a < r else r
-                receive_room[s] = b if b < r else r
+                room, a, b = budget - u, half - x, half - received[s]  # min() calls cost more than the compares
+                send_room[s] = a if a < room else room
+                receive_room[s] = b if b < room else room
                 used[d] = u = used[d] + size
                 received[d] = x = received[d] + size
-                r, a, b = budget - u, half - sent[d], half - x
-                send_room[d] = a if a < r else r
-                receive_room[d] = b if b < r else r
+                room, a, b = budget - u, half - sent[d], half - x
+                send_room[d] = a if a < room else room
+                receive_room[d] = b if b < room else room
             alive = still
         return placed, gone
 
