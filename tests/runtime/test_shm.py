@@ -115,6 +115,7 @@ def test_a_dropped_tags_arena_is_recycled_only_when_nothing_maps_it(served):
     create_in_arena(store, items, "dst", pool)
     store.read("/job/j/t/0/a", __import__("tenplex.ir.box", fromlist=["Box"]).Box.from_shape((1000,)), writable=True)[...] = 7
     store.delete("/job/j/t")
+    assert not pool.waiting  # no view maps it: pooled at once, not set aside
     assert pool.nbytes >= 8000  # no leaf and no view: its pages wait for the next take
     create_in_arena(store, [("/job/j/u/0/a", (1000,), "float32")], "dst", pool)
     assert pool.nbytes == 0 and (store.get("/job/j/u/0/a") == 7).all()  # the same pages, not zeroed

@@ -298,3 +298,28 @@ def test_heartbeats_come_only_while_a_command_runs_and_before_its_reply(pair, mo
                 runtime_end.sock.recv(1)
     finally:
         agent.stop()
+
+
+def test_a_beat_keeps_no_execution_alive(pair, monkeypatch):
+    """A beat reads the execution's progress and lets go of it: the beat thread held the last
+    beat's `Execution` until its next beat, and with it the views of the dst arena, so a dropped
+    tag's arena could not go back to the pool and the next execution faulted a new one in."""
+    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent.agent import Agent
+
+    class Running:  # what a beat reads of an `Execution`
+        done = 1
+
+    monkeypatch.setattr(server, "BEAT_S", 0.05)
+    agent_end, runtime_end = pair
+    agent = Agent("h0")
+    try:
+        with server._Heartbeat(agent_end, agent) as beat:
+            agent.execution = Running()
+            held = weakref.ref(agent.execution)
+            with beat.busy():
+                assert runtime_end.recv(5.0, 5.0) == {"beat": 1, "done": 1}
+            agent.execution = None  # the commit forgets it
+            assert held() is None
+    finally:
+        agent.stop()

@@ -155,10 +155,18 @@ class _Heartbeat:
                     continue
                 n += 1
                 try:
-                    ex = self.agent.execution
-                    self.channel.send({"beat": n, "done": ex.done if ex is not None else 0}, REPLY_IDLE_S)
+                    self.channel.send({"beat": n, "done": _rounds_done(self.agent)}, REPLY_IDLE_S)
                 except ChannelError:
                     return
+
+
+def _rounds_done(agent: Agent) -> int:
+    """Rounds the agent's execution finished (0: none). A function, not a local of the beat loop:
+    a local would hold the last beat's `Execution`, and with it the ~200 views of its dst arena,
+    until the next beat (during some later command), so the dropped tag's arena could not go
+    back to the pool and the next execution faulted a new one in."""
+    ex = agent.execution
+    return ex.done if ex is not None else 0
 
 
 # ---- `tenplex agent` ---------------------------------------------------------------------

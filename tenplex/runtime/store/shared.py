@@ -116,7 +116,8 @@ class Arena:
         # no leaf holds it; 2 references to the map (ours, getrefcount's) mean no view maps it either,
         # else the pool keeps it aside until the views are gone
         pooled = self.pool is not None and not self.exported and self.fd >= 0 and self.map is not None
-        if pooled and self.pool.give(self.fd, self.size, self.map, sys.getrefcount(self.map) == 2):
+        unmapped = sys.getrefcount(self.map) == 2  # counted before `give`'s argument adds a reference
+        if pooled and self.pool.give(self.fd, self.size, self.map, unmapped):
             self.fd, self.map = -1, None
             return
         with contextlib.suppress(OSError):
@@ -178,7 +179,7 @@ class ArenaPool:
 
     def _pool(self, size: int, fd: int, mapped: mmap.mmap) -> bool:
         limit = self.largest if self.limit is None else self.limit
-        if sum(n for n, _, _ in self.free) + size > limit:
+        if sum(n for n, _, _ in self.free + self.waiting) + size > limit:  # the arenas aside hold room too
             return False
         self.free.append((size, fd, mapped))
         return True
