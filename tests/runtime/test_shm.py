@@ -144,6 +144,35 @@ def test_a_dropped_tags_arena_is_recycled_only_when_nothing_maps_it(served):
     assert pool.nbytes == 1 << 20
 
 
+def test_an_agent_executes_a_plan_again_in_the_dropped_tags_arena():
+    """A repeated execute reuses the pages of the tag dropped before it: the same arena, pooled at
+    the drop, never set aside (nothing of the agent's keeps its views) and not a new one to fault in."""
+    from tenplex.compiler import compile_plan
+    from tenplex.compiler.emit.slices import host_slices
+    from tenplex.frontends.spec import ptc_from_spec
+    from tenplex.runtime.agent.agent import Agent
+    from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_all
+    from tenplex.runtime.store.layout import tag_path
+
+    src = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp2,pp1,dp1@1x2")
+    dst = ptc_from_spec("gpt-tiny:hidden=64,ffn=256,tp1,pp2,dp1@1x2")
+    sl = host_slices(compile_plan(src, dst), src, dst, ["h0"])["h0"]
+    agent = Agent("h0")
+    try:
+        agent.load("j", "a", materialize_all(src, arange_tensors(src)), arange_values(src))
+        arenas = []
+        for epoch in range(3):
+            agent.prepare("j", "a", "b", slice=sl, run={"epoch": epoch})
+            agent.commit("j", "b")
+            leaf = next(p for p in agent.store.walk(tag_path("j", "b")) if "/." not in p)
+            arenas.append(os.fstat(agent.store.shared(leaf)[0].fd).st_ino)
+            agent.delete_tag("j", "b")
+            assert not agent.pool.waiting and agent.pool.nbytes > 0
+        assert arenas[1:] == arenas[:1] * 2
+    finally:
+        agent.stop()
+
+
 def test_populating_an_arena_never_changes_a_byte():
     import threading
 

@@ -128,7 +128,7 @@ class ArenaPool:
     """Arenas whose pages this process already touched, kept for the next `take` instead of
     faulting fresh memory in (first touch runs at a fraction of memcpy speed on VMs). Holds at
     most `limit` bytes (None: the largest arena taken so far, one execution's dst). An arena given
-    back while views of it still live (a transfer that has not let go of its buffers yet) waits
+    back while views of it still live (a reader that has not let go of an array yet) waits
     aside and is handed out only once no view maps it; before, it was closed, and the next
     execution faulted all its pages in anew."""
 
