@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
@@ -46,7 +47,7 @@ def freeze(program: Program) -> Plan:
     (`Plan.ops` and `Plan.messages` build their objects when first read)."""
     t, m = program.table, program.messages
     e = program.edges
-    order = np.lexsort((e[:, 1], e[:, 0]))
+    order = keysort.lexsort((e[:, 1], e[:, 0]))
     edges = tuple(zip(e[order, 0].tolist(), e[order, 1].tolist()))
     return trusted_plan(PlanOps(t), edges, PlanMessages(m), program.dst.allocation, program.options, _stats(program))
 
@@ -85,5 +86,5 @@ def _stats(program: Program) -> Stats:
         network_lower_bound_bytes=sum(per_host.values()),
         predicted_seconds=sum(slowest[r] for r in sorted(slowest)),
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
-        rounds=len(np.unique(m.round)),
+        rounds=len(keysort.unique(m.round)),
     )
