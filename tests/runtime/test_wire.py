@@ -335,7 +335,7 @@ def test_call_all_encodes_every_command_before_sending_any_and_fails_only_what_c
         assert [h for h, _ in failed.value.failures] == ["h1"]
         assert "cannot send a builtins.object" in failed.value.failures[0][1]
         assert events == ["encode"] * 3 + ["send"] * 2
-        ends[1].close()  # h1 got nothing: its answer thread ends on the closed channel
+        agents["h1"].channel.close()  # h1 got nothing: its answer thread ends at the EOF
         for t in threads:
             t.join(5.0)
         assert agents["h0"].dead is None and agents["h2"].dead is None
