@@ -1,9 +1,10 @@
 """The runtime's end of its agents: a handle per agent, and the barrier that calls them all.
 
 `call_all(agents, {host: (command, kwargs)}, timeout)` sends each host its command (all encoded
-before the first is sent) and waits for every reply, for the agent's death, or for the deadline. A busy agent sends a heartbeat every
-second (`server.BEAT_S`); one that sends nothing for `liveness` seconds is taken for stopped or
-hung and killed, so a SIGSTOPped agent costs `liveness` seconds, not the whole deadline.
+before the first is sent) and waits for every reply, for the agent's death, or for the deadline.
+A busy agent sends a heartbeat every second (`server.BEAT_S`); one that sends nothing for
+`liveness` seconds is taken for stopped or hung and killed, so a SIGSTOPped agent costs
+`liveness` seconds, not the whole deadline.
 Failures are collected, not raised one by one: the caller gets `AgentFailures` with every failed
 host and its reason in arrival order, so the first one is the cause and later ones are usually
 peers timing out on it. An agent that misses the deadline is killed (its reply would arrive out
