@@ -21,7 +21,7 @@ from tenplex.compiler.plan import CompileOptions, Plan, Stats, trusted_plan
 from tenplex.compiler.program import Pass, Program, run_passes
 from tenplex.compiler.table import PlanMessages, PlanOps
 from tenplex.compiler.verify import check_plan
-from tenplex.compiler.verify.tables import group_sum
+from tenplex.compiler.verify.tables import distinct, group_sum
 from tenplex.ir.ptc import PTC
 
 
@@ -85,5 +85,5 @@ def _stats(program: Program) -> Stats:
         network_lower_bound_bytes=sum(per_host.values()),
         predicted_seconds=sum(slowest[r] for r in sorted(slowest)),
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
-        rounds=len(np.unique(m.round)),
+        rounds=len(distinct(m.round)),
     )

@@ -142,8 +142,8 @@ def test_failure_while_writing_leaves_no_out(case, tmp_path, monkeypatch):
     _, dst, _, a = case
     real = rs.write_checkpoint
 
-    def half(ptc, arrays, values, out):  # writes the arrays, then dies
-        real(ptc, arrays, values, out)
+    def half(ptc, arrays, values, out, *tree):  # writes the arrays, then dies
+        real(ptc, arrays, values, out, *tree)
         raise OSError("disk full")
 
     monkeypatch.setattr(rs, "write_checkpoint", half)

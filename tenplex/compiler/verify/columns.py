@@ -25,7 +25,7 @@ import numpy as np
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.table import message_table, op_table
-from tenplex.compiler.verify.tables import I64, Copies, Reject, Side, contains, group_sum, ints, need
+from tenplex.compiler.verify.tables import I64, Copies, Reject, Side, contains, distinct, group_sum, ints, need
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.sweep import overlapping_pairs
 
@@ -77,7 +77,7 @@ class _Columns:
             need(contains(cp.lo[mask], cp.hi[mask], side.lo[rows], side.hi[rows]))
         src_map, dst_map = self.c.src.tensor_map, self.c.dst.tensor_map
         names = list(self.tensor_ix)
-        for t in np.unique(cp.tensor[~cp.forward]).tolist():
+        for t in distinct(cp.tensor[~cp.forward]).tolist():
             need(src_map.get(names[t]) == dst_map[names[t]])
 
     def messages(self) -> None:
@@ -164,7 +164,7 @@ class _Columns:
         dimension, each box stopping where the next starts or before, is; groups that no one
         dimension separates go through the exact sweep."""
         ks = np.sort(key)
-        twice = np.unique(ks[1:][ks[1:] == ks[:-1]])
+        twice = distinct(ks[1:][ks[1:] == ks[:-1]])
         if not len(twice):
             return
         sub = np.flatnonzero(np.isin(key, twice))
@@ -203,7 +203,7 @@ class _Columns:
         fills = [op for _, op in self.few if type(op) is FillOp]
         fill = sum(op.box.volume * c.dst.itemsize(c.dst.subtensor_map[op.dst_subtensor].tensor) for op in fills)
         need(s.fill_bytes == fill and moved == (s.device_bytes, s.host_bytes, s.network_bytes))
-        rounds = np.unique(self.m_round)
+        rounds = distinct(self.m_round)
         need(s.rounds == len(rounds))
         per_host = host_lower_bounds(c.src, c.dst)
         bound = sum(per_host.values())
