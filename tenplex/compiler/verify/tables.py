@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.table import OpTable
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
@@ -56,18 +57,11 @@ def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
     return sorted_keys[pos] == q if len(sorted_keys) else np.zeros(len(q), bool)
 
 
-def distinct(keys: np.ndarray) -> np.ndarray:
-    """The distinct values of `keys` (any shape), sorted: `np.unique(keys)`, which hashes ints
-    slowly and imports numpy.ma (~10 ms of a short command's start) on its first call."""
-    k = np.sort(keys, axis=None)
-    return k[np.concatenate(([True], k[1:] != k[:-1]))] if len(k) else k
-
-
 def group_sum(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct keys (sorted) and the int64 sum of `values` per key."""
     if not len(keys):
         return keys, values
-    order = np.argsort(keys, kind="stable")
+    order = keysort.argsort(keys)
     k = keys[order]
     starts = np.concatenate(([0], np.flatnonzero(k[1:] != k[:-1]) + 1))
     return k[starts], np.add.reduceat(values[order], starts)
