@@ -3,10 +3,10 @@
 `python -m bench.ucx_raw [--sizes-mib 64 256] [--iters 3]`: a spawned child sends `iters + 1`
 messages of each size (the first is a warm-up) through (a) the raw ucxx core API (shared memory:
 worker-address endpoint, no error handling, blocking progress) and (b) `UcxPeer.exchange` (what
-agents use: one headerless tagged message each); the parent receives into one preallocated
+agents use: one headerless tagged message each), one of each per iteration in turns; the parent receives into one preallocated
 buffer and reports GB/s, and GB/s of `np.copyto` of the same bytes into a preallocated buffer,
 with the ratios. Two-process figures vary ±30-50% between runs, so compare the ratios:
-`python -m bench --only ucx` repeats the pair (raw, then UcxPeer) in fresh processes and reports
+`python -m bench --only ucx` repeats the pair in fresh processes and reports
 UcxPeer / raw min/median/max (goal ≥ 0.95×).
 """
 
@@ -47,31 +47,30 @@ def _child(conn, sizes: list[int], iters: int) -> None:
     conn.send(bytes(worker.address.tobytes()))
     addr = api.UCXAddress.create_from_buffer(np.frombuffer(conn.recv(), dtype=np.uint8))
     ep = api.UCXEndpoint.create_from_worker_address(worker, addr, False)
-    for n in sizes:
-        buf = array(np.ones(n, dtype=np.uint8))
-        for _ in range(iters + 1):
-            _raw_wait(worker, ep.tag_send(buf, api.UCXXTag(1)))
-    conn.recv()  # receiver done: now the UcxPeer round
     peer = UcxPeer("bench-child", timeout=TIMEOUT)
     conn.send(peer.address)
     tep = peer.connect(conn.recv())
     for n in sizes:
-        buf = np.ones(n, dtype=np.uint8)
-        for _ in range(iters + 1):
-            peer.exchange([(tep, buf, 1)], [])
+        raw_buf, buf = array(np.ones(n, dtype=np.uint8)), np.ones(n, dtype=np.uint8)
+        sends = (lambda raw_buf=raw_buf: _raw_wait(worker, ep.tag_send(raw_buf, api.UCXXTag(1))),
+                 lambda buf=buf: peer.exchange([(tep, buf, 1)], []))
+        for i in range(iters + 1):
+            for k in _order(i):
+                sends[k]()
     peer.close(tep)
 
 
-def _timed(fn, iters: int) -> float:
-    fn()  # warm-up
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - start) / iters
+def _order(i: int) -> tuple[int, int]:
+    """Which goes first in iteration `i`: raw (0) and UcxPeer (1) take turns, so neither always
+    follows the other's pages or a burst of load."""
+    return (0, 1) if i % 2 == 0 else (1, 0)
 
 
 def measure(sizes: list[int], iters: int) -> dict[int, tuple[float, float, float]]:
-    """{bytes: (raw ucxx s, UcxPeer s, numpy copy s)} per message, one child process."""
+    """{bytes: (raw ucxx s, UcxPeer s, numpy copy s)} per message, one child process.
+
+    Raw and UcxPeer messages are interleaved (one of each per iteration, in turns; the first
+    iteration is a warm-up), so the two are measured side by side under the same load."""
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=_child, args=(child_conn, sizes, iters), daemon=True)
@@ -82,30 +81,42 @@ def measure(sizes: list[int], iters: int) -> dict[int, tuple[float, float, float
         conn.send(bytes(worker.address.tobytes()))
         api.UCXEndpoint.create_from_worker_address(
             worker, api.UCXAddress.create_from_buffer(np.frombuffer(child_addr, dtype=np.uint8)), False)
-        raw, ours, copy = {}, {}, {}
-        for n in sizes:
-            out = array(np.zeros(n, dtype=np.uint8))
-            raw[n] = _timed(lambda out=out: _raw_wait(worker, worker.tag_recv(out, api.UCXXTag(1))), iters)
-        conn.send("next")
+        got = {}
         with UcxPeer("bench-parent", timeout=TIMEOUT) as peer:
             child_address = conn.recv()
             conn.send(peer.address)
             tep = peer.connect(child_address)
             for n in sizes:
-                out = np.zeros(n, dtype=np.uint8)
-                ours[n] = _timed(lambda out=out: peer.exchange([], [(tep, out, 1)]), iters)
-                if not (out == 1).all():  # every received byte checked
-                    raise SystemExit(f"UcxPeer received wrong bytes in a {n} B message")
+                got[n] = _pair(worker, api, array, peer, tep, n, iters)
             peer.close(tep)
-        for n in sizes:
-            src, dst = np.ones(n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)
-            copy[n] = _timed(lambda src=src, dst=dst: np.copyto(dst, src), iters)
         proc.join(TIMEOUT)
-        return {n: (raw[n], ours[n], copy[n]) for n in sizes}
+        return got
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join(5)
+
+
+def _pair(worker, api, array, peer, tep, n: int, iters: int) -> tuple[float, float, float]:
+    """Mean seconds of a raw receive, a UcxPeer receive and a numpy copy of `n` bytes."""
+    raw_out, out = array(np.zeros(n, dtype=np.uint8)), np.zeros(n, dtype=np.uint8)
+    recvs = (lambda: _raw_wait(worker, worker.tag_recv(raw_out, api.UCXXTag(1))),
+             lambda: peer.exchange([], [(tep, out, 1)]))
+    spent = [0.0, 0.0]
+    for i in range(iters + 1):
+        for k in _order(i):
+            start = time.perf_counter()
+            recvs[k]()
+            if i:
+                spent[k] += time.perf_counter() - start
+    if not (out == 1).all():  # every received byte checked
+        raise SystemExit(f"UcxPeer received wrong bytes in a {n} B message")
+    src, dst = np.ones(n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)
+    np.copyto(dst, src)  # warm-up
+    start = time.perf_counter()
+    for _ in range(iters):
+        np.copyto(dst, src)
+    return spent[0] / iters, spent[1] / iters, (time.perf_counter() - start) / iters
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,7 +144,7 @@ def run(quick: bool, timeout_s: float, out_dir: Any, info: dict[str, Any]) -> tu
     sizes, repeats = ([16], 3) if quick else ([64, 256], 5)
     runs = []
     for k in range(repeats):
-        argv = ["bench.ucx_raw", "--json", "--iters", "3", "--sizes-mib", *map(str, sizes)]
+        argv = ["bench.ucx_raw", "--json", "--iters", "5", "--sizes-mib", *map(str, sizes)]
         runs.append(run_json(argv, {"name": f"run {k}"}, timeout_s))
         progress(runs[-1], f"ucx run {k}")
     ok = [r for r in runs if r["status"] == "ok"]

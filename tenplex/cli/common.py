@@ -41,7 +41,7 @@ from tenplex.ir.serialize import ptc_from_json
 
 __all__ = [
     "EXIT_ERROR", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "EXIT_VERIFY", "SIZE", "configure_logging", "echo_json",
-    "fail", "frontend", "is_verbose", "load_state", "log", "write_output",
+    "fail", "frontend", "is_verbose", "load_state", "log", "skip_teardown", "teardown_skipped", "write_output",
 ]  # fmt: skip
 
 EXIT_OK = 0
@@ -52,6 +52,20 @@ EXIT_ERROR = EXIT_USAGE  # the name before the codes were told apart
 
 log = logging.getLogger("tenplex")
 PROGRESS_LOGGERS = ("tenplex.elastic", "tenplex.progress")  # their INFO lines are progress
+
+
+_TEARDOWN = {"skip": False}
+
+
+def skip_teardown() -> None:
+    """Let `app.main` end this process without the interpreter's teardown once the command
+    returns successfully: for a command that has joined every thread and process it started,
+    closed its files and made its outputs durable, with nothing left for exit handlers."""
+    _TEARDOWN["skip"] = True
+
+
+def teardown_skipped() -> bool:
+    return _TEARDOWN["skip"]
 
 
 def _one_line(message: str) -> str:

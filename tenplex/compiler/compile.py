@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
@@ -46,7 +47,7 @@ def freeze(program: Program) -> Plan:
     (`Plan.ops` and `Plan.messages` build their objects when first read)."""
     t, m = program.table, program.messages
     e = program.edges
-    order = np.lexsort((e[:, 1], e[:, 0]))
+    order = keysort.lexsort((e[:, 1], e[:, 0]))
     edges = tuple(zip(e[order, 0].tolist(), e[order, 1].tolist()))
     return trusted_plan(PlanOps(t), edges, PlanMessages(m), program.dst.allocation, program.options, _stats(program))
 
@@ -71,11 +72,6 @@ def _stats(program: Program) -> Stats:
                            (rounds * 4 + link) * w + t.dst_dev[local]))  # fmt: skip
     uk, sums = group_sum(keys, np.concatenate((m.bytes[net], m.bytes[net], nbytes[local])))
     links = program.topology.links
-    bw = (links.network, links.network, links.device, links.host)
-    seconds = [b / bw[k] for b, k in zip(sums.tolist(), ((uk // w) % 4).tolist())]
-    slowest: dict[int, float] = {}
-    for r, x in zip((uk // (4 * w)).tolist(), seconds):
-        slowest[r] = max(slowest.get(r, x), x)
     per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, dst)
     return Stats(
         device_bytes=int(nbytes[local[link == 2]].sum()),
@@ -83,7 +79,24 @@ def _stats(program: Program) -> Stats:
         network_bytes=int(m.bytes[net].sum()),
         fill_bytes=fill,
         network_lower_bound_bytes=sum(per_host.values()),
-        predicted_seconds=sum(slowest[r] for r in sorted(slowest)),
+        predicted_seconds=_predicted(uk, sums, w, (links.network, links.network, links.device, links.host)),
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
-        rounds=len(np.unique(m.round)),
+        rounds=len(keysort.unique(m.round)),
     )
+
+
+def _predicted(uk: np.ndarray, sums: np.ndarray, w: int, bw: tuple) -> float:
+    """Sum over rounds (ascending) of the slowest link end's bytes / bandwidth: keys `uk`
+    (sorted; round * 4 + link class, times `w`, plus the end) with their byte `sums`. Divided
+    by numpy where both sides are exact doubles (the same IEEE quotient as Python's `/`),
+    else one at a time in Python."""
+    if not len(uk):
+        return 0
+    kind, rounds = (uk // w) % 4, uk // (4 * w)
+    exact = int(sums.max()) < 2**53 and all(type(b) is float or (type(b) is int and b < 2**53) for b in bw)
+    if exact:
+        seconds = sums / np.array(bw, np.float64)[kind]
+    else:
+        seconds = np.array([b / bw[k] for b, k in zip(sums.tolist(), kind.tolist())], np.float64)
+    starts = np.flatnonzero(np.concatenate(([True], rounds[1:] != rounds[:-1])))
+    return sum(np.maximum.reduceat(seconds, starts).tolist())

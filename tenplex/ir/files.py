@@ -65,9 +65,16 @@ def confined(root: Path, rel: Any, what: str, error: type[TenplexError], seen: d
     real_root = _real_dir(root, "", seen)
     up, _, name = rel.rpartition("/")
     real = _resolved(os.path.join(_real_dir(root, up, seen), name))
-    if os.path.commonpath([real_root, real]) != real_root:
+    if not _inside(real, real_root):
         raise error(f"{path}: {what} {rel!r} leads outside {root} (to {real})")
     return path
+
+
+def _inside(real: str, real_root: str) -> bool:
+    """Whether `real` is `real_root` or under it; both real paths (`os.path.realpath`, or a real
+    directory joined with a checked name: no `.`, `..` or empty components), so a prefix of
+    whole components says what `os.path.commonpath` would (~10x faster)."""
+    return real == real_root or real.startswith(real_root if real_root.endswith(os.sep) else real_root + os.sep)
 
 
 def _real_dir(root: Path, rel: str, seen: dict[str, str]) -> str:

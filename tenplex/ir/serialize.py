@@ -100,7 +100,7 @@ def _subtensor(doc: JsonDoc, sid: str, node: Any) -> SubTensor:
     if isinstance(node, dict) and "box" in node:
         doc.obj(node, w, ("tensor", "path", "box"), ("fill",))
         box = doc.box(node["box"], w + ".box")
-        pieces = [Piece(box, Box.from_shape(box.shape))]
+        pieces = [Piece(box, Box._trusted((0,) * box.ndim, box.shape))]  # a checked box's shape
         shape = box.shape
     else:
         doc.obj(node, w, ("tensor", "path", "shape", "pieces"), ("fill",))
@@ -165,12 +165,12 @@ def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
 def _check_references(doc: JsonDoc, tensors, subtensors, partitions, allocation, topology) -> None:
     """Dangling and double references, reported at the field that makes them (the PTC's own
     verifier says the same in prose, for PTCs built in code)."""
-    shapes = {t.name: t.shape for t in tensors}
+    shapes, boxes = {t.name: t.shape for t in tensors}, {t.name: t.box for t in tensors}
     for st in subtensors:
         w = f"subtensors[{st.id!r}]"
         if st.tensor not in shapes:
             raise doc.fail(w + ".tensor", f"sub-tensor {st.id!r} names unknown tensor {st.tensor!r}")
-        whole = Box.from_shape(shapes[st.tensor])
+        whole = boxes[st.tensor]
         for i, p in enumerate(st.pieces):
             if p.global_box.ndim != whole.ndim or not whole.contains(p.global_box):
                 at = w + (".box" if "box" in doc.raw_subtensors[st.id] else f".pieces[{i}].global")

@@ -129,7 +129,7 @@ class SubTensor:
         check_name("sub-tensor id", self.id)
         check_name(f"sub-tensor {self.id!r} tensor", self.tensor)
         check_name(f"sub-tensor {self.id!r} path", self.path)
-        local = Box.from_shape(self.shape)
+        local = self.local_box
         for i, p in enumerate(self.pieces):
             if p.local_box.ndim != len(self.shape):
                 raise IRError(f"sub-tensor {self.id!r} piece {i} local box {p.local_box} has {p.local_box.ndim} dims but shape {self.shape} has {len(self.shape)}")

@@ -70,9 +70,11 @@ def piece_view(array: np.ndarray, piece: Piece) -> np.ndarray:
 
 def region(array: np.ndarray, piece: Piece, box: Box) -> np.ndarray:
     """The view of global region `box` (inside the piece) in `array`."""
-    if not piece.global_box.contains(box):
-        raise ExecutionError(f"region {box} is outside piece {piece.global_box}")
-    return view(piece_view(array, piece), box.relative_to(piece.global_box.start))
+    origin = piece.global_box
+    if not origin.contains(box):
+        raise ExecutionError(f"region {box} is outside piece {origin}")
+    at = tuple(slice(a - o, b - o) for a, b, o in zip(box.start, box.stop, origin.start))  # `box.relative_to(origin.start)`, no Box made
+    return piece_view(array, piece)[at + (Ellipsis,)]
 
 
 def empty_local(ptc: PTC, st: SubTensor) -> np.ndarray:

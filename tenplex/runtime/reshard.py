@@ -123,7 +123,8 @@ def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeo
     """Peer to peer: OUT's tree made and its files allocated (`Preallocation`) while the src is
     read and the plan compiled for one host, then each dst file written once from the mapped src."""
     with checkpoint_dir(out) as tmp:
-        pre = Preallocation(tmp, npy_files(dst, make_tree(dst, tmp)))
+        tree = make_tree(dst, tmp)
+        pre = Preallocation(tmp, npy_files(dst, tree))
         try:
             orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
             src, dst_h = rehome(orig_src, dst, 1)
@@ -131,7 +132,7 @@ def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeo
             plan = steps[0][0]
             files = PlannedFiles(plan, src, dst_h, {(sid, _first(src, sid)): a for sid, a in arrays.items()})
             files.preallocated = pre.started
-            write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), tmp)
+            write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), tmp, tree)
         finally:
             pre.stop()
     return steps
@@ -164,9 +165,11 @@ def _first(ptc: PTC, sid: str) -> int:
 def _writer(files: PlannedFiles, workers: int, on_file: Callable[[int, int], None] | None) -> Any:
     """`files` as written by this process (`workers` 1, or no `fork` here), else by `workers`
     forked worker processes (`checkpoint.workers`)."""
+    if workers == 1:
+        return files
     from tenplex.runtime.checkpoint.workers import WorkerFiles, fork_available  # multiprocessing: not for one
 
-    return WorkerFiles(files, workers, on_file) if workers > 1 and fork_available() else files
+    return WorkerFiles(files, workers, on_file) if fork_available() else files
 
 
 def _src_files(src_dir: str | os.PathLike, src: PTC, rel: dict[str, str], arrays: dict) -> dict:

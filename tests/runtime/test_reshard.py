@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -142,8 +144,8 @@ def test_failure_while_writing_leaves_no_out(case, tmp_path, monkeypatch):
     _, dst, _, a = case
     real = rs.write_checkpoint
 
-    def half(ptc, arrays, values, out):  # writes the arrays, then dies
-        real(ptc, arrays, values, out)
+    def half(ptc, arrays, values, out, *tree):  # writes the arrays, then dies
+        real(ptc, arrays, values, out, *tree)
         raise OSError("disk full")
 
     monkeypatch.setattr(rs, "write_checkpoint", half)
@@ -187,6 +189,21 @@ def test_cli_reshard_end_to_end(case, tmp_path):
     _assert_oracle(tmp_path / "b", dst, tensors)
     res = runner.invoke(cli, ["reshard", str(a), "--to", DST, "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "already exists" in res.output
+
+
+@pytest.mark.timeout(60)
+def test_console_entry_flushes_its_result_before_it_skips_the_teardown(case, tmp_path):
+    """`python -m tenplex.cli reshard` ends with os._exit after success (`common.skip_teardown`):
+    the JSON on a pipe is whole and OUT complete; a stdout that cannot be written still fails."""
+    _, dst, tensors, a = case
+    argv = [sys.executable, "-m", "tenplex.cli", "reshard", str(a), "--to", DST, "--json"]
+    done = subprocess.run([*argv, "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["format"] == "tenplex.reshard/1"
+    _assert_oracle(tmp_path / "b", dst, tensors)
+    with open("/dev/full", "w") as full:
+        failed = subprocess.run([*argv, "--out", str(tmp_path / "c")], stdout=full, stderr=subprocess.PIPE, text=True, timeout=50)
+    assert failed.returncode == 2 and "No space left on device" in failed.stderr
 
 
 @pytest.mark.timeout(60)

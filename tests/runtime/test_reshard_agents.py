@@ -110,7 +110,7 @@ def test_two_workers_each_write_their_share_from_the_src_files(case, tmp_path, m
     def logged(path, write, key, *flags):
         real(path, write, key, *flags)
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {path.stat().st_size} {path}\n")
+            f.write(f"{os.getpid()} {os.stat(path).st_size} {path}\n")
 
     monkeypatch.setattr(directory, "write_file", logged)
     reshard(a, dst, tmp_path / "b", workers=2, **FAST)

@@ -323,3 +323,65 @@ def test_a_beat_keeps_no_execution_alive(pair, monkeypatch):
             assert held() is None
     finally:
         agent.stop()
+
+
+def test_call_all_encodes_every_command_before_sending_any_and_fails_only_what_cannot_travel(monkeypatch):
+    """`call_all` encodes all frames first (an agent that got its command would otherwise compete
+    for the CPU with the encoding of the next ones); a host whose arguments the wire cannot carry
+    fails alone, with the wire's reason, and the others run their command."""
+    from tenplex.runtime.agent import client
+
+    events = []
+    frame, send_frame = client.frame, ch.Channel.send_frame
+    monkeypatch.setattr(client, "frame", lambda value: events.append("encode") or frame(value))
+    def sending(self, *args):
+        if self.peer.startswith("agent"):  # the runtime's ends (the agents' threads answer through the others)
+            events.append("send")
+        send_frame(self, *args)
+
+    monkeypatch.setattr(ch.Channel, "send_frame", sending)
+    agents, ends, threads = {}, [], []
+    for host in ("h0", "h1", "h2"):
+        a, b = socket.socketpair()
+        agents[host] = client.AgentHandle(host, None, ch.Channel(a, f"agent {host}"))
+        ends.append(ch.Channel(b, "runtime"))
+
+        def answer(end=ends[-1]):
+            with contextlib.suppress(ch.ChannelError):
+                request = end.recv(5.0, 5.0)
+                end.send({"ok": [request["cmd"], request["args"]["n"]]}, 5.0)
+
+        threads.append(threading.Thread(target=answer, daemon=True))
+        threads[-1].start()
+    calls = {"h0": ("name", {"n": 0}), "h1": ("name", {"n": object()}), "h2": ("name", {"n": 2})}
+    try:
+        with pytest.raises(client.AgentFailures) as failed:
+            client.call_all(agents, calls, 10.0)
+        assert [h for h, _ in failed.value.failures] == ["h1"]
+        assert "cannot send a builtins.object" in failed.value.failures[0][1]
+        assert events == ["encode"] * 3 + ["send"] * 2
+        agents["h1"].channel.close()  # h1 got nothing: its answer thread ends at the EOF
+        for t in threads:
+            t.join(5.0)
+        assert agents["h0"].dead is None and agents["h2"].dead is None
+    finally:
+        for c in [*ends, *(a.channel for a in agents.values())]:
+            c.close()
+
+
+def test_call_all_returns_every_reply():
+    from tenplex.runtime.agent import client
+
+    agents, ends = {}, []
+    for host in ("h0", "h1"):
+        a, b = socket.socketpair()
+        agents[host] = client.AgentHandle(host, None, ch.Channel(a, f"agent {host}"))
+        end = ch.Channel(b, "runtime")
+        ends.append(end)
+        threading.Thread(target=lambda end=end: end.send({"ok": end.recv(5.0, 5.0)["args"]}, 5.0), daemon=True).start()
+    try:
+        assert client.call_all(agents, {"h0": ("name", {"n": 0}), "h1": ("name", {"n": 1})}, 10.0) == {
+            "h0": {"n": 0}, "h1": {"n": 1}}  # fmt: skip
+    finally:
+        for c in [*ends, *(a.channel for a in agents.values())]:
+            c.close()

@@ -17,6 +17,7 @@ from collections import defaultdict
 import attrs
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.ops import Holder, Need
 from tenplex.ir.box import Box, split_box, subtract_all
 from tenplex.ir.sweep import overlapping_pairs
@@ -90,14 +91,18 @@ class Atoms:
     def order(self, volume: np.ndarray, itemsize: np.ndarray, lo: np.ndarray, nd: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Atom rows largest bytes first, then by landing device, box start, box stop (the
         tuples' order: a shorter start that is a prefix sorts first, so dims past a box's
-        ndim count as -1). Stable, like Python's sort of the rows in this order."""
+        ndim count as -1). Stable, like Python's sort of the rows in this order. Boxes are
+        ranked once over the pass's boxes (equal ones alike) and bytes by their distinct
+        values, so the atoms sort on one packed key."""
         nbytes = volume[self.box] * itemsize[self.tensor]
-        starts = np.where(np.arange(lo.shape[1]) < nd[:, None], lo, -1)[self.box]
-        stops = hi[self.box]
-        keys = [stops[:, j] for j in range(stops.shape[1] - 1, -1, -1)]
-        keys += [starts[:, j] for j in range(starts.shape[1] - 1, -1, -1)]
-        keys += [self.want_dev[self.flat[self.start]], -nbytes]
-        return np.lexsort(keys)
+        starts = np.where(np.arange(lo.shape[1]) < nd[:, None], lo, -1)
+        rows = np.hstack((starts, hi))
+        by = np.lexsort(rows.T[::-1]) if len(rows) else np.zeros(0, I64)
+        new = np.concatenate(([True], (rows[by][1:] != rows[by][:-1]).any(axis=1))) if len(by) else by
+        rank = np.empty(len(by), I64)
+        rank[by] = np.cumsum(new) - 1
+        size_rank = keysort.unique_first(-nbytes)[2]
+        return keysort.lexsort((rank[self.box], self.want_dev[self.flat[self.start]], size_rank))
 
     def shape(self, far: Far, a: int, b: int) -> Shape:
         """`cut`'s atoms of the wants `a:b` of `far`: box ids, want counts, want positions

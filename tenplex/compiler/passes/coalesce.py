@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64, MessageTable
 from tenplex.ir.errors import CompileError
@@ -61,10 +62,10 @@ def _pack(rows: np.ndarray, group: np.ndarray, nbytes: np.ndarray, limit: int) -
     alone): (the rows in message order, the copies per message)."""
     if not len(rows):
         return rows, np.zeros(0, I64)
-    _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+    _, first, inverse = keysort.unique_first(group)
     rank = np.empty(len(first), I64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    order = rows[np.argsort(rank[inverse], kind="stable")]
+    rank[keysort.argsort(first)] = np.arange(len(first))
+    order = rows[keysort.argsort(rank[inverse])]
     g = np.sort(rank[inverse], kind="stable")
     sizes = nbytes[order]
     cum = np.concatenate(([0], np.cumsum(sizes)))

@@ -19,6 +19,8 @@ from operator import itemgetter
 
 import numpy as np
 
+from tenplex.compiler import keysort
+
 I64 = np.int64
 SHORT_RUN = 8  # runs up to this long are chosen in Python: numpy costs more per call
 
@@ -36,7 +38,7 @@ def least_sent_hosts(which: np.ndarray, sets: Sequence[Sequence[int]], nbytes: n
     which = np.array(same, I64)[which]  # equal host sets are one set
     members = [np.array(key, I64) for key in number]
     component = _components(members, n)[which]
-    order = np.lexsort((np.arange(len(which)), component))  # per component, in atom order
+    order = keysort.lexsort((np.arange(len(which)), component))  # per component, in atom order
     w, sizes = which[order], nbytes[order]
     cuts = np.flatnonzero((w[1:] != w[:-1]) | (sizes[1:] != sizes[:-1])) + 1
     starts, stops = np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(which)])).tolist()
@@ -62,7 +64,7 @@ class HolderHosts:
         self.flat = list(chain.from_iterable(sets))
         dev = np.fromiter(map(itemgetter(0), self.flat), I64, len(self.flat))
         key = np.repeat(np.arange(len(sets)), np.fromiter(map(len, sets), I64, len(sets))) * n + host_of[dev]
-        self.order = np.argsort(key, kind="stable")
+        self.order = keysort.argsort(key)
         key = key[self.order]
         self.first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if len(key) else np.zeros(0, I64)
         self.keys, self.n = key[self.first], n
@@ -115,5 +117,5 @@ def _run(counts: np.ndarray, s: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     j = min(k, k // m + int(counts.max() - counts.min()) // s + 2)  # enough slots per host
     slots = (counts[:, None] + s * np.arange(j)[None, :]).ravel()
     host = np.repeat(np.arange(m), j)
-    chosen = host[np.lexsort((host, slots))[:k]]
+    chosen = host[keysort.lexsort((host, slots))[:k]]
     return chosen, counts + s * np.bincount(chosen, minlength=m)

@@ -15,6 +15,7 @@ from operator import attrgetter, itemgetter
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.ops import Need
 from tenplex.compiler.passes.atoms import Far
 
@@ -44,7 +45,7 @@ def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, Far]:
     key = group[of] * ndev + devs
     at = np.minimum(np.searchsorted(on_dev, key), max(len(on_dev) - 1, 0))
     here = on_dev[at] == key if len(on_dev) else np.zeros(len(key), bool)
-    near = ~here & np.isin(group[of] * len(host_ix) + host_of[devs], on_host)
+    near = ~here & keysort.member(on_host, group[of] * len(host_ix) + host_of[devs])
     per_need = np.array([(state.tensor_ix[t], state.box_id(b), state.sid_ix[s], p) for t, b, s, p in
                          zip(map(_TENSOR, needs), map(_BOX, needs), map(_SID, needs), map(_PIECE, needs))], I64).reshape(-1, 4)  # fmt: skip
     w = np.flatnonzero(here)
@@ -58,14 +59,14 @@ def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
     (need number and device rank among the group's devices)."""
     tensors = list(state.tensor_ix)
     key = host_of[devs[far]] * len(tensors) + per_need[of[far], 0]
-    order = np.argsort(key, kind="stable")
+    order = keysort.argsort(key)
     key, far = key[order], far[order]
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
     starts, stops = (np.concatenate(([0], cuts)), np.concatenate((cuts, [len(far)]))) if len(far) else (cuts, cuts)
     need, dev = of[far], devs[far]
     group = np.repeat(np.arange(len(starts)), stops - starts)
     wide = int(dev.max(initial=0)) + 1
-    distinct, inverse = np.unique(group * wide + dev, return_inverse=True)  # by group, then device
+    distinct, _, inverse = keysort.unique_first(group * wide + dev)  # by group, then device
     first = np.searchsorted(distinct // wide, distinct // wide)
     code = need * wide + (np.arange(len(distinct)) - first)[inverse.reshape(-1)]
     names = [(hosts[k // len(tensors)], tensors[k % len(tensors)]) for k in key[starts].tolist()]
@@ -80,7 +81,7 @@ def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
     n = len(flat)
     dev = np.fromiter(map(_FIRST, flat), I64, n)
     group = np.repeat(np.arange(len(sets)), lens)
-    keys, first = np.unique(group * ndev + dev, return_index=True)
+    keys, first, _ = keysort.unique_first(group * ndev + dev)
     sid = np.fromiter(map(state.sid_ix.__getitem__, map(_SECOND, flat)), I64, n)
     piece = np.fromiter(map(_THIRD, flat), I64, n)
     ints = np.stack((dev, sid, piece), axis=1)[first]
@@ -105,4 +106,4 @@ def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray,
     wants = np.concatenate((here, np.repeat(near, made)))
     merged = np.concatenate((rows, np.array(state.rows, I64).reshape(-1, 8)))
     state.rows = []
-    return merged[np.argsort(wants, kind="stable")]
+    return merged[keysort.argsort(wants)]

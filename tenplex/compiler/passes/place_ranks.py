@@ -69,11 +69,13 @@ class _Weights:
         self.shared = _shared_bytes(src, dst)  # dst partition -> {src partition: bytes}
         self.slots = dst.allocation.by_device  # dst device -> its partitions
         self.src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
-        self.src_devices = {q: set(devs) for q, devs in src.allocation.items}
+        self.src_on = src.allocation.by_device  # src device -> its partitions
         self.by_parts: dict[frozenset[str], dict[str, int]] = {}
 
     def on_device(self, slot: int, device: int) -> int:
-        return sum(b for p in self.slots[slot] for q, b in self.shared[p].items() if device in self.src_devices[q])
+        """Bytes of the slot's partitions that `device` holds in src (looked up per src
+        partition on the device, not by scanning every partition sharing bytes with them)."""
+        return sum(self.shared[p].get(q, 0) for p in self.slots[slot] for q in self.src_on.get(device, ()))
 
     def on_hosts(self, block: tuple[int, ...]) -> dict[str, int]:
         """host -> bytes of the block's partitions it holds (a partition on several slots counts

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64
 
@@ -59,7 +60,7 @@ def _network_rounds(hosts, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     rank = np.empty(len(hosts), I64)
     rank[np.argsort(np.array(hosts, dtype=object), kind="stable")] = np.arange(len(hosts))
     a, b = rank[src], rank[dst]
-    order = np.lexsort((np.arange(len(nbytes)), -nbytes, b, a))  # per pair: largest first, then by id
+    order = keysort.lexsort((np.arange(len(nbytes)), -nbytes, b, a))  # per pair: largest first, then by id
     key = a[order] * len(hosts) + b[order]
     starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
     ends = np.stack((a[order], b[order]), axis=1)  # each message's hosts, in queue order
@@ -147,4 +148,4 @@ def _by_priority(live: np.ndarray, ends: np.ndarray, left: np.ndarray | list[int
     first (ties: in pair order, by a stable sort)."""
     counts = np.array(left, np.int64)  # counted in int64 by `_network_rounds`, and only ever lower
     busiest = np.maximum(counts[ends[live, 0]], counts[ends[live, 1]])
-    return live[np.argsort(-busiest, kind="stable")].tolist()
+    return live[keysort.argsort(-busiest)].tolist()

@@ -20,6 +20,7 @@ from collections import Counter
 import attrs
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.ops import Holder, Need, ValueOp
 from tenplex.compiler.passes.atoms import Atoms, Far
@@ -133,7 +134,7 @@ class _State:
         far, local copies included; ties by holder); (device, sub-tensor id, piece) arrays.
         Atoms of one holder set and host share their candidates (looked up once per pair)."""
         host = least_sent_hosts(which, sets.members, nbytes, sets.n)
-        pair, inverse = np.unique(which * sets.n + host, return_inverse=True)
+        pair, _, inverse = keysort.unique_first(which * sets.n + host)
         at = np.searchsorted(sets.keys, pair)
         inverse = inverse.reshape(-1)
         ints = self.holder_ints([sets.flat[i] for i in sets.order[sets.first[at]].tolist()])[inverse]
@@ -186,7 +187,7 @@ def _sent_before(device: np.ndarray, nbytes: np.ndarray, multi: list[int], candi
     single = np.ones(n, bool)
     single[multi] = False
     keys = device[single] * n + np.flatnonzero(single)  # by device, then position
-    order = np.argsort(keys, kind="stable")
+    order = keysort.argsort(keys)
     keys, cum = keys[order], np.concatenate(([0], np.cumsum(nbytes[single][order])))
     lens = [len(c) for c in candidates]
     d = np.array([x for c in candidates for x in c], I64)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.table import message_table, op_table
@@ -77,7 +78,7 @@ class _Columns:
             need(contains(cp.lo[mask], cp.hi[mask], side.lo[rows], side.hi[rows]))
         src_map, dst_map = self.c.src.tensor_map, self.c.dst.tensor_map
         names = list(self.tensor_ix)
-        for t in np.unique(cp.tensor[~cp.forward]).tolist():
+        for t in keysort.unique(cp.tensor[~cp.forward]).tolist():
             need(src_map.get(names[t]) == dst_map[names[t]])
 
     def messages(self) -> None:
@@ -152,7 +153,7 @@ class _Columns:
         wanted = rows * nd + np.repeat(dst.held % nd, reps)
         vol = np.prod(dst.hi[rows] - dst.lo[rows], axis=1)
         wanted, vol = wanted[vol > 0], vol[vol > 0]
-        order = np.argsort(wanted)
+        order = keysort.argsort(wanted)
         key = self.wrow * nd + cp.dst_dev
         got, sums = group_sum(key, cp.volume)
         need(len(got) == len(wanted))
@@ -164,17 +165,17 @@ class _Columns:
         dimension, each box stopping where the next starts or before, is; groups that no one
         dimension separates go through the exact sweep."""
         ks = np.sort(key)
-        twice = np.unique(ks[1:][ks[1:] == ks[:-1]])
+        twice = keysort.unique(ks[1:][ks[1:] == ks[:-1]])
         if not len(twice):
             return
-        sub = np.flatnonzero(np.isin(key, twice))
+        sub = np.flatnonzero(keysort.member(twice, key))
         kk, lo, hi = key[sub], self.cp.lo[sub], self.cp.hi[sub]
         unproven = twice
         for d in range(lo.shape[1]):
-            o = np.lexsort((lo[:, d], kk))
+            o = keysort.lexsort((lo[:, d], kk))
             g = kk[o]
             clash = (g[1:] == g[:-1]) & (hi[o][:-1, d] > lo[o][1:, d])
-            unproven = np.intersect1d(unproven, g[1:][clash])
+            unproven = unproven[keysort.member(keysort.unique(g[1:][clash]), unproven)]
         for group in unproven.tolist():
             boxes = self.cp.boxes(sub[kk == group])
             need(not any(a < b for a, b in overlapping_pairs(boxes, boxes)))
@@ -203,7 +204,7 @@ class _Columns:
         fills = [op for _, op in self.few if type(op) is FillOp]
         fill = sum(op.box.volume * c.dst.itemsize(c.dst.subtensor_map[op.dst_subtensor].tensor) for op in fills)
         need(s.fill_bytes == fill and moved == (s.device_bytes, s.host_bytes, s.network_bytes))
-        rounds = np.unique(self.m_round)
+        rounds = keysort.unique(self.m_round)
         need(s.rounds == len(rounds))
         per_host = host_lower_bounds(c.src, c.dst)
         bound = sum(per_host.values())

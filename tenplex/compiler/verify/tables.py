@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.table import OpTable
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
@@ -60,7 +61,7 @@ def group_sum(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Distinct keys (sorted) and the int64 sum of `values` per key."""
     if not len(keys):
         return keys, values
-    order = np.argsort(keys, kind="stable")
+    order = keysort.argsort(keys)
     k = keys[order]
     starts = np.concatenate(([0], np.flatnonzero(k[1:] != k[:-1]) + 1))
     return k[starts], np.add.reduceat(values[order], starts)

@@ -34,7 +34,7 @@ from typing import Any
 
 from tenplex.runtime.agent.wire import MAGIC, PREFIX, WireError, decode, encode, parse_prefix
 
-__all__ = ["HANDSHAKE_S", "Channel", "ChannelError", "accept", "dial", "listen", "parse_address"]
+__all__ = ["HANDSHAKE_S", "Channel", "ChannelError", "accept", "dial", "frame", "listen", "parse_address"]
 
 VERSION = 1
 HANDSHAKE_S = 5.0
@@ -72,10 +72,13 @@ class Channel:
     def send(self, value: Any, idle: float, total: float | None = None) -> None:
         """Send one message. Raises WireError (nothing sent) for a value the wire cannot carry,
         ChannelError (channel closed) when the peer stops taking bytes for `idle` seconds."""
-        header, buffers = encode(value)
+        self.send_frame(frame(value), idle, total)
+
+    def send_frame(self, parts: list[Any], idle: float, total: float | None = None) -> None:
+        """Send one message encoded by `frame` (as `send`, which encodes and sends at once)."""
         deadline = None if total is None else time.monotonic() + total
         with self._send_lock:
-            for part in (PREFIX.pack(MAGIC, len(header), len(buffers)), header, *buffers):
+            for part in parts:
                 self._send_all(memoryview(part).cast("B"), idle, deadline)
 
     def recv(self, idle: float | None, total: float | None = None) -> Any:
@@ -138,6 +141,13 @@ class Channel:
                 raise WireError("closed by the peer" if got == 0 else "closed by the peer in the middle of a frame")
             got += k
         return out
+
+
+def frame(value: Any) -> list[Any]:
+    """The parts of one message's frame (prefix, header, buffers) for `Channel.send_frame`.
+    Raises WireError for a value the wire cannot carry."""
+    header, buffers = encode(value)
+    return [PREFIX.pack(MAGIC, len(header), len(buffers)), header, *buffers]
 
 
 def _buffer_sizes(header: bytes, count: int) -> list[int]:

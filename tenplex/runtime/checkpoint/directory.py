@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from tenplex.ir.serialize import dumps, ptc_from_json
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, map_npy, write_npy
 from tenplex.runtime.checkpoint.planned import PlannedFiles, pwrite_all
+from tenplex.runtime.checkpoint.pool import THREADS, run_all
 from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
 
 __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "WriteError", "checkpoint_dir", "make_tree", "read_checkpoint",
@@ -52,7 +52,6 @@ __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "WriteError", "checkpoi
 
 PTC_FILE = "ptc.json"
 VALUES_FILE = "values.json"
-THREADS = min(4, os.cpu_count() or 1)  # files written at once: their copies run in the kernel, in parallel
 
 
 class CheckpointError(TenplexError):
@@ -91,7 +90,7 @@ def _check_no_file_is_a_directory(owner: dict[str, str]) -> None:
 
 
 def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping[str, Mapping[str, Any]],
-                     out_dir: str | os.PathLike) -> None:  # fmt: skip
+                     out_dir: str | os.PathLike, tree: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """Write the directory format into `out_dir` (created; must not exist, or be empty), each
     file once, several at a time (`THREADS`), the values and ptc.json while the arrays are written.
 
@@ -101,10 +100,11 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
     itself and calls `meanwhile()` once (agents, `runtime.reshard.AgentFiles`; worker processes,
     `checkpoint.workers`); `values`: partition id -> {name: value}. Raises CheckpointError naming
     the sub-tensor or partition when one is missing or wrong, or the file being written when the
-    system refuses a write (full disk, ...)."""
+    system refuses a write (full disk, ...). `tree`: what `make_tree(ptc, out_dir)` returned,
+    where the caller made the tree already."""
     out = Path(out_dir)
     preallocated = getattr(arrays, "preallocated", False)  # then its tree was made for the preallocation
-    files = relative_paths(ptc) if preallocated else make_tree(ptc, out)
+    files = tree if tree is not None else relative_paths(ptc) if preallocated else make_tree(ptc, out)
     texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
     write = arrays.write if isinstance(arrays, PlannedFiles) else None
     write = write or (None if callable(getattr(arrays, "write_files", None)) else _array_writer(ptc, arrays))
@@ -124,41 +124,47 @@ def make_tree(ptc: PTC, out: Path) -> dict[str, str]:
     """Create `out` and every directory its files need; returns `relative_paths(ptc)`. Raises
     CheckpointError (`relative_paths`), WriteError naming the directory that cannot be made."""
     files = relative_paths(ptc)
-    path = out
+    values = [f"{p.id}/{VALUES_FILE}" for p in ptc.partitions if p.values]  # the partitions with a values file
+    dirs: set[str] = set()
+    for rel in [*files.values(), *values]:
+        while (rel := rel.rpartition("/")[0]) and rel not in dirs:  # each directory and those above it, once
+            dirs.add(rel)
     try:
-        values = [f"{p.id}/{VALUES_FILE}" for p in ptc.partitions if p.values]  # the partitions with a values file
-        for path in [out, *sorted({(out / rel).parent for rel in [*files.values(), *values]})]:
-            path.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise WriteError(path, e) from None
+        raise WriteError(out, e) from None
+    for rel in sorted(dirs):  # a directory sorts before those in it (its path is their prefix)
+        _mkdir(out, rel)
     return files
+
+
+def _mkdir(out: Path, rel: str) -> None:
+    """Directory `out / rel` made (its parent exists); one that exists is no error. Raises WriteError."""
+    path = os.path.join(out, rel)
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        if not (isinstance(e, FileExistsError) and os.path.isdir(path)):
+            raise WriteError(out / rel, e) from None
 
 
 def write_files(out: Path, files: Mapping[str, str], write: Callable[[str, int], object], threads: int = THREADS,
                 on_file: Callable[[], None] | None = None, meanwhile: Callable[[], None] | None = None,
                 exclusive: bool = True) -> None:  # fmt: skip
     """`write_file(out / files[key], write, key, exclusive)` for every key, `threads` files at a
-    time, `on_file()` after each; `meanwhile()` in this thread while they are written. Raises
-    WriteError naming the file (the first to fail, in key order)."""
-    if threads == 1:
-        if meanwhile is not None:
-            meanwhile()
-        for key, rel in files.items():
-            write_file(out / rel, write, key, exclusive)
-            if on_file is not None:
-                on_file()
-        return
-    with ThreadPoolExecutor(threads) as pool:
-        running = [pool.submit(write_file, out / rel, write, key, exclusive) for key, rel in files.items()]
-        if meanwhile is not None:
-            meanwhile()
-        for done in running:
-            done.result()
-            if on_file is not None:
-                on_file()
+    time in key order (`pool.run_all`), `on_file()` after each and `meanwhile()` while they are
+    written, both in this thread. Raises WriteError naming the file (the first to fail, in key
+    order); after a failure no further file is started."""
+    items = list(files.items())
+
+    def one(i: int) -> None:
+        key, rel = items[i]
+        write_file(os.path.join(out, rel), write, key, exclusive)
+
+    run_all(len(items), one, threads, on_file, meanwhile)
 
 
-def write_file(path: Path, write: Callable[[str, int], object], key: str, exclusive: bool = True) -> None:
+def write_file(path: str | os.PathLike, write: Callable[[str, int], object], key: str, exclusive: bool = True) -> None:
     """Create `path` (it must not exist, unless not `exclusive`: then it may, from a
     `prealloc.Preallocation`, and is written over) and `write(key, fd)` into it. Raises
     WriteError naming `path`."""
@@ -170,7 +176,7 @@ def write_file(path: Path, write: Callable[[str, int], object], key: str, exclus
         finally:
             os.close(fd)
     except OSError as e:
-        raise WriteError(path, e) from None
+        raise WriteError(Path(path), e) from None
 
 
 def _array_writer(ptc: PTC, arrays: Mapping[str, np.ndarray]) -> Callable[[str, int], None]:

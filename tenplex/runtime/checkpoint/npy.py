@@ -83,15 +83,16 @@ def map_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
             mapped = _Mapped(f.fileno(), 0, prot=mmap.PROT_READ)
         except OSError as e:
             raise error(f"{path}: cannot map ({what}): {e.strerror or e}") from None
-    mapped.path = path
     flat = np.frombuffer(mapped, dtype, count, offset)
+    mapped.path, mapped.address = path, flat.ctypes.data - offset
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
 class _Mapped(mmap.mmap):
-    """A file mapping that knows its file (the base of `map_npy`'s arrays)."""
+    """A file mapping that knows its file and where it is mapped (the base of `map_npy`'s arrays)."""
 
     path: Path
+    address: int
 
 
 def mapped_file(a: np.ndarray) -> tuple[Path, int] | None:
@@ -103,7 +104,7 @@ def mapped_file(a: np.ndarray) -> tuple[Path, int] | None:
     mapped = base.obj if isinstance(base, memoryview) else base  # np.frombuffer keeps a memoryview
     if not isinstance(mapped, _Mapped):
         return None
-    return mapped.path, a.ctypes.data - np.frombuffer(base, np.uint8, 0).ctypes.data
+    return mapped.path, a.ctypes.data - mapped.address
 
 
 def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError]) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -119,7 +119,11 @@ class Worker:
                         finish_work: bool = True) -> None:  # fmt: skip
         """Progress the worker until `done()`; between progress calls, run `work` items one at a
         time (non-blocking progress while there is work, sleeping on the worker's fd after); the
-        items left when `done()` are run then (`finish_work`) or left to the caller."""
+        items left when `done()` are run then (`finish_work`) or left to the caller. The worker is
+        progressed once before the first item: requests just posted (a rendezvous answered, the
+        first bytes of a send) start moving before the work takes the CPU."""
+        if work is not None:
+            self._worker.progress()
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
