@@ -98,5 +98,4 @@ def _predicted(uk: np.ndarray, sums: np.ndarray, w: int, bw: tuple) -> float:
         seconds = sums / np.array(bw, np.float64)[kind]
     else:
         seconds = np.array([b / bw[k] for b, k in zip(sums.tolist(), kind.tolist())], np.float64)
-    starts = np.flatnonzero(np.concatenate(([True], rounds[1:] != rounds[:-1])))
-    return sum(np.maximum.reduceat(seconds, starts).tolist())
+    return sum(np.maximum.reduceat(seconds, keysort.starts(rounds)).tolist())

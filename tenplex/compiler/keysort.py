@@ -51,10 +51,17 @@ def lexsort(keys: Sequence[np.ndarray]) -> np.ndarray:
     return argsort(packed)
 
 
+def starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """The first position of each run of equal values in `sorted_keys` (none for no keys)."""
+    if not len(sorted_keys):
+        return np.zeros(0, I64)
+    return np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
+
+
 def unique(keys: np.ndarray) -> np.ndarray:
     """`np.unique(keys)` (sorted distinct values) by a sort, not numpy's hashing."""
     s = np.sort(keys)
-    return s[np.concatenate(([True], s[1:] != s[:-1]))] if len(s) else s
+    return s[starts(s)]
 
 
 def unique_first(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,10 +69,10 @@ def unique_first(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     first row of each, and each row's value number."""
     order = argsort(keys)
     s = keys[order]
-    new = np.concatenate(([True], s[1:] != s[:-1])) if len(s) else np.zeros(0, bool)
+    first = starts(s)
     inverse = np.empty(len(s), I64)
-    inverse[order] = np.cumsum(new) - 1
-    return s[new], order[new], inverse
+    inverse[order] = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(s))))
+    return s[first], order[first], inverse
 
 
 def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -28,6 +28,9 @@ def test_argsort_unique_member_match_numpy(case):
     got = keysort.unique_first(a)
     assert np.array_equal(got[0], values) and np.array_equal(got[1], first)
     assert np.array_equal(got[2], inverse.reshape(-1))
+    s = np.sort(a)
+    assert np.array_equal(s[keysort.starts(s)], values)  # one position per run, its first
+    assert keysort.starts(s).dtype == np.int64
     probe = _draw(50, case[1], True, case[3] + 1)
     assert np.array_equal(keysort.member(np.unique(a), probe), np.isin(probe, a))
 

@@ -66,7 +66,7 @@ class HolderHosts:
         key = np.repeat(np.arange(len(sets)), np.fromiter(map(len, sets), I64, len(sets))) * n + host_of[dev]
         self.order = keysort.argsort(key)
         key = key[self.order]
-        self.first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if len(key) else np.zeros(0, I64)
+        self.first = keysort.starts(key)
         self.keys, self.n = key[self.first], n
         self.count = np.diff(np.append(self.first, len(key)))
         runs = np.searchsorted(self.keys // n, np.arange(len(sets) + 1)).tolist()

@@ -85,8 +85,7 @@ def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
     sid = np.fromiter(map(state.sid_ix.__getitem__, map(_SECOND, flat)), I64, n)
     piece = np.fromiter(map(_THIRD, flat), I64, n)
     ints = np.stack((dev, sid, piece), axis=1)[first]
-    hosts = np.sort(group * nhosts + host_of[dev])  # sorted, not np.unique: its hashing is slow on ints
-    return keys, ints, hosts[np.concatenate(([True], hosts[1:] != hosts[:-1]))] if len(hosts) else hosts
+    return keys, ints, keysort.unique(group * nhosts + host_of[dev])
 
 
 def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -101,10 +101,10 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
     `checkpoint.workers`); `values`: partition id -> {name: value}. Raises CheckpointError naming
     the sub-tensor or partition when one is missing or wrong, or the file being written when the
     system refuses a write (full disk, ...). `tree`: what `make_tree(ptc, out_dir)` returned,
-    where the caller made the tree already."""
+    where the caller made the tree already (for a `prealloc.Preallocation`)."""
     out = Path(out_dir)
-    preallocated = getattr(arrays, "preallocated", False)  # then its tree was made for the preallocation
-    files = tree if tree is not None else relative_paths(ptc) if preallocated else make_tree(ptc, out)
+    preallocated = getattr(arrays, "preallocated", False)  # the files exist: opened without O_EXCL
+    files = make_tree(ptc, out) if tree is None else tree
     texts = {f"{pid}/{VALUES_FILE}": text for pid, text in _value_texts(ptc, values).items()}
     write = arrays.write if isinstance(arrays, PlannedFiles) else None
     write = write or (None if callable(getattr(arrays, "write_files", None)) else _array_writer(ptc, arrays))

@@ -68,9 +68,7 @@ class PlannedFiles:
         if sum(r.nbytes for r in regions) != target.nbytes:
             raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(r.nbytes for r in regions)} of {target.nbytes} bytes")
         pwrite_all(fd, header, 0)
-        if len(ops) == 1 and regions[0].flags.c_contiguous:  # the whole array (its size): at the start
-            self._write_op(ops[0], target, fd, len(header))
-        elif all(r.flags.c_contiguous for r in regions):
+        if all(r.flags.c_contiguous for r in regions):
             base = target.ctypes.data
             for at, op in sorted((r.ctypes.data - base, op) for r, op in zip(regions, ops)):  # in file order
                 self._write_op(op, target, fd, len(header) + at)
