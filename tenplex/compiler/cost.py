@@ -25,7 +25,11 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     return sum(a[i].overlap_volume(b[j]) for i, j in overlapping_pairs(a, b))
 
 
-Held = dict[frozenset[str], dict[str, set[Box]]]  # src partitions of a host -> tensor -> boxes they hold
+# Work shared between `host_lower_bounds` calls on one src and dst: "boxes" -> the global boxes
+# met so far, by number; src partitions -> tensor -> numbers of the boxes they hold;
+# ("dst", dst partitions) -> the same for dst; ("bytes", dst partitions, src partitions) -> the
+# bytes missing (None: nothing needed); ("missing", needed numbers, held numbers) -> elements.
+Held = dict
 
 
 def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset[str]]:
@@ -36,60 +40,72 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
     return {h: frozenset(ps) for h, ps in out.items()}
 
 
-def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str]) -> dict[str, set[Box]]:
-    """tensor -> global boxes that the sub-tensors of `partitions` hold."""
-    out: dict[str, set[Box]] = defaultdict(set)
+def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], number: dict[Box, int]) -> dict[str, frozenset[int]]:
+    """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (boxes
+    numbered in `number`, which grows: sets of ints compare without Python calls)."""
+    out: dict[str, set[int]] = defaultdict(set)
     subtensors = ptc.subtensor_map
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
             st = subtensors[sid]
             boxes = out[st.tensor]
             for p in st.pieces:
-                boxes.add(p.global_box)
-    return out
+                boxes.add(number.setdefault(p.global_box, len(number)))
+    return {t: frozenset(b) for t, b in out.items()}
 
 
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
     """Per dst host: bytes it must receive over the network (at least). A host's figure depends
     only on the dst partitions it gets and the src partitions it has, so hosts alike in both
     (DP replicas of one stage) are computed once. `held` (any dict, filled here) may be passed
-    to share the src side between calls."""
+    to share that work between calls on the same src and dst (another allocation of dst's
+    partitions mostly gives hosts the same pairs of partition sets)."""
     allocation = allocation or dst.allocation
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
     held = {} if held is None else held
     src_on = _partitions_by_host(src.allocation, host)
-    memo: dict[tuple[frozenset[str], frozenset[str]], int | None] = {}
-    needed: dict[frozenset[str], dict[str, set[Box]]] = {}  # dst partitions -> their boxes
     out: dict[str, int] = {}
     for h, parts in sorted(_partitions_by_host(allocation, host).items()):
-        key = (parts, src_on.get(h, frozenset()))
-        if key not in memo:
-            if parts not in needed:
-                needed[parts] = _boxes_by_tensor(dst, parts)
-            memo[key] = _missing_bytes(src, dst, needed[parts], key[1], held)
-        if memo[key] is not None:
-            out[h] = memo[key]
+        key = ("bytes", parts, src_on.get(h, frozenset()))
+        if key not in held:
+            needed = held.get(("dst", parts))
+            if needed is None:
+                needed = held[("dst", parts)] = _boxes_by_tensor(dst, parts, held.setdefault("boxes", {}))
+            held[key] = _missing_bytes(src, dst, needed, key[2], held)
+        if held[key] is not None:
+            out[h] = held[key]
     return out
 
 
-def _missing_bytes(src: PTC, dst: PTC, need: dict[str, set[Box]], src_parts: frozenset[str], held: Held) -> int | None:
-    """Bytes of the dst boxes `need` (tensor -> boxes of some dst partitions) that `src_parts`
-    (src) lack, each element once; None when `need` is empty (such a host receives nothing and
-    has no figure)."""
+def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_parts: frozenset[str], held: Held) -> int | None:
+    """Bytes of the dst boxes `need` (tensor -> box numbers of some dst partitions) that
+    `src_parts` (src) lack, each element once; None when `need` is empty (such a host receives
+    nothing and has no figure). Tensors alike (a weight of every layer of a stage, its
+    optimizer states) need and hold the same boxes, so each pair of box sets is counted once."""
     if not need:
         return None
+    number = held.setdefault("boxes", {})
     if src_parts not in held:
-        held[src_parts] = _boxes_by_tensor(src, src_parts)
+        held[src_parts] = _boxes_by_tensor(src, src_parts, number)
     have = held[src_parts]
     total = 0
     for tensor, boxes in need.items():
-        held_boxes = have.get(tensor, set())
+        held_boxes = have.get(tensor, frozenset())
         if boxes <= held_boxes:  # every needed box is held as is: nothing to receive
             continue
-        needed = disjoint_union(boxes)
-        missing = sum(b.volume for b in needed) - _overlap_volume(needed, disjoint_union(held_boxes))
+        key = ("missing", boxes, held_boxes)
+        missing = held.get(key)
+        if missing is None:
+            missing = held[key] = _missing_volume(boxes, held_boxes, number)
         total += missing * dst.itemsize(tensor)
     return total
+
+
+def _missing_volume(needed: frozenset[int], have: frozenset[int], number: dict[Box, int]) -> int:
+    """Elements of the boxes numbered `needed` outside those numbered `have`."""
+    boxes = list(number)  # by number
+    need = disjoint_union(boxes[k] for k in needed)
+    return sum(b.volume for b in need) - _overlap_volume(need, disjoint_union(boxes[k] for k in have))
 
 
 def network_lower_bound(src: PTC, dst: PTC, allocation=None) -> int:

@@ -46,16 +46,83 @@ class Diff:
 def diff(src: PTC, dst: PTC) -> Diff:
     needs: list[Need] = []
     layouts: dict[tuple, list] = {}
+    kinds = _Kinds(src, dst)
     for meta in dst.tensors:
         _check_tensor(src, meta)
-        needs.extend(_tensor_needs(src, dst, meta.name, layouts))
+        needs.extend(kinds.needs(meta.name, layouts))
+    devices = kinds.dst_devices
     fills = [
         FillOp(d, st.id, box, st.fill)
         for st in dst.subtensors
+        if not _whole(st)
         for box in st.fill_boxes()
-        for d in dst.devices_of_subtensor(st.id)
+        for d in devices[st.id]
     ]
     return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)))
+
+
+def _whole(st) -> bool:
+    """Whether one piece is the whole array (no fill; the common case, cheaper than
+    `fill_boxes`)."""
+    return len(st.pieces) == 1 and st.pieces[0].local_box.shape == st.shape
+
+
+def _devices_by_subtensor(ptc: PTC) -> dict[str, tuple[int, ...]]:
+    mapping = ptc.allocation.mapping
+    return {sid: mapping[pid] for sid, pid in ptc.partition_of.items()}
+
+
+class _Kinds:
+    """Needs per tensor kind. The needs of a tensor depend on the devices and piece boxes of
+    its src and dst sub-tensors, and on its sub-tensor ids only through the holders' sort
+    order (device, then src sub-tensor id). So tensors alike in those (a layer's weight, its
+    optimizer states, the same weight of the other layers of a stage) get the same needs with
+    their own ids put in: a PTC keeps its sub-tensors sorted by id, so a src id's position
+    among its tensor's sub-tensors orders as the id does. A kind's needs are kept as a
+    template: per need its dst sub-tensor's position, piece, box and holder tuple number; per
+    holder tuple its (device, src sub-tensor position, piece) rows. Holder tuples that were one
+    object stay one object (select-sources numbers holder sets by identity). 4,624 tensors
+    are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs."""
+
+    def __init__(self, src: PTC, dst: PTC):
+        self.src, self.dst = src, dst
+        self.src_devices = _devices_by_subtensor(src)
+        self.dst_devices = _devices_by_subtensor(dst)
+        self.templates: dict[tuple, tuple[list, list]] = {}
+
+    def needs(self, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
+        src_sts = self.src.by_tensor.get(tensor, ())
+        dst_sts = self.dst.by_tensor[tensor]
+        src_ids = [st.id for st in src_sts]
+        sdev, ddev = self.src_devices, self.dst_devices
+        key = (
+            tuple([(sdev[st.id], tuple([p.global_box for p in st.pieces])) for st in src_sts]),
+            tuple([(ddev[st.id], tuple([p.global_box for p in st.pieces])) for st in dst_sts]),
+        )
+        template = self.templates.get(key)
+        if template is None:
+            out = _tensor_needs(self.src, self.dst, tensor, layouts, sdev, ddev)
+            self.templates[key] = _template(out, src_ids, dst_sts)
+            return out
+        rows, sets = template
+        holders = [tuple(map(_holder, [(d, src_ids[k], i) for d, k, i in hs])) for hs in sets]
+        dst_ids = [st.id for st in dst_sts]
+        return [Need(tensor, box, ddev[dst_ids[k]], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
+
+
+def _template(needs: list[Need], src_ids: list[str], dst_sts) -> tuple[list, list]:
+    src_pos = {sid: k for k, sid in enumerate(src_ids)}
+    dst_pos = {st.id: k for k, st in enumerate(dst_sts)}
+    numbers: dict[int, int] = {}  # id of a holder tuple -> its number
+    sets: list[list[tuple[int, int, int]]] = []
+    rows = []
+    for n in needs:
+        h = numbers.get(id(n.holders))
+        if h is None:
+            h = numbers[id(n.holders)] = len(sets)
+            sets.append([(d, src_pos[sid], i) for d, sid, i in n.holders])
+        rows.append((dst_pos[n.dst_subtensor], n.dst_piece, n.box, h))
+    return rows, sets
 
 
 def _check_tensor(src: PTC, meta) -> None:
@@ -66,14 +133,14 @@ def _check_tensor(src: PTC, meta) -> None:
         raise CompileError(f"tensor {meta.name!r} is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
 
 
-def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
+def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list], src_devices: dict, dst_devices: dict) -> list[Need]:
     """Needs of every dst piece of `tensor`, in dst piece order. Work is per distinct box, not
     per piece: replicas of a box (a norm held by every TP rank) meet the same src pieces, so
     they share their fragments and holder tuples. Tensors alike (a weight, its optimizer
     states, the same weight of other layers) have the same dst and src boxes, so where the
     src boxes meeting a dst box are disjoint, the clipped boxes are found once per layout
     (`layouts`, shared by the tensors of one diff)."""
-    held = _holders_by_box(src, tensor)
+    held = _holders_by_box(src, tensor, src_devices)
     src_boxes = list(held)
     dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
     boxes = list(dict.fromkeys(box for *_, box in dst_items))
@@ -94,7 +161,7 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -
         if covered != box.volume:
             gap = _first_gap(box, [f for f, _ in fragments])
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
-        devices = dst.devices_of_subtensor(st.id)
+        devices = dst_devices[st.id]
         out.extend(Need(tensor, f, devices, st.id, j, hs) for f, hs in fragments)
     return out
 
@@ -119,13 +186,13 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
 _holder = partial(tuple.__new__, Holder)  # Holder(d, sid, i) from a tuple, without namedtuple's Python __new__
 
 
-def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
+def _holders_by_box(src: PTC, tensor: str, devices_of: dict[str, tuple[int, ...]]) -> dict[Box, tuple[Holder, ...]]:
     """Distinct src global boxes of `tensor` (in order of first appearance), each with every
     (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
     meet the same dst pieces, so one tuple serves every dst piece."""
     fresh: dict[Box, list[Holder]] = defaultdict(list)
     for st in src.by_tensor.get(tensor, ()):
-        devices = src.devices_of_subtensor(st.id)
+        devices = devices_of[st.id]
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
                 fresh[p.global_box].extend(map(_holder, zip(devices, repeat(st.id), repeat(i))))

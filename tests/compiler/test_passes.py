@@ -316,3 +316,28 @@ def test_plan_graph_orders_forwards_after_their_landing():
     for a, b in plan.edges:
         assert a in generations[0] and b in generations[1]
         assert plan.ops[b].src_side == "dst" and plan.ops[a].dst_device == plan.ops[b].src_device
+
+
+def test_diff_needs_of_tensors_alike_are_the_needs_computed_per_tensor():
+    """diff computes one tensor per kind (devices and piece boxes alike) and puts the others'
+    ids into its needs; they must be the needs computed for each tensor on its own, holder
+    tuples shared alike. Kinds here: split rows (three tensors, one on other devices), whole
+    replicas (two), and tied copies (two, each a device holding two sub-tensors with one box)."""
+    from tenplex.compiler.diff import _devices_by_subtensor, _tensor_needs
+
+    metas = [TensorMeta(n, (8, 4), "float32") for n in ("a", "b", "c", "d", "e", "f", "g")]
+    a, b, c, d, e, f, g = metas
+    src = ptc(
+        [rows("a/0", 0, 4, a), rows("a/1", 4, 8, a), rows("b/0", 0, 4, b), rows("b/1", 4, 8, b), rows("c/0", 0, 4, c),
+         rows("c/1", 4, 8, c), whole("d/0", d), whole("e/0", e), whole("f/0", f), whole("f/1", f), whole("g/0", g), whole("g/1", g)],
+        {"p0": ["a/0", "b/0", "d/0", "e/0", "f/0", "f/1", "g/0", "g/1"], "p1": ["a/1", "b/1"], "p2": ["c/0"], "p3": ["c/1"]},
+        {"p0": [0, 2], "p1": [1, 3], "p2": [4], "p3": [5]}, metas)  # fmt: skip
+    dst = ptc(
+        [rows(f"{m.name}/{i}", 2 * i, 2 * i + 2, m) for m in metas for i in range(4)],
+        {f"q{i}": [f"{m.name}/{i}" for m in metas] for i in range(4)},
+        {f"q{i}": [i + 4, (i + 2) % 8] for i in range(4)}, metas)  # fmt: skip
+    got = diff(src, dst).needs
+    want = [n for m in metas for n in _tensor_needs(src, dst, m.name, {}, _devices_by_subtensor(src), _devices_by_subtensor(dst))]
+    assert list(got) == want
+    shared = lambda needs: [[j for j, o in enumerate(needs) if o.holders is n.holders] for n in needs]  # noqa: E731
+    assert shared(got) == shared(want)
