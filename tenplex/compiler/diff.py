@@ -41,6 +41,7 @@ class Diff:
     needs: tuple[Need, ...]  # one per fragment of a dst piece
     fills: tuple[FillOp, ...]
     values: tuple[ValueNeed, ...]
+    kinds: dict[str, int] = attrs.field(factory=dict)  # tensor -> its kind: tensors of one kind have alike needs (`_Kinds`)
 
 
 def diff(src: PTC, dst: PTC) -> Diff:
@@ -58,7 +59,7 @@ def diff(src: PTC, dst: PTC) -> Diff:
         for box in st.fill_boxes()
         for d in devices[st.id]
     ]
-    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)))
+    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of)
 
 
 def _whole(st) -> bool:
@@ -80,15 +81,17 @@ class _Kinds:
     their own ids put in: a PTC keeps its sub-tensors sorted by id, so a src id's position
     among its tensor's sub-tensors orders as the id does. A kind's needs are kept as a
     template: per need its dst sub-tensor's position, piece, box and holder tuple number; per
-    holder tuple its (device, src sub-tensor position, piece) rows. Holder tuples that were one
+    holder tuple its devices, src sub-tensor positions and pieces. Holder tuples that were one
     object stay one object (select-sources numbers holder sets by identity). 4,624 tensors
-    are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs."""
+    are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs. Invariant: the needs of tensors of one
+    kind (`kind_of`) are alike row by row (the same boxes, dst positions and devices)."""
 
     def __init__(self, src: PTC, dst: PTC):
         self.src, self.dst = src, dst
         self.src_devices = _devices_by_subtensor(src)
         self.dst_devices = _devices_by_subtensor(dst)
-        self.templates: dict[tuple, tuple[list, list]] = {}
+        self.templates: dict[tuple, tuple[int, list, list]] = {}  # key -> kind number, rows, holder tuples
+        self.kind_of: dict[str, int] = {}
 
     def needs(self, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
         src_sts = self.src.by_tensor.get(tensor, ())
@@ -102,10 +105,12 @@ class _Kinds:
         template = self.templates.get(key)
         if template is None:
             out = _tensor_needs(self.src, self.dst, tensor, layouts, sdev, ddev)
-            self.templates[key] = _template(out, src_ids, dst_sts)
+            self.kind_of[tensor] = len(self.templates)
+            self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_sts))
             return out
-        rows, sets = template
-        holders = [tuple(map(_holder, [(d, src_ids[k], i) for d, k, i in hs])) for hs in sets]
+        self.kind_of[tensor], rows, sets = template
+        sid = src_ids.__getitem__
+        holders = [tuple(map(_holder, zip(ds, map(sid, ks), pieces))) for ds, ks, pieces in sets]
         dst_ids = [st.id for st in dst_sts]
         return [Need(tensor, box, ddev[dst_ids[k]], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 
@@ -114,13 +119,13 @@ def _template(needs: list[Need], src_ids: list[str], dst_sts) -> tuple[list, lis
     src_pos = {sid: k for k, sid in enumerate(src_ids)}
     dst_pos = {st.id: k for k, st in enumerate(dst_sts)}
     numbers: dict[int, int] = {}  # id of a holder tuple -> its number
-    sets: list[list[tuple[int, int, int]]] = []
+    sets: list[tuple[tuple[int, ...], ...]] = []  # devices, src sub-tensor positions, pieces
     rows = []
     for n in needs:
         h = numbers.get(id(n.holders))
         if h is None:
             h = numbers[id(n.holders)] = len(sets)
-            sets.append([(d, src_pos[sid], i) for d, sid, i in n.holders])
+            sets.append((tuple(d for d, _, _ in n.holders), tuple(src_pos[s] for _, s, _ in n.holders), tuple(i for *_, i in n.holders)))
         rows.append((dst_pos[n.dst_subtensor], n.dst_piece, n.box, h))
     return rows, sets
 

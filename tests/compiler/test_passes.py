@@ -341,3 +341,19 @@ def test_diff_needs_of_tensors_alike_are_the_needs_computed_per_tensor():
     assert list(got) == want
     shared = lambda needs: [[j for j, o in enumerate(needs) if o.holders is n.holders] for n in needs]  # noqa: E731
     assert shared(got) == shared(want)
+
+
+@pytest.mark.parametrize(("src_spec", "dst_spec"), [("gpt-tiny:tp2,pp2,dp2@4x2", "gpt-tiny:tp2,pp1,dp2@2x2"),
+                                                    ("gpt-tiny:tp4,pp2,dp1@4x2", "gpt-tiny:tp2,pp2,dp2@4x2")])  # fmt: skip
+def test_atoms_of_tensors_alike_are_cut_as_each_would_be(monkeypatch, src_spec, dst_spec):
+    """select-sources cuts one (host, tensor) group per tensor kind and shape and reuses the
+    cut for tensors of that kind; the plan must be the one cut group by group."""
+    from tenplex.compiler import dumps_plan
+    from tenplex.compiler.passes.atoms import Atoms
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec(src_spec), ptc_from_spec(dst_spec)
+    alike = dumps_plan(compile_plan(src, dst, CompileOptions(max_message_bytes=1 << 12, memory_budget_bytes=1 << 14)))
+    one_by_one = Atoms.shape_of_kind
+    monkeypatch.setattr(Atoms, "shape_of_kind", lambda self, far, a, b, _: one_by_one(self, far, a, b, None))
+    assert dumps_plan(compile_plan(src, dst, CompileOptions(max_message_bytes=1 << 12, memory_budget_bytes=1 << 14))) == alike

@@ -25,6 +25,7 @@ from tenplex.ir.sweep import overlapping_pairs
 I64 = np.int64
 Want = tuple[Need, int]  # a need on one dst device
 Shape = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # box ids, want counts, want positions, holder sets
+Cut = tuple[Shape, list[list[int]], np.ndarray]  # a shape, the want positions of each holder group, each atom's group
 
 
 @attrs.frozen
@@ -44,6 +45,8 @@ class Far:
     starts: list[int]
     stops: list[int]
     names: list[tuple[str, str]]
+    rel: np.ndarray | None = None  # `code` with the need's position among its tensor's needs
+    kinds: list[int] | None = None  # per group: its tensor's kind (`Diff.kinds`), or -1
 
     @classmethod
     def empty(cls) -> Far:
@@ -67,14 +70,18 @@ class Atoms:
         self.sets: list[tuple[Holder, ...]] = []
         self.chunks: dict[tuple[Box, int], list[Box]] = {}  # split_box by value: 114 distinct of 11k at 1024 GPUs
         self.disjoint: dict[tuple[Box, ...], bool] = {}
+        self.alike: dict[tuple, Cut] = {}  # (tensor kind, itemsize, codes by position in the tensor's needs)
         codes = far.code.tobytes()
+        rel = far.rel.tobytes() if far.rel is not None else b""
         boxes, counts, flats, offsets, tensors, holders = [], [], [], [], [], []
         for g in sorted(range(len(far.names)), key=far.names.__getitem__):
             a, b = far.starts[g], far.stops[g]
             key = codes[8 * a : 8 * b]
             shape = self.shapes.get(key)
             if shape is None:
-                shape = self.shapes[key] = self.shape(far, a, b)
+                kind = far.kinds[g] if far.kinds is not None else -1
+                alike = (kind, self.s.size[far.names[g][1]], rel[8 * a : 8 * b]) if kind >= 0 else None
+                shape = self.shapes[key] = self.shape_of_kind(far, a, b, alike)
             boxes.append(shape[0])
             counts.append(shape[1])
             flats.append(shape[2])
@@ -104,20 +111,39 @@ class Atoms:
         size_rank = keysort.unique_first(-nbytes)[2]
         return keysort.lexsort((rank[self.box], self.want_dev[self.flat[self.start]], size_rank))
 
-    def shape(self, far: Far, a: int, b: int) -> Shape:
+    def shape_of_kind(self, far: Far, a: int, b: int, alike: tuple | None) -> Shape:
+        """The shape of the wants `a:b` of `far`. A group of a tensor of the same kind, size and
+        codes by need position as one cut before has needs alike row by row (`Diff.kinds`), so
+        its atoms are cut alike (the same boxes, chunks and want order: dst ids of one kind
+        order alike); only its holder sets are its own, numbered in the order `cut` meets them."""
+        made = self.alike.get(alike) if alike is not None else None
+        if made is None:
+            made = self.shape(far, a, b)
+            if alike is not None:
+                self.alike[alike] = made
+            return made[0]
+        (box, count, flat, _), groups, of = made
+        needs = list(map(far.needs.__getitem__, far.need[a:b].tolist()))
+        sets = np.array([self.by_host([(needs[p], 0) for p in ps]) for ps in groups], I64)
+        return box, count, flat, sets[of]
+
+    def shape(self, far: Far, a: int, b: int) -> Cut:
         """`cut`'s atoms of the wants `a:b` of `far`: box ids, want counts, want positions
-        (from `a`) and holder sets."""
+        (from `a`) and holder sets; the want positions of each holder group and each atom's."""
         wants = list(zip(map(far.needs.__getitem__, far.need[a:b].tolist()), far.dev[a:b].tolist()))
         pos = {(id(n), d): i for i, (n, d) in enumerate(wants)}
-        atoms = self.cut(wants)
-        box = np.array([self.s.box_id(b) for b, _, _ in atoms], I64)
-        count = np.array([len(ws) for _, ws, _ in atoms], I64)
-        flat = np.array([pos[(id(n), d)] for _, ws, _ in atoms for n, d in ws], I64)
-        return box, count, flat, np.array([h for _, _, h in atoms], I64)
+        atoms, groups = self.cut(wants)
+        box = np.array([self.s.box_id(b) for b, _, _, _ in atoms], I64)
+        count = np.array([len(ws) for _, ws, _, _ in atoms], I64)
+        flat = np.array([pos[(id(n), d)] for _, ws, _, _ in atoms for n, d in ws], I64)
+        shape = box, count, flat, np.array([h for _, _, h, _ in atoms], I64)
+        return shape, [[pos[(id(n), d)] for n, d in ws] for ws in groups], np.array([k for *_, k in atoms], I64)
 
-    def cut(self, wants: list[Want]) -> list[tuple[Box, list[Want], int]]:
+    def cut(self, wants: list[Want]) -> tuple[list[tuple[Box, list[Want], int, int]], list[list[Want]]]:
         """Disjoint regions of one tensor needed on one host, each with the wants containing it
-        (landing first) and their holder set, cut to the message size limit."""
+        (landing first), their holder set and their group's number, cut to the message size
+        limit; and the wants of each group (a box, whose holder set is found once), in the
+        order their holder sets are numbered."""
         by_box: dict[Box, list[Want]] = defaultdict(list)
         for w in wants:
             by_box[w[0].box].append(w)
@@ -126,13 +152,13 @@ class Atoms:
             by_box = _refine(by_box)
         limit = max(1, self.s.p.options.max_message_bytes // self.s.size[wants[0][0].tensor])
         out = []
-        for box, ws in by_box.items():
+        for k, (box, ws) in enumerate(by_box.items()):
             ws, hosts = sorted(ws, key=_want_order), self.by_host(ws)
             chunks = self.chunks.get((box, limit))
             if chunks is None:
                 chunks = self.chunks[(box, limit)] = split_box(box, limit)
-            out.extend((chunk, ws, hosts) for chunk in chunks)
-        return out
+            out.extend((chunk, ws, hosts, k) for chunk in chunks)
+        return out, list(by_box.values())
 
     def apart(self, boxes: tuple[Box, ...]) -> bool:
         """Whether no two of `boxes` overlap (cached: tensors of one layout have equal boxes)."""

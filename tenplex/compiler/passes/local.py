@@ -46,17 +46,33 @@ def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, Far]:
     at = np.minimum(np.searchsorted(on_dev, key), max(len(on_dev) - 1, 0))
     here = on_dev[at] == key if len(on_dev) else np.zeros(len(key), bool)
     near = ~here & keysort.member(on_host, group[of] * len(host_ix) + host_of[devs])
-    per_need = np.array([(state.tensor_ix[t], state.box_id(b), state.sid_ix[s], p) for t, b, s, p in
-                         zip(map(_TENSOR, needs), map(_BOX, needs), map(_SID, needs), map(_PIECE, needs))], I64).reshape(-1, 4)  # fmt: skip
+    per_need = _per_need(state, needs)
     w = np.flatnonzero(here)
     rows = np.column_stack((per_need[of[w], :2], first[at[w]], devs[w], per_need[of[w], 2:]))
     rows = _with_host_class(state, needs, of, devs, np.flatnonzero(near), w, rows)
     return rows, _remote(needs, of, devs, np.flatnonzero(~here & ~near), host_of, list(host_ix), state, per_need)
 
 
+def _per_need(state, needs: list[Need]) -> np.ndarray:
+    """Rows (tensor, box id, dst sub-tensor id, piece) per need. Needs share their box objects
+    (a diff fragment serves every tensor of its kind), so `box_id` runs once per distinct
+    object, in order of first appearance (the order it would number them in)."""
+    n = len(needs)
+    boxes = list(map(_BOX, needs))
+    keys = list(map(id, boxes))
+    number = {k: state.box_id(b) for k, b in dict(zip(keys, boxes)).items()}
+    out = np.empty((n, 4), I64)
+    out[:, 0] = np.fromiter(map(state.tensor_ix.__getitem__, map(_TENSOR, needs)), I64, n)
+    out[:, 1] = np.fromiter(map(number.__getitem__, keys), I64, n)
+    out[:, 2] = np.fromiter(map(state.sid_ix.__getitem__, map(_SID, needs)), I64, n)
+    out[:, 3] = np.fromiter(map(_PIECE, needs), I64, n)
+    return out
+
+
 def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
     """The wants `far` per (dst host, tensor), in want order within each, with their shape codes
-    (need number and device rank among the group's devices)."""
+    (need number and device rank among the group's devices), the same codes with the need's
+    position among its tensor's needs, and each group's tensor kind (`Diff.kinds`)."""
     tensors = list(state.tensor_ix)
     key = host_of[devs[far]] * len(tensors) + per_need[of[far], 0]
     order = keysort.argsort(key)
@@ -68,9 +84,19 @@ def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
     wide = int(dev.max(initial=0)) + 1
     distinct, _, inverse = keysort.unique_first(group * wide + dev)  # by group, then device
     first = np.searchsorted(distinct // wide, distinct // wide)
-    code = need * wide + (np.arange(len(distinct)) - first)[inverse.reshape(-1)]
-    names = [(hosts[k // len(tensors)], tensors[k % len(tensors)]) for k in key[starts].tolist()]
-    return Far(needs, need, dev, per_need[need, 2], per_need[need, 3], code, starts.tolist(), stops.tolist(), names)
+    rank = (np.arange(len(distinct)) - first)[inverse.reshape(-1)]
+    code = need * wide + rank
+    ks = key[starts].tolist()
+    names = [(hosts[k // len(tensors)], tensors[k % len(tensors)]) for k in ks]
+    # a need's position among its tensor's needs (a tensor's needs are one run, `diff`'s order)
+    t = per_need[:, 0]
+    ts, firsts, _ = keysort.unique_first(t)
+    base = np.zeros(len(tensors), I64)
+    base[ts] = firsts
+    rel = (need - base[t[need]]) * wide + rank
+    kind_of = state.p.diff.kinds if state.p.diff is not None else {}
+    kinds = [kind_of.get(t, -1) for _, t in names]
+    return Far(needs, need, dev, per_need[need, 2], per_need[need, 3], code, starts.tolist(), stops.tolist(), names, rel, kinds)
 
 
 def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
