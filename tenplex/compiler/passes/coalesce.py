@@ -65,12 +65,13 @@ def _pack(rows: np.ndarray, group: np.ndarray, nbytes: np.ndarray, limit: int) -
     _, first, inverse = keysort.unique_first(group)
     rank = np.empty(len(first), I64)
     rank[keysort.argsort(first)] = np.arange(len(first))
-    order = rows[keysort.argsort(rank[inverse])]
-    g = np.sort(rank[inverse], kind="stable")
+    by_group = keysort.argsort(rank[inverse])
+    order = rows[by_group]
     sizes = nbytes[order]
     cum = np.concatenate(([0], np.cumsum(sizes)))
     n = len(order)
-    group_end = np.searchsorted(g, g, side="right")
+    counts = np.bincount(rank[inverse], minlength=len(first))  # copies per group, in group order
+    group_end = np.repeat(np.cumsum(counts), counts)
     stop = np.searchsorted(cum, cum[:-1] + limit, side="right") - 1  # a message from i ends before stop
     stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end).tolist()
     starts, i = [], 0

@@ -22,7 +22,6 @@ import numpy as np
 from tenplex.compiler.assignment import linear_sum_assignment
 from tenplex.compiler.cost import Held, host_lower_bounds
 from tenplex.compiler.program import Program
-from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
 
@@ -129,9 +128,15 @@ def _layouts(dst: PTC) -> dict[str, dict[str, set[int]]]:
     """partition -> tensor -> ids of the piece layouts (tuples of global boxes) it holds."""
     ids: dict[tuple, int] = {}
     out: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
-    for st in dst.subtensors:
-        layout = ids.setdefault(tuple(p.global_box for p in st.pieces), len(ids))
-        out[dst.partition_of[st.id]][st.tensor].add(layout)
+    partition_of = dst.partition_of
+    for st in dst.subtensors:  # keyed by coordinates (hashed in C, unlike `Box`); one piece: its pair
+        pieces = st.pieces
+        if len(pieces) == 1:
+            g = pieces[0].global_box
+            key = g.start, g.stop
+        else:
+            key = tuple((p.global_box.start, p.global_box.stop) for p in pieces)
+        out[partition_of[st.id]][st.tensor].add(ids.setdefault(key, len(ids)))
     return out
 
 
@@ -207,28 +212,38 @@ def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
     alike have the same dst and src boxes)."""
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     layouts: dict[tuple, list[tuple[int, int, int]]] = {}
+    by_a, by_b = _partitions_by_box(dst), _partitions_by_box(src)
     for meta in dst.tensors:
-        a, b = _partitions_by_box(dst, meta.name), _partitions_by_box(src, meta.name)
-        boxes_a, boxes_b = list(a), list(b)
-        key = (tuple(boxes_a), tuple(boxes_b))
+        a, b = by_a[meta.name], by_b.get(meta.name, {})
+        key = (tuple(a), tuple(b))
+        runs_a, runs_b = list(a.values()), list(b.values())
         overlaps = layouts.get(key)
         if overlaps is None:
+            boxes_a, boxes_b = [r[0] for r in runs_a], [r[0] for r in runs_b]
             overlaps = layouts[key] = [(i, j, boxes_a[i].overlap_volume(boxes_b[j])) for i, j in overlapping_pairs(boxes_a, boxes_b)]
         size = dst.itemsize(meta.name)
         for i, j, volume in overlaps:
             nbytes = volume * size
-            for p in a[boxes_a[i]]:
+            for p in runs_a[i][1:]:
                 row = out[p]
-                for q in b[boxes_b[j]]:
+                for q in runs_b[j][1:]:
                     row[q] += nbytes
     return out
 
 
-def _partitions_by_box(ptc: PTC, tensor: str) -> dict[Box, list[str]]:
-    """Global box -> the partition of each piece with that box (repeated per piece)."""
-    out: dict[Box, list[str]] = defaultdict(list)
-    for st in ptc.by_tensor.get(tensor, ()):
-        pid = ptc.partition_of[st.id]
+def _partitions_by_box(ptc: PTC) -> dict[str, dict[tuple, list]]:
+    """tensor -> {(start, stop) of a global box: [the box, then the partition of each piece
+    with that box (repeated per piece)]}, boxes in sub-tensor order. One pass over the PTC,
+    keyed by coordinate tuples (hashed in C, where a `Box` key calls its Python hash)."""
+    out: dict[str, dict[tuple, list]] = {t.name: {} for t in ptc.tensors}
+    partition_of = ptc.partition_of
+    for st in ptc.subtensors:
+        pid, boxes = partition_of[st.id], out[st.tensor]
         for p in st.pieces:
-            out[p.global_box].append(pid)
+            g = p.global_box
+            run = boxes.get((g.start, g.stop))
+            if run is None:
+                boxes[g.start, g.stop] = [g, pid]
+            else:
+                run.append(pid)
     return out

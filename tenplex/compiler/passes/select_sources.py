@@ -72,7 +72,8 @@ class _State:
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
         self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
-        self.sid_ix = {s: i for i, s in enumerate(dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors]))}
+        sids = dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors])
+        self.sid_ix = dict(zip(sids, range(len(sids))))
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
         self.value_holders: dict[int, tuple] = {}
@@ -138,18 +139,35 @@ class _State:
         at = np.searchsorted(sets.keys, pair)
         inverse = inverse.reshape(-1)
         ints = self.holder_ints([sets.flat[i] for i in sets.order[sets.first[at]].tolist()])[inverse]
-        multi = np.flatnonzero(sets.count[at][inverse] > 1).tolist()
-        if multi:  # the rest hold the atom on one device of that host: no choice
-            keys = pair[inverse[multi]].tolist()
-            on_host = {k: sets.on_host(k) for k in dict.fromkeys(keys)}
-            candidates = [on_host[k] for k in keys]
-            before = _sent_before(ints[:, 0], nbytes, multi, [[h.device for h in hs] for hs in candidates])
-            sent, best = Counter(self.sent_device), []
-            for i, hs, counts in zip(multi, candidates, before):
-                best.append(min(zip(counts, hs), key=lambda x: (x[0] + sent[x[1].device], x[1]))[1])
-                sent[best[-1].device] += int(nbytes[i])
-            ints[multi] = self.holder_ints(best)
+        multi = np.flatnonzero(sets.count[at][inverse] > 1)
+        if len(multi):  # the rest hold the atom on one device of that host: no choice
+            ints[multi] = self.least_loaded(sets, pair[inverse[multi]], multi, ints[:, 0], nbytes)
         return ints[:, 0], ints[:, 1], ints[:, 2]
+
+    def least_loaded(self, sets: HolderHosts, keys: np.ndarray, multi: np.ndarray, device: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Rows (device, sub-tensor id, piece) of the least-loaded holder on the chosen host of
+        each atom of `multi` (holders of (set, host) key `keys[i]`), one at a time: bytes its
+        device sent so far (local copies, the single-holder atoms before it by `device`, the
+        atoms of `multi` before it); ties by holder. Candidates are read once per distinct key
+        as rows, in holder order (sets are sorted), so the first least-loaded is the least."""
+        distinct, _, which = keysort.unique_first(keys)
+        at = np.searchsorted(sets.keys, distinct)
+        count = sets.count[at]
+        bounds = np.concatenate(([0], np.cumsum(count)))
+        flat = sets.order[np.repeat(sets.first[at] - bounds[:-1], count) + np.arange(bounds[-1])]
+        rows = self.holder_ints([sets.flat[i] for i in flat.tolist()])
+        lens = count[which]
+        at_key = np.repeat(bounds[:-1][which] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
+        before = _sent_before(device, nbytes, multi, rows[at_key, 0], lens).tolist()
+        devices, starts, cut = rows[:, 0].tolist(), bounds.tolist(), np.concatenate(([0], np.cumsum(lens))).tolist()
+        sent, chosen = dict(self.sent_device), []
+        for x, a, b, size in zip(which.tolist(), cut[:-1], cut[1:], nbytes[multi].tolist()):
+            first = starts[x]
+            loads = [c + sent.get(d, 0) for c, d in zip(before[a:b], devices[first : first + b - a])]
+            j = first + loads.index(min(loads))
+            chosen.append(j)
+            sent[devices[j]] = sent.get(devices[j], 0) + size
+        return rows[chosen]
 
     def holder_ints(self, holders: list[Holder]) -> np.ndarray:
         """Rows (device, sub-tensor id, piece) of `holders`."""
@@ -180,18 +198,15 @@ class _State:
         return table, edges
 
 
-def _sent_before(device: np.ndarray, nbytes: np.ndarray, multi: list[int], candidates: list[list[int]]) -> list[list[int]]:
-    """Per atom of `multi` and device of its `candidates`: bytes that the atoms before it which
-    had a single candidate (`device`) sent from that device."""
+def _sent_before(device: np.ndarray, nbytes: np.ndarray, multi: np.ndarray, candidates: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Per atom of `multi` and device of its candidates (`lens[i]` devices of `candidates`
+    each, in turn): bytes that the atoms before it which had a single candidate (`device`)
+    sent from that device."""
     n = len(device)
     single = np.ones(n, bool)
     single[multi] = False
     keys = device[single] * n + np.flatnonzero(single)  # by device, then position
     order = keysort.argsort(keys)
     keys, cum = keys[order], np.concatenate(([0], np.cumsum(nbytes[single][order])))
-    lens = [len(c) for c in candidates]
-    d = np.array([x for c in candidates for x in c], I64)
-    at = np.repeat(np.array(multi, I64), lens)
-    sums = (cum[np.searchsorted(keys, d * n + at)] - cum[np.searchsorted(keys, d * n)]).tolist()
-    bounds = np.cumsum([0] + lens).tolist()
-    return [sums[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    at = np.repeat(multi, lens)
+    return cum[np.searchsorted(keys, candidates * n + at)] - cum[np.searchsorted(keys, candidates * n)]
