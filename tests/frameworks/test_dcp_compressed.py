@@ -14,9 +14,10 @@ pytest.importorskip("zstandard")
 
 from fixtures.zstd import full_tensors, save_zstd  # noqa: E402
 from tenplex.frameworks.dcp import transforms  # noqa: E402
+from tenplex.frameworks.dcp.describe import inspect_dcp  # noqa: E402
 from tenplex.frameworks.dcp.format import DcpError  # noqa: E402
 from tenplex.frameworks.dcp.read import read_dcp, read_index  # noqa: E402
-from tenplex.frameworks.dcp.reshard import inspect_dcp, reshard_dcp  # noqa: E402
+from tenplex.frameworks.dcp.reshard import reshard_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.values import python_value  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
