@@ -48,9 +48,10 @@ _DTYPES = ["bfloat16", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool
            "int6", "int64", "int7", "int8", "qint32", "qint8", "quint2x4", "quint4x2", "quint8", "uint1", "uint16",
            "uint2", "uint3", "uint32", "uint4", "uint5", "uint6", "uint64", "uint7", "uint8"]  # fmt: skip
 _ALIASES = {"short": "int16", "int": "int32", "long": "int64", "half": "float16", "float": "float32", "double": "float64",
-            "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128", "bit": "uint1"}  # fmt: skip
+            "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128", "bit": "uint1",
+            "legacy_contiguous_format": "contiguous_format"}  # fmt: skip
 _LAYOUTS = ["_mkldnn", "jagged", "sparse_bsc", "sparse_bsr", "sparse_coo", "sparse_csc", "sparse_csr", "strided"]
-_FORMATS = ["channels_last", "channels_last_3d", "contiguous_format", "legacy_contiguous_format", "preserve_format"]
+_FORMATS = ["channels_last", "channels_last_3d", "contiguous_format", "preserve_format"]
 TORCH_NAMES = {n: f"torch.{_ALIASES.get(n, n)}" for n in (*_DTYPES, *_ALIASES, *_LAYOUTS, *_FORMATS)}
 DTYPES = frozenset(f"torch.{n}" for n in _DTYPES)  # the canonical names that are dtypes
 _VALUES = {n: TorchName(full) for n, full in TORCH_NAMES.items()}
@@ -96,7 +97,7 @@ class WriteItemType(enum.Enum):
 
 @dataclass
 class TensorProperties:
-    dtype: Any = None
+    dtype: Any = field(default_factory=lambda: _BY_FULL_NAME["torch.float32"])  # torch's default default dtype
     layout: Any = field(default=_BY_FULL_NAME["torch.strided"])
     requires_grad: bool = False
     memory_format: Any = field(default=_BY_FULL_NAME["torch.contiguous_format"])
