@@ -86,6 +86,9 @@ def test_a_dcp_save_loads_as_torch_loads_it(tmp_path):
     same_as_torch(tmp_path / "ck" / ".metadata")
     assert plain(pickled.MetadataIndex("w", [1, 2])) == plain(torch_metadata.MetadataIndex("w", [1, 2]))
     assert hash(pickled.MetadataIndex("w", [1, 2], index=3)) == hash(torch_metadata.MetadataIndex("w", [1, 2]))
+    for ours, theirs in [(pickled.Size([3, -1]), torch.Size([3, -1])), (pickled.torch_value("half"), torch.half),
+                         (pickled.get_layout("torch.strided"), torch.strided)]:  # fmt: skip
+        assert (repr(ours), str(ours)) == (repr(theirs), str(theirs))  # error messages quote them
 
 
 def test_reading_an_index_imports_no_torch(tmp_path):

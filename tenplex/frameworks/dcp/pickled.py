@@ -32,14 +32,17 @@ _METADATA = "torch.distributed.checkpoint.metadata"
 _PLANNER = "torch.distributed.checkpoint.planner"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TorchName:
-    """A torch dtype, layout or memory format, by its canonical name (`torch.float32`)."""
+    """A torch dtype, layout or memory format, by its canonical name (`torch.float32`), which
+    is also its `str` and `repr` (as torch's, so that error messages read the same)."""
 
     name: str
 
     def __str__(self) -> str:
         return self.name
+
+    __repr__ = __str__
 
 
 _DTYPES = ["bfloat16", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool", "complex128", "complex32",
@@ -78,6 +81,9 @@ class Size(tuple):
         if bad is not None:
             raise TypeError(f"torch.Size() takes an iterable of 'int' (item {bad} is '{type(out[bad]).__name__}')")
         return out
+
+    def __repr__(self) -> str:
+        return f"torch.Size({list(self)})"
 
 
 class _MEM_FORMAT_ENCODING(enum.Enum):  # noqa: N801 (torch's name, which the pickle names)
