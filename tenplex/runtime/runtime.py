@@ -43,6 +43,8 @@ from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle,
 from tenplex.runtime.agent.server import TOKEN_ENV
 from tenplex.runtime.store.layout import Instance, staging_tag, tag_path
 
+SLICED_KEPT = 4  # plans whose slices a runtime keeps (`stage`; a central plan is two)
+
 
 class Runtime:
     def __init__(self, agents: Mapping[str, AgentHandle], round_timeout: float = 600.0, liveness: float = LIVENESS_S):
@@ -52,7 +54,7 @@ class Runtime:
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host, last `execute`: `Agent.commit`'s
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
-        self._sliced: tuple[tuple, dict[str, dict], tuple, str] | None = None  # the last plan's slices and their id
+        self._sliced: dict[tuple, tuple[dict[str, dict], tuple, str]] = {}  # last plans: slices, objects, id
         self._slice_ids = (f"{secrets.token_hex(6)}-{n}" for n in itertools.count())  # unique to this runtime
         self._epoch = 0  # executions so far: tells one execution's UCX tags from the last one's
 
@@ -228,16 +230,34 @@ class Runtime:
             raise ExecutionError(f"{what} failed and nothing was committed: {e}") from None
         return sent
 
+    def stage(self, plan: Plan | CentralPlan, src: PTC, dst: PTC) -> None:
+        """Slice `plan` (both plans of a `CentralPlan`) for the agents now, as `execute` would
+        at its start: a caller that compiles ahead of time takes the slicing (~10 CPU ms for 864
+        ops, ~10 us per region) off the clock of the execute, which then slices nothing. The
+        runtime keeps the slices of its last SLICED_KEPT plans (keyed by the objects, kept alive).
+
+        Raises: ExecutionError when the plan cannot be sliced for these agents."""
+        hosts = sorted(self.agents)
+        if isinstance(plan, CentralPlan):
+            self._slices(plan.gather, src, plan.mid, hosts, "staging the central gather")
+            self._slices(plan.scatter, plan.mid, dst, hosts, "staging the central scatter")
+        else:
+            self._slices(plan, src, dst, hosts, "staging the plan")
+
     def _slices(self, plan: Plan, src: PTC, dst: PTC, hosts: list[str], what: str) -> tuple[dict[str, dict], str]:
-        """Each host's slice of `plan` and their id; the last plan's are kept, so executing it again
-        slices nothing (and sends agents that have them only the id)."""
+        """Each host's slice of `plan` and their id; the last plans' are kept, so executing one
+        again (or after `stage`) slices nothing (and sends agents that have them only the id)."""
         key = (id(plan), id(src), id(dst), tuple(hosts))
-        if self._sliced is None or self._sliced[0] != key:
+        if key not in self._sliced:
             try:  # the objects are kept with their slices, so their ids stay theirs
-                self._sliced = (key, host_slices(plan, src, dst, hosts), (plan, src, dst), next(self._slice_ids))
+                slices = host_slices(plan, src, dst, hosts)
             except IRError as e:
                 raise ExecutionError(f"{what} failed before anything ran (nothing was committed): {e}") from None
-        return self._sliced[1], self._sliced[3]
+            while len(self._sliced) >= SLICED_KEPT:
+                self._sliced.pop(next(iter(self._sliced)))
+            self._sliced[key] = (slices, (plan, src, dst), next(self._slice_ids))
+        slices, _, sid = self._sliced[key]
+        return slices, sid
 
     def execute_central(self, central: CentralPlan, src: PTC, dst: PTC, job: str, src_tag: str,
                         dst_tag: str) -> dict[str, int]:  # fmt: skip

@@ -192,6 +192,26 @@ def test_missing_agent_for_a_host_is_rejected_before_anything_runs(case):
     rt = Runtime({}, round_timeout=1.0)
     with pytest.raises(ExecutionError, match=r"no agent for host\(s\) \['h0', 'h1'\]"):
         rt.execute(plan, src, dst, JOB, "v0", "v1")
+    with pytest.raises(ExecutionError, match=r"staging the plan failed .* on host 'h\d', which has no slice"):
+        rt.stage(plan, src, dst)
+
+
+@pytest.mark.timeout(60)
+def test_staged_plans_execute_without_slicing(case, monkeypatch):
+    """`stage` slices ahead (a central plan's two plans too); their executes slice nothing."""
+    from tenplex.compiler.central import compile_central
+    from tenplex.runtime import runtime
+
+    src, dst, plan, tensors, arrays, values = case
+    central = compile_central(src, dst, "h0")
+    with _runtime(src, arrays, values) as rt:
+        rt.stage(plan, src, dst)
+        rt.stage(central, src, dst)
+        monkeypatch.setattr(runtime, "host_slices", lambda *a: pytest.fail("sliced again"))
+        rt.execute(plan, src, dst, JOB, "v0", "v1")
+        rt.execute_central(central, src, dst, JOB, "v0", "v2")
+        for tag, allocation in (("v1", plan.allocation), ("v2", central.scatter.allocation)):
+            assert check_state(dst.with_allocation(allocation), tensors, rt.fetch(JOB, tag)[0]) > 0
 
 
 @pytest.mark.timeout(60)
