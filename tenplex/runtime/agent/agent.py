@@ -210,6 +210,11 @@ class Agent(TagCommands):
                                  "on this connection (send the slice)")  # fmt: skip
         return self.slices[slice_id]
 
+    def keep_slice(self, slice: dict, slice_id: str) -> None:
+        """Decode this host's slice of a plan and keep it under `slice_id` ahead of the `prepare`
+        that names only the id (`Runtime.stage`)."""
+        self._sliced(slice, slice_id)
+
     def forget_slices(self) -> None:
         """Drop the kept slices and peers' answers to this agent's offers (a runtime's connection ended)."""
         self.slices.clear()
