@@ -4,7 +4,8 @@
 UCX worker addresses and connects every agent to every other. `execute(plan, src, dst, job,
 src_tag, dst_tag)` then:
 
-1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan;
+1. sends every agent its slice of the plan (`compiler.emit.slices`, built once per plan; only
+   its id where the agent has it: `stage(plan, src, dst)` slices and hands the slices out ahead;
    `prepare`: checks, dst arrays under the staging tag `/job/<job>/.staging-<dst_tag>`) and has
    it run all its rounds in the same command (no barrier before or between rounds; agents wait
    only on the messages they receive), and waits for all of them;
@@ -25,25 +26,20 @@ needs an agent. The control wire carries typed frames, never pickles (`agent.wir
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from tenplex.compiler.central import CentralPlan
-from tenplex.compiler.emit.slices import host_slices
 from tenplex.compiler.plan import Plan
-from tenplex.ir.errors import ExecutionError, IRError
+from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.agent import client
+from tenplex.runtime.agent import client, slicing
 from tenplex.runtime.agent.client import LIVENESS_S, AgentFailures, AgentHandle, Clock
 from tenplex.runtime.agent.server import TOKEN_ENV
 from tenplex.runtime.store.layout import Instance, staging_tag, tag_path
-
-SLICED_KEPT = 4  # plans whose slices a runtime keeps (`stage`; a central plan is two), as agents (`agent.SLICES_KEPT`)
 
 
 class Runtime:
@@ -54,8 +50,7 @@ class Runtime:
         self.phases: dict[str, float] = {}  # seconds per phase of the last `execute`
         self.host_seconds: dict[str, dict[str, float]] = {}  # per host, last `execute`: `Agent.commit`'s
         self.links: dict[str, dict[str, str]] = {}  # per host: {peer: "address" (shared memory) or "tcp"}
-        self._sliced: dict[tuple, tuple[dict[str, dict], tuple, str]] = {}  # last plans: slices, objects, id
-        self._slice_ids = (f"{secrets.token_hex(6)}-{n}" for n in itertools.count())  # unique to this runtime
+        self._sliced = slicing.Slices()  # the last plans' slices
         self._epoch = 0  # executions so far: tells one execution's UCX tags from the last one's
 
     @classmethod
@@ -204,7 +199,7 @@ class Runtime:
         hosts = sorted(self.agents)
         clock = Clock(self.phases)
         what = f"executing the plan ({tag_path(job, src_tag)} -> {tag_path(job, dst_tag)})"
-        slices, sid = self._slices(plan, src, dst, hosts, what)
+        slices, sid = self._sliced.of(plan, src, dst, hosts, what)
         self._epoch += 1
         progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         sending = [h for h in hosts if sid not in self.agents[h].kept]  # the others have it (`stage`, an earlier execute)
@@ -216,7 +211,7 @@ class Runtime:
                                                   "files": [list(f) for f in (files or {}).get(h, [])]})
                                   for h in hosts}, self.round_timeout * max(1, total), on_beat=progress.beat)  # fmt: skip
             for h in sending:  # each agent keeps the slice: executing this plan again sends only its id
-                self.agents[h].keeps(sid)
+                slicing.sent(self.agents[h], sid)
             clock.lap("prepare")  # the agents' own prepare seconds, the rest is rounds
             clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
             clock.phases["prepare"] -= clock.phases["rounds"]
@@ -227,49 +222,23 @@ class Runtime:
                                            for h in hosts})  # fmt: skip
             clock.lap("commit")
         except AgentFailures as e:
-            for h in hosts:  # which slices the agents kept is unknown now: the next execute resends
-                self.agents[h].kept.clear()
+            slicing.forget(self.agents.values())
             self._abort(job, dst_tag)
             raise ExecutionError(f"{what} failed and nothing was committed: {e}") from None
         return sent
 
     def stage(self, plan: Plan | CentralPlan, src: PTC, dst: PTC) -> None:
-        """Slice `plan` (both plans of a `CentralPlan`) and hand every agent its slice now, as
-        `execute` would at its start: a caller that compiles ahead of time takes this work off
-        the clock of the execute (TP 2->4 on 4 hosts: ~10 CPU ms of slicing, ~4 of encoding,
-        ~4 of a sender's decoding), which then sends each agent only the slice's id. The runtime
-        keeps the slices of its last SLICED_KEPT plans, the agents their last `SLICES_KEPT`.
-
-        Raises: ExecutionError when the plan cannot be sliced for these agents or an agent fails
-        (nothing is executed either way)."""
+        """Slice `plan` (both of a `CentralPlan`) and hand every agent its slice now, not at the
+        start of its `execute`, which then sends only the slice's id (`slicing`; TP 2->4, 4 hosts:
+        ~10 CPU ms of slicing, ~4 of encoding, ~4 of a sender's decoding off the execute's clock).
+        Raises: ExecutionError (nothing executed) when the plan cannot be sliced or an agent fails."""
         hosts = sorted(self.agents)
         pairs = ((plan.gather, src, plan.mid), (plan.scatter, plan.mid, dst)) if isinstance(plan, CentralPlan) else ((plan, src, dst),)
         for p, a, b in pairs:
-            slices, sid = self._slices(p, a, b, hosts, "staging the plan")
-            calls = {h: ("keep_slice", {"slice": slices[h], "slice_id": sid}) for h in hosts if sid not in self.agents[h].kept}
             try:
-                self._all(calls)
+                slicing.hand_out(self.agents, *self._sliced.of(p, a, b, hosts, "staging the plan"), self._all)
             except AgentFailures as e:
-                for h in hosts:  # which slices the agents kept is unknown now: executes resend them
-                    self.agents[h].kept.clear()
                 raise ExecutionError(f"staging the plan failed (nothing was executed): {e}") from None
-            for h in calls:
-                self.agents[h].keeps(sid)
-
-    def _slices(self, plan: Plan, src: PTC, dst: PTC, hosts: list[str], what: str) -> tuple[dict[str, dict], str]:
-        """Each host's slice of `plan` and their id; the last plans' are kept, so executing one
-        again (or after `stage`) slices nothing (and sends agents that have them only the id)."""
-        key = (id(plan), id(src), id(dst), tuple(hosts))
-        if key not in self._sliced:
-            try:  # the objects are kept with their slices, so their ids stay theirs
-                slices = host_slices(plan, src, dst, hosts)
-            except IRError as e:
-                raise ExecutionError(f"{what} failed before anything ran (nothing was committed): {e}") from None
-            while len(self._sliced) >= SLICED_KEPT:
-                self._sliced.pop(next(iter(self._sliced)))
-            self._sliced[key] = (slices, (plan, src, dst), next(self._slice_ids))
-        slices, _, sid = self._sliced[key]
-        return slices, sid
 
     def execute_central(self, central: CentralPlan, src: PTC, dst: PTC, job: str, src_tag: str,
                         dst_tag: str) -> dict[str, int]:  # fmt: skip

@@ -202,6 +202,7 @@ def test_staged_plans_execute_without_slicing(case, monkeypatch):
     their executes slice nothing and send only the slices' ids."""
     from tenplex.compiler.central import compile_central
     from tenplex.runtime import runtime
+    from tenplex.runtime.agent import slicing
 
     src, dst, plan, tensors, arrays, values = case
     central = compile_central(src, dst, "h0")
@@ -209,7 +210,7 @@ def test_staged_plans_execute_without_slicing(case, monkeypatch):
         rt.stage(plan, src, dst)
         rt.stage(central, src, dst)
         assert all(len(rt.agents[h].kept) == 3 for h in HOSTS)
-        monkeypatch.setattr(runtime, "host_slices", lambda *a: pytest.fail("sliced again"))
+        monkeypatch.setattr(slicing, "host_slices", lambda *a: pytest.fail("sliced again"))
         calls, call_all = [], runtime.client.call_all
         monkeypatch.setattr(runtime.client, "call_all", lambda agents, c, *a: calls.append(c) or call_all(agents, c, *a))
         rt.execute(plan, src, dst, JOB, "v0", "v1")

@@ -27,7 +27,6 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
-from tenplex.runtime.agent.agent import SLICES_KEPT
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial, frame
 from tenplex.runtime.agent.forked import Forked
 from tenplex.runtime.agent.server import serve
@@ -56,20 +55,12 @@ class AgentHandle:
     def __init__(self, host: str, proc: Any, channel: Channel):
         self.host, self.proc, self.channel = host, proc, channel
         self.dead: str | None = None  # why it can no longer be used
-        self.kept: list[str] = []  # ids of the slices the agent keeps (sent on this connection), oldest first
+        self.kept: list[str] = []  # ids of the slices the agent keeps, oldest first (`agent.slicing`)
 
     @property
     def slice_id(self) -> str | None:
         """The id of the slice sent last (None: none kept)."""
         return self.kept[-1] if self.kept else None
-
-    def keeps(self, slice_id: str) -> None:
-        """The agent now keeps slice `slice_id`: the same order and limit as `Agent.slices`, so
-        `kept` never names a slice the agent dropped (after a failure, clear `kept`: resending is safe)."""
-        if slice_id in self.kept:
-            self.kept.remove(slice_id)
-        self.kept.append(slice_id)
-        del self.kept[:-SLICES_KEPT]
 
     def mark_dead(self, why: str) -> None:
         self.dead = why
