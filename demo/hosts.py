@@ -6,8 +6,8 @@ checks both dst states byte for byte against the source oracle, and returns the 
 bytes, the plan's bandwidth bound and each agent's peak memory growth. Both plans are compiled and
 sliced per host (`Runtime.stage`) before the clock starts: a timing is the execute's own work.
 `run_hosts(model, moves)` builds the emulated cluster (network namespaces, tbf-shaped links, one
-`tenplex agent` per host, UCX over TCP) and compares each move; it returns the reason instead when the machine cannot
-(no root, no iproute2, no ucxx).
+`tenplex agent` per host, UCX over TCP) and compares each move; it returns the reason instead
+when the machine cannot (no root, no iproute2, no ucxx).
 """
 
 from __future__ import annotations
