@@ -90,16 +90,23 @@ def test_ctrl_c_ends_a_reshard_whose_agent_is_stopped(checkpoint, tmp_path):
     out = tmp_path / "out"
     proc = _reshard(checkpoint, out)
     deadline = time.monotonic() + 60
-    agents, stopped = [], None
+    agents, stopped, since = [], None, {}
     while stopped is None and time.monotonic() < deadline and proc.poll() is None:
         agents = [p for p in _children(proc.pid) if _is_agent(p, proc.pid)]
-        for pid in agents:  # the first that is still there: one may have finished its share
+        now = time.monotonic()
+        # an agent seen for 50 ms: a child between vfork and exec (a subprocess the reshard
+        # starts) also has the parent's command line, and stopping it blocks the parent in the
+        # kernel, where no signal reaches it; one that is still there: one may have finished
+        for pid in agents:
+            if now - since.setdefault(pid, now) < 0.05 or not _is_agent(pid, proc.pid):
+                continue
             try:
                 os.kill(pid, signal.SIGSTOP)
             except ProcessLookupError:
                 continue
             stopped = pid
             break
+        time.sleep(0.01)
     assert stopped is not None, f"no agent of the reshard could be stopped (exit code {proc.poll()})"
     time.sleep(1.0)
     start = time.monotonic()
