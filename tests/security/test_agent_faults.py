@@ -3,7 +3,9 @@ reshard, an idle connection to an agent, unsafe REST settings, a load that fails
 Whatever happens, the command ends within seconds, the source is intact, the output is complete
 or absent, and no temporary is left behind."""
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +61,24 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(entry.name))
     return out
+
+
+def _process_tree(pid: int) -> str:
+    """`pid` and its children: state, kernel wait channel and command line of each, of each
+    thread, and their Python stacks where py-spy is installed (what a hang is waiting for)."""
+    lines = []
+    for p in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{p}/cmdline").read_text(errors="replace").replace("\0", " ")[:160]
+            lines.append(f"{p} {cmd}")
+            for task in sorted(Path(f"/proc/{p}/task").iterdir()):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                comm, wchan = (task / "comm").read_text().strip(), (task / "wchan").read_text()
+                lines.append(f"  thread {task.name} {comm} {state} {wchan}")
+        if shutil.which("py-spy"):
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(p)], capture_output=True, text=True, timeout=30)
+            lines.append(dump.stdout + dump.stderr)
+    return "\n".join(lines)
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -124,7 +144,14 @@ def test_ctrl_c_ends_a_reshard_whose_agent_is_stopped(checkpoint, tmp_path):
     time.sleep(1.0)
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(20)
+    try:
+        code = proc.wait(20)
+    except subprocess.TimeoutExpired:
+        state = _process_tree(proc.pid)
+        for pid in [proc.pid, *agents]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the reshard did not end 20 s after Ctrl-C (agent {stopped} stopped):\n{state}")
     assert time.monotonic() - start < 10, "Ctrl-C took longer than a few seconds"
     assert code == 130, proc.stderr.read()
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
