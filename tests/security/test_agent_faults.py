@@ -70,7 +70,9 @@ def _process_tree(pid: int) -> str:
     for p in [pid, *_children(pid)]:
         with contextlib.suppress(OSError):
             cmd = Path(f"/proc/{p}/cmdline").read_text(errors="replace").replace("\0", " ")[:160]
-            lines.append(f"{p} {cmd}")
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+            signals = " ".join(line.replace("\t", "") for line in status if line.startswith(("State", "Sig", "ShdPnd")))
+            lines.append(f"{p} {cmd}\n  {signals}")
             for task in sorted(Path(f"/proc/{p}/task").iterdir()):
                 state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
                 comm, wchan = (task / "comm").read_text().strip(), (task / "wchan").read_text()
@@ -96,8 +98,16 @@ def checkpoint(tmp_path_factory):
 
 
 def _reshard(src: Path, out: Path) -> subprocess.Popen:
+    """`tenplex reshard --workers 2`, started as from a terminal: with SIGINT at its default
+    also where the tests run with it ignored (a background job of a non-interactive shell
+    ignores SIGINT and SIGQUIT, its children inherit that, and Python then installs no
+    KeyboardInterrupt: Ctrl-C would rightly do nothing, and the Ctrl-C test hung so)."""
     cmd = [sys.executable, "-m", "tenplex.cli", "reshard", str(src), "--to", DST, "--out", str(out), "--workers", "2"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler: the child starts at SIG_DFL
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 @pytest.mark.timeout(120)
