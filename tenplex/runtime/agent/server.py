@@ -11,7 +11,9 @@ SIGTERM/SIGINT or a `stop` command end it.
 A request is `{"cmd": name, "args": {...}}`; the reply `{"ok": result}` or `{"err": text}`, the
 text naming the command and, where known, the message and op that failed. While a command runs,
 the agent sends `{"beat": n}` every `BEAT_S` seconds, so a runtime tells a busy agent from a
-stopped or hung one.
+stopped or hung one, and takes the runtime's one-way `{"cancel": why}`: the running command's
+transport waits give up within a poll, naming `why` (`transport.ucx.cancel`); a cancel that comes
+after its command finished is dropped, with no reply.
 
 Output: `tenplex agent` prints one line `tenplex agent NAME: control ...` on stdout once it
 listens (launchers wait for it); diagnostics go to the logger `tenplex.agent` (stderr with
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -73,9 +76,11 @@ def handle(agent: Agent, channel: Channel) -> bool:
     with _Heartbeat(channel, agent) as beat:
         while True:
             try:
-                request = channel.recv(None)
+                request = beat.pending.pop(0) if beat.pending else channel.recv(None)
             except ChannelError:
                 return False
+            if is_cancel(request):  # late: its command finished (and replied) before it came
+                continue
             name, kwargs = _request(request)
             if name == "stop":
                 with contextlib.suppress(ChannelError):
@@ -87,6 +92,11 @@ def handle(agent: Agent, channel: Channel) -> bool:
                 _reply(channel, name, reply)
             except ChannelError:
                 return False
+
+
+def is_cancel(message: Any) -> bool:
+    """Whether a frame is the runtime's `{"cancel": why}` (one way: it gets no reply)."""
+    return isinstance(message, dict) and set(message) == {"cancel"} and isinstance(message["cancel"], str)
 
 
 def _request(request: Any) -> tuple[str, dict]:
@@ -118,13 +128,22 @@ def _reply(channel: Channel, name: str, reply: dict) -> None:
 
 class _Heartbeat:
     """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds while a
-    command runs (`busy`). One thread per connection, not one per command: starting and joining a
-    thread around every command put a thread wakeup on the path of every reply. A beat is sent
-    under the lock that `busy` takes to end, so no beat follows its command's reply."""
+    command runs (`busy`), and reads the channel meanwhile: a `{"cancel": why}` frame (the runtime
+    says a peer of the call failed) or EOF raises the agent's `cancel` flag, which the transport's
+    waits check between polls, so the command fails at once; any other frame is kept in `pending`
+    for the command loop. One thread per connection, not one per command: starting and joining a
+    thread around every command put a thread wakeup on the path of every reply.
+
+    Invariants: this thread reads only under the lock and while a command runs, the loop only
+    between commands, so no frame is split between them; a beat is sent under the lock that
+    `busy` takes to end, so no beat follows its command's reply; `busy` lowers the flag as the
+    command starts, and the runtime sends a cancel only after its command, so a cancel is for the
+    running command or, read by the loop after that command, dropped (it has no reply)."""
 
     def __init__(self, channel: Channel, agent: Agent):
         self.channel, self.agent = channel, agent
         self.lock, self.stop, self.since = threading.Lock(), threading.Event(), None  # since: the command's start
+        self.pending: list[Any] = []  # requests read while a command ran, for the loop
         self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
@@ -139,6 +158,7 @@ class _Heartbeat:
     def busy(self) -> Iterator[None]:
         with self.lock:
             self.since = time.monotonic()
+            self.agent.cancel.clear()
         try:
             yield
         finally:
@@ -147,7 +167,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         n, current = 0, None  # beats sent for the command that started at `current`
-        while not self.stop.wait(BEAT_S / 4):
+        while not self._listen(BEAT_S / 4):
             with self.lock:
                 if self.since != current:
                     n, current = 0, self.since
@@ -158,6 +178,28 @@ class _Heartbeat:
                     self.channel.send({"beat": n, "done": _rounds_done(self.agent)}, REPLY_IDLE_S)
                 except ChannelError:
                     return
+
+    def _listen(self, wait: float) -> bool:
+        """Wait up to `wait` s, reading what the runtime sends while a command runs (see the
+        class); True once the connection's loop ended."""
+        if self.since is None or self.channel.closed:
+            return self.stop.wait(wait)
+        with contextlib.suppress(OSError, ValueError):  # the channel closed meanwhile: the loop sees it
+            if not select.select([self.channel], [], [], wait)[0]:
+                return self.stop.is_set()
+        with self.lock:
+            if self.since is None or self.channel.closed:  # the command ended: the loop reads what came
+                return self.stop.is_set()
+            try:
+                message = self.channel.recv(REPLY_IDLE_S)
+            except ChannelError:  # the runtime left: nobody waits for this command's result
+                self.agent.cancel.set("the runtime closed the connection")
+                return self.stop.is_set()
+            if is_cancel(message):
+                self.agent.cancel.set(message["cancel"])
+            else:
+                self.pending.append(message)
+        return self.stop.is_set()
 
 
 def _rounds_done(agent: Agent) -> int:
