@@ -359,7 +359,8 @@ def test_call_all_encodes_every_command_before_sending_any_and_fails_only_what_c
             client.call_all(agents, calls, 10.0)
         assert [h for h, _ in failed.value.failures] == ["h1"]
         assert "cannot send a builtins.object" in failed.value.failures[0][1]
-        assert events == ["encode"] * 3 + ["send"] * 2
+        # then one cancel frame, encoded once, to each host still running (`client._cancel`)
+        assert events == ["encode"] * 3 + ["send"] * 2 + ["encode"] + ["send"] * 2
         agents["h1"].channel.close()  # h1 got nothing: its answer thread ends at the EOF
         for t in threads:
             t.join(5.0)
@@ -385,3 +386,32 @@ def test_call_all_returns_every_reply():
     finally:
         for c in [*ends, *(a.channel for a in agents.values())]:
             c.close()
+
+
+def test_a_cancel_while_a_command_runs_raises_the_flag_and_one_after_it_is_left_to_the_loop(pair, monkeypatch):
+    """The beat thread reads the channel only while a command runs: a cancel then raises the
+    agent's flag (which transports check between polls); one that comes after the command is
+    left to the command loop (which drops it), and the next command starts with the flag down."""
+    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent.agent import Agent
+    from tenplex.runtime.transport.ucx.cancel import Cancelled
+
+    monkeypatch.setattr(server, "BEAT_S", 0.2)
+    agent_end, runtime_end = pair
+    agent = Agent("h0")
+    try:
+        with server._Heartbeat(agent_end, agent) as beat:
+            with beat.busy():
+                runtime_end.send({"cancel": "host 'h1' failed"}, 5.0)
+                deadline = time.monotonic() + 5.0
+                while agent.cancel.why is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                with pytest.raises(Cancelled, match="exchange: cancelled: host 'h1' failed"):
+                    agent.cancel.check("exchange")
+            runtime_end.send({"cancel": "late"}, 5.0)
+            time.sleep(0.3)  # idle: the beat thread does not read it
+            assert server.is_cancel(agent_end.recv(5.0, 5.0)) and beat.pending == []
+            with beat.busy():
+                agent.cancel.check("the next command")  # the flag is down
+    finally:
+        agent.stop()
