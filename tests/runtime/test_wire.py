@@ -391,13 +391,19 @@ def test_call_all_returns_every_reply():
 def test_a_cancel_while_a_command_runs_raises_the_flag_and_one_after_it_is_left_to_the_loop(pair, monkeypatch):
     """The beat thread reads the channel only while a command runs: a cancel then raises the
     agent's flag (which transports check between polls); one that comes after the command is
-    left to the command loop (which drops it), and the next command starts with the flag down."""
+    left to the command loop (which drops it), and the next command starts with the flag down.
+    The agent's end is a descriptor above 1024, as in an agent with many arenas: `select` cannot
+    wait on it (the beat thread then blocked in a read, holding the lock that ends a command)."""
+    import fcntl
+
     from tenplex.runtime.agent import server
     from tenplex.runtime.agent.agent import Agent
     from tenplex.runtime.transport.ucx.cancel import Cancelled
 
     monkeypatch.setattr(server, "BEAT_S", 0.2)
-    agent_end, runtime_end = pair
+    low, runtime_end = pair
+    agent_end = ch.Channel(socket.socket(fileno=fcntl.fcntl(low.fileno(), fcntl.F_DUPFD, 1100)), "runtime")
+    low.close()
     agent = Agent("h0")
     try:
         with server._Heartbeat(agent_end, agent) as beat:
@@ -413,5 +419,8 @@ def test_a_cancel_while_a_command_runs_raises_the_flag_and_one_after_it_is_left_
             assert server.is_cancel(agent_end.recv(5.0, 5.0)) and beat.pending == []
             with beat.busy():
                 agent.cancel.check("the next command")  # the flag is down
+                time.sleep(0.3)  # the beat thread waits on the channel meanwhile
+            assert runtime_end.recv(5.0, 5.0) == {"beat": 1, "done": 0}
     finally:
         agent.stop()
+        agent_end.close()

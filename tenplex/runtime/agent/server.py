@@ -184,9 +184,13 @@ class _Heartbeat:
         class); True once the connection's loop ended."""
         if self.since is None or self.channel.closed:
             return self.stop.wait(wait)
-        with contextlib.suppress(OSError, ValueError):  # the channel closed meanwhile: the loop sees it
-            if not select.select([self.channel], [], [], wait)[0]:
+        try:  # poll, not select: an agent's descriptors (arenas, UCX) may number beyond select's 1024
+            poller = select.poll()
+            poller.register(self.channel.fileno(), select.POLLIN)
+            if not poller.poll(wait * 1000):
                 return self.stop.is_set()
+        except (OSError, ValueError):  # the channel closed meanwhile: the loop sees it
+            return self.stop.wait(wait)
         with self.lock:
             if self.since is None or self.channel.closed:  # the command ended: the loop reads what came
                 return self.stop.is_set()
