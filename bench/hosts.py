@@ -5,9 +5,9 @@ one `tenplex agent` per host (UCX over TCP between them), 2 devices per host, a 
 with bf16 weights and fp32 Adam state. Per case, in one fresh process: the peer-to-peer plan
 (`Runtime.execute`) and the centralized baseline (`compile_central` + `Runtime.execute_central`:
 gather on h0, scatter from it, the paper's Tenplex-Central) run on the same agents from the same
-src state; both dst states are fetched and checked byte for byte against the source oracle.
-Reported: seconds of each, central / P2P (goal ≥ 2.5×), and P2P / the plan's bandwidth bound
-(goal ≤ 1.3×). The bound is `Stats.lower_bound_seconds` with the link rate as network bandwidth:
+src state, each compiled and sliced per host (`Runtime.stage`) before its clock starts; both dst
+states are fetched and checked byte for byte against the source oracle. Reported: seconds of
+each, central / P2P (goal ≥ 2.5×), and P2P / the plan's bandwidth bound (goal ≤ 1.3×). The bound is `Stats.lower_bound_seconds` with the link rate as network bandwidth:
 the busiest host's ingress, or all bytes over all NICs. tbf counts every frame's headers against
 the rate, so TCP payload can reach at most 1448/1514 of it at the default MTU of 1500 (P2P/bound
 ≥ 1.046 whatever the execution does) and 8948/9014 with jumbo frames: `BENCH_HOSTS_MTU=9000`
@@ -80,7 +80,8 @@ def markdown(info: dict[str, Any], rows: list[dict]) -> str:
         f"{info['date']}, git {info['git_rev'] or '?'}, Python {info['python']}, {info['nproc']} CPUs ({info['cpu']})", "",
         f"{HOSTS} emulated hosts (network namespaces, bridge, tbf {RATE} and MTU {MTU} on every link), one `tenplex agent` each, "
         "UCX over TCP between them, 2 devices per host. P2P: the compiled plan. Central: gather everything on h0, "
-        "scatter from it (the paper's Tenplex-Central). Seconds of `Runtime.execute` (prepare, rounds, commit). "
+        "scatter from it (the paper's Tenplex-Central). Seconds of `Runtime.execute` (prepare, rounds, commit; "
+        "both plans compiled and sliced per host, `Runtime.stage`, before the clock). "
         f"Goals: central/P2P ≥ {GOAL_SPEEDUP}×, P2P/bound ≤ {GOAL_BOUND}×. 'checked': dst bytes of both runs "
         "compared with the source oracle. RSS growth/dst: the largest, over hosts, of the agent's peak "
         "resident bytes during the P2P execution minus its resident bytes before, over the dst bytes "

@@ -3,10 +3,11 @@
 `compare(rt, src, dst)` runs, on the agents of `rt`, the compiled plan and the centralized
 baseline (`compile_central`: gather on the first host, scatter from it) from the same src state,
 checks both dst states byte for byte against the source oracle, and returns the timings, the
-bytes, the plan's bandwidth bound and each agent's peak memory growth. `run_hosts(model, moves)`
-builds the emulated cluster (network namespaces, tbf-shaped links, one `tenplex agent` per host,
-UCX over TCP) and compares each move; it returns the reason instead when the machine cannot
-(no root, no iproute2, no ucxx).
+bytes, the plan's bandwidth bound and each agent's peak memory growth. Both plans are compiled and
+sliced per host (`Runtime.stage`) before the clock starts: a timing is the execute's own work.
+`run_hosts(model, moves)` builds the emulated cluster (network namespaces, tbf-shaped links, one
+`tenplex agent` per host, UCX over TCP) and compares each move; it returns the reason instead
+when the machine cannot (no root, no iproute2, no ucxx).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def compare(rt: Any, src: PTC, dst: PTC, job: str = "compare") -> dict[str, Any]
     state_bytes = sum(a.nbytes for a in arrays.values())
     del arrays
     try:
+        rt.stage(plan, src, dst)  # sliced per host off the clock, as compiled: each execute times its work
+        rt.stage(central, src, dst)
         before = rt.memory(reset_peak=True)
         t0 = time.perf_counter()
         rt.execute(plan, src, dst, job, "src", "p2p")

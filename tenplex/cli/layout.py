@@ -40,7 +40,7 @@ def dumps_layout(doc: dict) -> str:
 def layout_cmd(src_dir: str, output: str | None, trust_pickles: bool) -> None:
     """Print the DTensor layout (mesh, placements per FQN) of the DCP checkpoint DCP_DIR: edit
     the mesh and pass the file to `tenplex reshard DCP_DIR --to FILE`."""
-    from tenplex.frameworks.dcp.read import ptc_of_index, read_index
+    from tenplex.frameworks.dcp.index import ptc_of_index, read_index
     from tenplex.frameworks.dtensor.mesh import source_layout
     from tenplex.frameworks.formats import FormatError, detect
 

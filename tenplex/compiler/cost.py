@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+import attrs
+
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
@@ -25,11 +27,17 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
     return sum(a[i].overlap_volume(b[j]) for i, j in overlapping_pairs(a, b))
 
 
-# Work shared between `host_lower_bounds` calls on one src and dst: "boxes" -> the global boxes
-# met so far, by number; src partitions -> tensor -> numbers of the boxes they hold;
-# ("dst", dst partitions) -> the same for dst; ("bytes", dst partitions, src partitions) -> the
-# bytes missing (None: nothing needed); ("missing", needed numbers, held numbers) -> elements.
-Held = dict
+@attrs.define
+class Held:
+    """Work shared between `host_lower_bounds` calls on one src and dst (another allocation of
+    dst's partitions mostly gives hosts the same pairs of partition sets). Boxes are numbered as
+    they are met, so sets of boxes compare as sets of ints, without Python calls."""
+
+    number: dict[Box, int] = attrs.Factory(dict)  # global box -> its number, in the order met
+    src: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # src partitions -> tensor -> boxes held
+    dst: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # dst partitions -> tensor -> boxes needed
+    bytes: dict[tuple[frozenset[str], frozenset[str]], int | None] = attrs.Factory(dict)  # (dst, src partitions) -> missing
+    missing: dict[tuple[frozenset[int], frozenset[int]], int] = attrs.Factory(dict)  # (needed, held boxes) -> elements
 
 
 def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset[str]]:
@@ -57,23 +65,21 @@ def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], number: dict[Box, int
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
     """Per dst host: bytes it must receive over the network (at least). A host's figure depends
     only on the dst partitions it gets and the src partitions it has, so hosts alike in both
-    (DP replicas of one stage) are computed once. `held` (any dict, filled here) may be passed
-    to share that work between calls on the same src and dst (another allocation of dst's
-    partitions mostly gives hosts the same pairs of partition sets)."""
+    (DP replicas of one stage) are computed once. `held` (filled here) may be passed to
+    share that work between calls on the same src and dst."""
     allocation = allocation or dst.allocation
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
-    held = {} if held is None else held
+    held = Held() if held is None else held
     src_on = _partitions_by_host(src.allocation, host)
     out: dict[str, int] = {}
     for h, parts in sorted(_partitions_by_host(allocation, host).items()):
-        key = ("bytes", parts, src_on.get(h, frozenset()))
-        if key not in held:
-            needed = held.get(("dst", parts))
-            if needed is None:
-                needed = held[("dst", parts)] = _boxes_by_tensor(dst, parts, held.setdefault("boxes", {}))
-            held[key] = _missing_bytes(src, dst, needed, key[2], held)
-        if held[key] is not None:
-            out[h] = held[key]
+        key = (parts, src_on.get(h, frozenset()))
+        if key not in held.bytes:
+            if parts not in held.dst:
+                held.dst[parts] = _boxes_by_tensor(dst, parts, held.number)
+            held.bytes[key] = _missing_bytes(src, dst, held.dst[parts], key[1], held)
+        if held.bytes[key] is not None:
+            out[h] = held.bytes[key]
     return out
 
 
@@ -84,26 +90,23 @@ def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_part
     optimizer states) need and hold the same boxes, so each pair of box sets is counted once."""
     if not need:
         return None
-    number = held.setdefault("boxes", {})
-    if src_parts not in held:
-        held[src_parts] = _boxes_by_tensor(src, src_parts, number)
-    have = held[src_parts]
+    if src_parts not in held.src:
+        held.src[src_parts] = _boxes_by_tensor(src, src_parts, held.number)
+    have = held.src[src_parts]
     total = 0
     for tensor, boxes in need.items():
         held_boxes = have.get(tensor, frozenset())
         if boxes <= held_boxes:  # every needed box is held as is: nothing to receive
             continue
-        key = ("missing", boxes, held_boxes)
-        missing = held.get(key)
-        if missing is None:
-            missing = held[key] = _missing_volume(boxes, held_boxes, number)
-        total += missing * dst.itemsize(tensor)
+        key = (boxes, held_boxes)
+        if key not in held.missing:
+            held.missing[key] = _missing_volume(boxes, held_boxes, list(held.number))
+        total += held.missing[key] * dst.itemsize(tensor)
     return total
 
 
-def _missing_volume(needed: frozenset[int], have: frozenset[int], number: dict[Box, int]) -> int:
-    """Elements of the boxes numbered `needed` outside those numbered `have`."""
-    boxes = list(number)  # by number
+def _missing_volume(needed: frozenset[int], have: frozenset[int], boxes: list[Box]) -> int:
+    """Elements of the boxes numbered `needed` outside those numbered `have` (`boxes`: by number)."""
     need = disjoint_union(boxes[k] for k in needed)
     return sum(b.volume for b in need) - _overlap_volume(need, disjoint_union(boxes[k] for k in have))
 

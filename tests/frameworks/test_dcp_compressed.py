@@ -14,10 +14,12 @@ pytest.importorskip("zstandard")
 
 from fixtures.zstd import full_tensors, save_zstd  # noqa: E402
 from tenplex.frameworks.dcp import transforms  # noqa: E402
+from tenplex.frameworks.dcp.describe import inspect_dcp  # noqa: E402
 from tenplex.frameworks.dcp.format import DcpError  # noqa: E402
 from tenplex.frameworks.dcp.read import read_dcp, read_index  # noqa: E402
-from tenplex.frameworks.dcp.reshard import inspect_dcp, reshard_dcp  # noqa: E402
+from tenplex.frameworks.dcp.reshard import reshard_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.values import python_value  # noqa: E402
+from tests.frameworks.test_dcp_pickled import same_as_torch  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -51,6 +53,7 @@ def test_read_bit_for_bit_with_values(zstd_dir):
         assert _assembled(ptc, arrays, name, t).tobytes() == _bits(t), name
     merged = {k: python_value(v) for p in values.values() for k, v in p.items()}
     assert merged == {"step": 7, "meta": ("a", 1)}
+    same_as_torch(zstd_dir / ".metadata")  # the transform descriptors through dcp.pickled's stand-ins
     lines = inspect_dcp(zstd_dir)
     assert "6 of 6 entries compressed with ZStandard (stream.zstd/1): read through zstandard into memory" in lines
 

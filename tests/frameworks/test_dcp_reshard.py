@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from tenplex.frameworks.dcp import write as dcp_write  # noqa: E402
+from tenplex.frameworks.dcp.describe import inspect_dcp  # noqa: E402
 from tenplex.frameworks.dcp.format import DcpError  # noqa: E402
 from tenplex.frameworks.dcp.read import read_dcp  # noqa: E402
-from tenplex.frameworks.dcp.reshard import inspect_dcp, reshard_dcp  # noqa: E402
+from tenplex.frameworks.dcp.reshard import reshard_dcp  # noqa: E402
 from tenplex.frameworks.dtensor.boxes import PlacementError, Replicate, Shard, coordinates, local_box  # noqa: E402
 from tenplex.frameworks.dtensor.convert import to_numpy  # noqa: E402
 from tenplex.frameworks.dtensor.layout import LocalShard  # noqa: E402

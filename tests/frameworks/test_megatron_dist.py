@@ -35,6 +35,7 @@ from tenplex.frameworks.formats import detect, inspect  # noqa: E402
 from tenplex.frameworks.megatron.tree import CheckpointFormatError  # noqa: E402
 from tenplex.frameworks.megatron_dist.files import read_common  # noqa: E402
 from tenplex.frameworks.megatron_dist.reshard import reshard_megatron_dist  # noqa: E402
+from tests.frameworks.test_dcp_pickled import same_as_torch  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -104,6 +105,7 @@ def test_the_cut_is_megatrons_own_for_the_target(src, tmp_path):
 def test_detect_inspect_and_the_cli(src, tmp_path):
     root, _ = src
     assert detect(root) == detect(root / STEP) == "megatron-dist"
+    same_as_torch(root / STEP / ".metadata")  # megatron-core's save plans too, through dcp.pickled's stand-ins
     lines = inspect(str(root))
     assert lines[0].startswith(f"Megatron torch_dist checkpoint: Megatron-LM tree {root}, step {STEP}, iteration {ITERATION}")
     assert "saved under tp=2,pp=1,dp=1 (from common.pt args)" in lines

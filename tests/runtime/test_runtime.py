@@ -192,6 +192,33 @@ def test_missing_agent_for_a_host_is_rejected_before_anything_runs(case):
     rt = Runtime({}, round_timeout=1.0)
     with pytest.raises(ExecutionError, match=r"no agent for host\(s\) \['h0', 'h1'\]"):
         rt.execute(plan, src, dst, JOB, "v0", "v1")
+    with pytest.raises(ExecutionError, match=r"staging the plan failed .* on host 'h\d', which has no slice"):
+        rt.stage(plan, src, dst)
+
+
+@pytest.mark.timeout(60)
+def test_staged_plans_execute_without_slicing(case, monkeypatch):
+    """`stage` slices ahead (a central plan's two plans too) and hands the agents their slices:
+    their executes slice nothing and send only the slices' ids."""
+    from tenplex.compiler.central import compile_central
+    from tenplex.runtime import runtime
+    from tenplex.runtime.agent import slicing
+
+    src, dst, plan, tensors, arrays, values = case
+    central = compile_central(src, dst, "h0")
+    with _runtime(src, arrays, values) as rt:
+        rt.stage(plan, src, dst)
+        rt.stage(central, src, dst)
+        assert all(len(rt.agents[h].kept) == 3 for h in HOSTS)
+        monkeypatch.setattr(slicing, "host_slices", lambda *a: pytest.fail("sliced again"))
+        calls, call_all = [], runtime.client.call_all
+        monkeypatch.setattr(runtime.client, "call_all", lambda agents, c, *a: calls.append(c) or call_all(agents, c, *a))
+        rt.execute(plan, src, dst, JOB, "v0", "v1")
+        rt.execute_central(central, src, dst, JOB, "v0", "v2")
+        prepares = [args for c in calls for name, args in c.values() if name == "prepare"]
+        assert len(prepares) == 3 * len(HOSTS) and all(args["slice"] is None for args in prepares)
+        for tag, allocation in (("v1", plan.allocation), ("v2", central.scatter.allocation)):
+            assert check_state(dst.with_allocation(allocation), tensors, rt.fetch(JOB, tag)[0]) > 0
 
 
 @pytest.mark.timeout(60)

@@ -3,7 +3,9 @@ reshard, an idle connection to an agent, unsafe REST settings, a load that fails
 Whatever happens, the command ends within seconds, the source is intact, the output is complete
 or absent, and no temporary is left behind."""
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +27,8 @@ pytestmark = [
     pytest.mark.skipif(ucx_available() is not None, reason=f"ucxx cannot be imported: {ucx_available()}"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-SRC, DST = "gpt-tiny:tp2,pp2@1x4", "gpt-tiny:tp4,pp1@1x4"
+# 86 MiB: enough that a reshard's workers live long enough to be stopped while they work
+SRC, DST = "gpt-tiny:tp2,pp2,hidden=512@1x4", "gpt-tiny:tp4,pp1,hidden=512@1x4"
 JOB = "j"
 
 
@@ -34,6 +37,15 @@ def _is_agent(pid: int, parent: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
         return "spawn" in cmdline or cmdline == Path(f"/proc/{parent}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _in_fork(pid: int) -> bool:
+    """Whether `pid` waits in the kernel for a child it is making (a vfork child that has not
+    exec'd yet: while that child is stopped, no signal reaches the parent)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() in ("kernel_clone", "wait_for_vfork_done")
     except OSError:
         return False
 
@@ -49,6 +61,24 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(entry.name))
     return out
+
+
+def _process_tree(pid: int) -> str:
+    """`pid` and its children: state, kernel wait channel and command line of each, of each
+    thread, and their Python stacks where py-spy is installed (what a hang is waiting for)."""
+    lines = []
+    for p in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{p}/cmdline").read_text(errors="replace").replace("\0", " ")[:160]
+            lines.append(f"{p} {cmd}")
+            for task in sorted(Path(f"/proc/{p}/task").iterdir()):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                comm, wchan = (task / "comm").read_text().strip(), (task / "wchan").read_text()
+                lines.append(f"  thread {task.name} {comm} {state} {wchan}")
+        if shutil.which("py-spy"):
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(p)], capture_output=True, text=True, timeout=30)
+            lines.append(dump.stdout + dump.stderr)
+    return "\n".join(lines)
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -89,16 +119,39 @@ def test_ctrl_c_ends_a_reshard_whose_agent_is_stopped(checkpoint, tmp_path):
     out = tmp_path / "out"
     proc = _reshard(checkpoint, out)
     deadline = time.monotonic() + 60
-    agents = []
-    while len(agents) < 2 and time.monotonic() < deadline and proc.poll() is None:
+    agents, stopped, since = [], None, {}
+    while stopped is None and time.monotonic() < deadline and proc.poll() is None:
         agents = [p for p in _children(proc.pid) if _is_agent(p, proc.pid)]
-        time.sleep(0.05)
-    assert agents, "the reshard did not start its agents"
-    os.kill(agents[0], signal.SIGSTOP)
+        now = time.monotonic()
+        # an agent seen for 50 ms: a child between vfork and exec (a subprocess the reshard
+        # starts) also has the parent's command line, and stopping it blocks the parent in the
+        # kernel, where no signal reaches it; one that is still there: one may have finished
+        for pid in agents:
+            if now - since.setdefault(pid, now) < 0.05 or not _is_agent(pid, proc.pid):
+                continue
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            time.sleep(0.02)
+            if _in_fork(proc.pid):  # it was a vfork child after all (or one is being made): let it go on
+                os.kill(pid, signal.SIGCONT)
+                continue
+            stopped = pid
+            break
+        time.sleep(0.01)
+    assert stopped is not None, f"no agent of the reshard could be stopped (exit code {proc.poll()})"
     time.sleep(1.0)
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(20)
+    try:
+        code = proc.wait(20)
+    except subprocess.TimeoutExpired:
+        state = _process_tree(proc.pid)
+        for pid in [proc.pid, *agents]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the reshard did not end 20 s after Ctrl-C (agent {stopped} stopped):\n{state}")
     assert time.monotonic() - start < 10, "Ctrl-C took longer than a few seconds"
     assert code == 130, proc.stderr.read()
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))

@@ -52,7 +52,7 @@ class PlaceRanks:
             cols = _assign(np.array([[w.on_device(s, e) for e in targets] for s in mine], dtype=float))
             device_map |= {s: targets[c] for s, c in zip(mine, cols)}
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
-        held: Held = {}  # shared by both calls
+        held = Held()  # shared by both calls
         keep = host_lower_bounds(src, dst, held=held)
         placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
         in_place = sum(w.on_device(d, d) for d in w.slots), sum(w.on_device(d, device_map[d]) for d in w.slots)

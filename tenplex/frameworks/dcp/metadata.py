@@ -2,7 +2,8 @@
 
 DCP writes `.metadata` with `pickle.dump(Metadata)` and its `FileSystemReader` reads it back with
 `pickle.load`, which calls any function the file names. tenplex unpickles it with a restricted
-unpickler whose `find_class` allows only what DCP's metadata holds:
+unpickler whose `find_class` allows only what DCP's metadata holds, and loads torch's classes as
+their plain stand-ins of `dcp.pickled` (so reading an index needs no torch):
 
 - the classes of `torch.distributed.checkpoint.metadata` (`Metadata`, `TensorStorageMetadata`,
   `BytesStorageMetadata`, `ChunkStorageMetadata`, `TensorProperties`, `MetadataIndex`,
@@ -15,7 +16,8 @@ unpickler whose `find_class` allows only what DCP's metadata holds:
 - `pathlib` paths (`StorageMeta.checkpoint_id`), `collections.OrderedDict`, `set`, `frozenset`.
 
 Anything else is refused with a one-line `DcpError` naming the file and the class, and how to
-opt in: `trust_pickles=True` (`--trust-pickles`) unpickles as DCP does, for trusted files.
+opt in: `trust_pickles=True` (`--trust-pickles`) unpickles any class, as DCP does, for trusted
+files (DCP's own classes still as their stand-ins).
 
 The file is read whole first (it is small: one entry per chunk), so a length field in a corrupt
 pickle cannot make the unpickler allocate more than the file holds, and its opcodes are scanned
@@ -37,27 +39,19 @@ import pickletools
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed.checkpoint.metadata as dcp_metadata
-import torch.distributed.checkpoint.planner as dcp_planner
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-
+from tenplex.frameworks.dcp import pickled
 from tenplex.frameworks.dcp.format import DcpError
 from tenplex.ir.files import one_line, open_regular
 
 __all__ = ["OPT_IN", "load_metadata"]
 
 OPT_IN = "pass --trust-pickles (trust_pickles=True) to load it anyway if you trust the file"
-_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 _FIXED: dict[tuple[str, str], Any] = {
-    ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    **pickled.CLASSES,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     **{("pathlib", name): getattr(pathlib, name) for name in ("Path", "PosixPath", "PurePath", "PurePosixPath")},
-    **{(dcp_planner.__name__, name): getattr(dcp_planner, name) for name in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")},
 }
 
 
@@ -65,13 +59,7 @@ def allowed_global(module: str, name: str) -> Any | None:
     """The object `module.name` may load as in a `.metadata` pickle, or None when refused."""
     if (module, name) in _FIXED:
         return _FIXED[(module, name)]
-    if module == "torch":
-        value = vars(torch).get(name)
-        return value if isinstance(value, _TORCH_VALUES) else None
-    if module == dcp_metadata.__name__:
-        value = vars(dcp_metadata).get(name)
-        return value if isinstance(value, type) and value.__module__ == module else None
-    return None
+    return pickled.torch_value(name) if module == "torch" else None
 
 
 class _Refused(Exception):
@@ -86,6 +74,14 @@ class _Unpickler(pickle.Unpickler):
         if obj is None:
             raise _Refused(f"{module}.{name}")
         return obj
+
+
+class _TrustingUnpickler(pickle.Unpickler):
+    """Loads any class (the caller trusts the file), DCP's own as their stand-ins."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        obj = allowed_global(module, name)
+        return super().find_class(module, name) if obj is None else obj
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("persistent ids are not used by DCP metadata")
@@ -111,7 +107,7 @@ def load_metadata(path: Path, *, trust_pickles: bool = False) -> Any:
         data = f.read()
     try:
         if trust_pickles:
-            return pickle.loads(data)  # noqa: S301 (the caller trusts this file)
+            return _TrustingUnpickler(io.BytesIO(data)).load()  # noqa: S301 (the caller trusts this file)
         _check_memo(data)
         return _Unpickler(io.BytesIO(data)).load()
     except _Refused as e:

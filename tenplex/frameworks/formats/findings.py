@@ -46,8 +46,8 @@ def inspect_report(path: str, *, trust_pickles: bool = False) -> tuple[str, list
         ckpt = read_megatron_dist(path, trust_pickles=trust_pickles)
         return fmt, findings(ckpt), ckpt.ptc
     if fmt == "dcp":
-        from tenplex.frameworks.dcp.read import ptc_of_index, read_index
-        from tenplex.frameworks.dcp.reshard import inspect_dcp
+        from tenplex.frameworks.dcp.describe import inspect_dcp
+        from tenplex.frameworks.dcp.index import ptc_of_index, read_index
 
         index = read_index(path, trust_pickles=trust_pickles)  # once: a trusted pickle may do anything
         return fmt, inspect_dcp(path, index=index), ptc_of_index(index)

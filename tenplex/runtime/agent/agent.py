@@ -6,8 +6,8 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
 host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`,
-`prepare`, `run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`, `memory`, `rest_url`,
-`tag_meta`, `stop` (`load_files` and `prepare`'s `files`: arrays straight from and into local
+`keep_slice` (`sliced.KeptSlices`), `prepare`, `run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`,
+`memory`, `rest_url`, `tag_meta`, `stop` (`load_files` and `prepare`'s `files`: arrays straight from and into local
 `.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's
 processes on that Unix socket (`runtime.shm`: training programs save into it and load from it
 through shared memory).
@@ -38,7 +38,7 @@ from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent import direct, parts, rounds
 from tenplex.runtime.agent import files as local_files
 from tenplex.runtime.agent.rounds import Execution
-from tenplex.runtime.agent.sliced import Sliced
+from tenplex.runtime.agent.sliced import KeptSlices, Sliced
 from tenplex.runtime.agent.tags import TagCommands
 from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
@@ -48,7 +48,6 @@ from tenplex.runtime.transport.ucx.cancel import Cancel
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
 
-SLICES_KEPT = 4  # decoded slices an agent keeps per connection (by slice id), newest last
 
 
 def node_id() -> str:
@@ -58,7 +57,7 @@ def node_id() -> str:
     return f"{boot}/net:{os.stat('/proc/self/ns/net').st_ino}"
 
 
-class Agent(TagCommands):
+class Agent(TagCommands, KeptSlices):
     """One host's store and UCX worker. `ucx_ip` (with `ucx_port`, 0 = any) opens a UCX TCP
     listener on that address for agents on other nodes. `memory_budget` bounds the store's
     resident bytes (beyond it, arrays spill to `spill_dir`, or a put fails cleanly)."""
@@ -196,21 +195,6 @@ class Agent(TagCommands):
         if run is not None:
             out["sent"] = self.run(**run)
         return out
-
-    def _sliced(self, sl: dict | None, slice_id: str | None) -> Sliced:
-        """The decoded slice: `sl` (kept under `slice_id` when given), else the one kept under `slice_id`."""
-        if sl is not None:
-            decoded = Sliced(self.host, sl)
-            if slice_id is not None:
-                self.slices.pop(slice_id, None)
-                self.slices[slice_id] = decoded
-                while len(self.slices) > SLICES_KEPT:
-                    self.slices.pop(next(iter(self.slices)))
-            return decoded
-        if slice_id is None or slice_id not in self.slices:
-            raise ExecutionError(f"prepare without a slice: slice id {slice_id!r} was not sent to agent {self.host!r} "
-                                 "on this connection (send the slice)")  # fmt: skip
-        return self.slices[slice_id]
 
     def forget_slices(self) -> None:
         """Drop the kept slices and peers' answers to this agent's offers (a runtime's connection ended)."""

@@ -58,7 +58,12 @@ class AgentHandle:
     def __init__(self, host: str, proc: Any, channel: Channel):
         self.host, self.proc, self.channel = host, proc, channel
         self.dead: str | None = None  # why it can no longer be used
-        self.slice_id: str | None = None  # the slice this agent keeps (`Runtime.execute`), sent on this connection
+        self.kept: list[str] = []  # ids of the slices the agent keeps, oldest first (`agent.slicing`)
+
+    @property
+    def slice_id(self) -> str | None:
+        """The id of the slice sent last (None: none kept)."""
+        return self.kept[-1] if self.kept else None
 
     def mark_dead(self, why: str) -> None:
         self.dead = why

@@ -45,8 +45,8 @@ from tenplex.runtime.agent.agent import Agent
 from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
 from tenplex.runtime.agent.wire import WireError
 
-COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "reserve", "prepare", "run", "commit", "abort",
-            "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
+COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "reserve", "keep_slice", "prepare", "run",
+            "commit", "abort", "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
 BEAT_S = 1.0

@@ -28,6 +28,7 @@ from tenplex.runtime.store.layout import array_path
 
 BATCH_BYTES = 1 << 20  # local copies between two UCX progress calls
 PATHS_KEPT = 8  # (job, tag, side) path lists a slice keeps
+SLICES_KEPT = 4  # decoded slices an agent keeps per connection (by slice id), oldest first
 
 
 class Part(NamedTuple):
@@ -138,3 +139,30 @@ def _table(sl: Mapping[str, Any], name: str, width: int) -> list[list[int]]:
     if not isinstance(raw, bytes) or len(raw) % (8 * width):
         raise ExecutionError(f"slice field {name!r} is not int64 rows of {width} (got {type(raw).__name__})")
     return np.frombuffer(raw, "<i8").reshape(-1, width).tolist()
+
+
+class KeptSlices:
+    """An agent's decoded slices by the id its runtime gave them (`slices`): the last SLICES_KEPT
+    sent on its connection, in the order they were sent (`agent.slicing` mirrors that order)."""
+
+    host: str
+    slices: dict[str, Sliced]
+
+    def keep_slice(self, slice: dict, slice_id: str) -> None:
+        """Decode and keep this host's slice of a plan under `slice_id` for a later `prepare` (`Runtime.stage`)."""
+        self._sliced(slice, slice_id)
+
+    def _sliced(self, sl: dict | None, slice_id: str | None) -> Sliced:
+        """The decoded slice: `sl` (kept under `slice_id` when given), else the one kept under `slice_id`."""
+        if sl is not None:
+            decoded = Sliced(self.host, sl)
+            if slice_id is not None:
+                self.slices.pop(slice_id, None)
+                self.slices[slice_id] = decoded
+                while len(self.slices) > SLICES_KEPT:
+                    self.slices.pop(next(iter(self.slices)))
+            return decoded
+        if slice_id is None or slice_id not in self.slices:
+            raise ExecutionError(f"prepare without a slice: slice id {slice_id!r} was not sent to agent {self.host!r} "
+                                 "on this connection (send the slice)")  # fmt: skip
+        return self.slices[slice_id]
