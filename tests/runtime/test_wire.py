@@ -276,14 +276,14 @@ def test_a_stale_unix_socket_is_replaced_and_a_live_one_is_refused(tmp_path):
 def test_heartbeats_come_only_while_a_command_runs_and_before_its_reply(pair, monkeypatch):
     """One beat thread per connection (not one per command): it beats every BEAT_S while a
     command is busy, never once it ended, and restarts its count for the next command."""
-    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent import beat as heartbeat
     from tenplex.runtime.agent.agent import Agent
 
-    monkeypatch.setattr(server, "BEAT_S", 0.2)
+    monkeypatch.setattr(heartbeat, "BEAT_S", 0.2)
     agent_end, runtime_end = pair
     agent = Agent("h0")
     try:
-        with server._Heartbeat(agent_end, agent) as beat:
+        with heartbeat.Heartbeat(agent_end, agent) as beat:
             for _ in range(2):
                 with beat.busy():
                     time.sleep(0.7)  # about three beats (fewer on a loaded machine)
@@ -304,17 +304,17 @@ def test_a_beat_keeps_no_execution_alive(pair, monkeypatch):
     """A beat reads the execution's progress and lets go of it: the beat thread held the last
     beat's `Execution` until its next beat, and with it the views of the dst arena, so a dropped
     tag's arena could not go back to the pool and the next execution faulted a new one in."""
-    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent import beat as heartbeat
     from tenplex.runtime.agent.agent import Agent
 
     class Running:  # what a beat reads of an `Execution`
         done = 1
 
-    monkeypatch.setattr(server, "BEAT_S", 0.05)
+    monkeypatch.setattr(heartbeat, "BEAT_S", 0.05)
     agent_end, runtime_end = pair
     agent = Agent("h0")
     try:
-        with server._Heartbeat(agent_end, agent) as beat:
+        with heartbeat.Heartbeat(agent_end, agent) as beat:
             agent.execution = Running()
             held = weakref.ref(agent.execution)
             with beat.busy():
@@ -386,41 +386,3 @@ def test_call_all_returns_every_reply():
     finally:
         for c in [*ends, *(a.channel for a in agents.values())]:
             c.close()
-
-
-def test_a_cancel_while_a_command_runs_raises_the_flag_and_one_after_it_is_left_to_the_loop(pair, monkeypatch):
-    """The beat thread reads the channel only while a command runs: a cancel then raises the
-    agent's flag (which transports check between polls); one that comes after the command is
-    left to the command loop (which drops it), and the next command starts with the flag down.
-    The agent's end is a descriptor above 1024, as in an agent with many arenas: `select` cannot
-    wait on it (the beat thread then blocked in a read, holding the lock that ends a command)."""
-    import fcntl
-
-    from tenplex.runtime.agent import server
-    from tenplex.runtime.agent.agent import Agent
-    from tenplex.runtime.transport.ucx.cancel import Cancelled
-
-    monkeypatch.setattr(server, "BEAT_S", 0.2)
-    low, runtime_end = pair
-    agent_end = ch.Channel(socket.socket(fileno=fcntl.fcntl(low.fileno(), fcntl.F_DUPFD, 1100)), "runtime")
-    low.close()
-    agent = Agent("h0")
-    try:
-        with server._Heartbeat(agent_end, agent) as beat:
-            with beat.busy():
-                runtime_end.send({"cancel": "host 'h1' failed"}, 5.0)
-                deadline = time.monotonic() + 5.0
-                while agent.cancel.why is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                with pytest.raises(Cancelled, match="exchange: cancelled: host 'h1' failed"):
-                    agent.cancel.check("exchange")
-            runtime_end.send({"cancel": "late"}, 5.0)
-            time.sleep(0.3)  # idle: the beat thread does not read it
-            assert server.is_cancel(agent_end.recv(5.0, 5.0)) and beat.pending == []
-            with beat.busy():
-                agent.cancel.check("the next command")  # the flag is down
-                time.sleep(0.3)  # the beat thread waits on the channel meanwhile
-            assert runtime_end.recv(5.0, 5.0) == {"beat": 1, "done": 0}
-    finally:
-        agent.stop()
-        agent_end.close()

@@ -2,7 +2,7 @@
 
 `call_all(agents, {host: (command, kwargs)}, timeout)` sends each host its command (all encoded
 before the first is sent) and waits for every reply, for the agent's death, or for the deadline.
-A busy agent sends a heartbeat every second (`server.BEAT_S`); one that sends nothing for
+A busy agent sends a heartbeat every second (`beat.BEAT_S`); one that sends nothing for
 `liveness` seconds is taken for stopped or hung and killed, so a SIGSTOPped agent costs
 `liveness` seconds, not the whole deadline.
 Failures are collected, not raised one by one: the caller gets `AgentFailures` with every failed

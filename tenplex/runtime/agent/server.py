@@ -10,10 +10,10 @@ SIGTERM/SIGINT or a `stop` command end it.
 
 A request is `{"cmd": name, "args": {...}}`; the reply `{"ok": result}` or `{"err": text}`, the
 text naming the command and, where known, the message and op that failed. While a command runs,
-the agent sends `{"beat": n}` every `BEAT_S` seconds, so a runtime tells a busy agent from a
-stopped or hung one, and takes the runtime's one-way `{"cancel": why}`: the running command's
-transport waits give up within a poll, naming `why` (`transport.ucx.cancel`); a cancel that comes
-after its command finished is dropped, with no reply.
+the connection's beat thread (`beat`) sends `{"beat": n}` every `BEAT_S` seconds, so a runtime
+tells a busy agent from a stopped or hung one, and takes the runtime's one-way `{"cancel": why}`:
+the running command's transport waits give up within a poll, naming `why`
+(`transport.ucx.cancel`); a cancel that comes after its command finished is dropped, with no reply.
 
 Output: `tenplex agent` prints one line `tenplex agent NAME: control ...` on stdout once it
 listens (launchers wait for it); diagnostics go to the logger `tenplex.agent` (stderr with
@@ -30,18 +30,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import socket
 import sys
-import threading
-import time
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.agent.beat import REPLY_IDLE_S, Heartbeat, is_cancel
 from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
 from tenplex.runtime.agent.wire import WireError
 
@@ -49,8 +46,6 @@ COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "r
             "commit", "abort", "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
-BEAT_S = 1.0
-REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
 log = logging.getLogger("tenplex.agent")
 
 
@@ -73,7 +68,7 @@ def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | No
 
 def handle(agent: Agent, channel: Channel) -> bool:
     """Run commands from `channel` until EOF (returns False) or `stop` (returns True)."""
-    with _Heartbeat(channel, agent) as beat:
+    with Heartbeat(channel, agent) as beat:
         while True:
             try:
                 request = beat.pending.pop(0) if beat.pending else channel.recv(None)
@@ -92,11 +87,6 @@ def handle(agent: Agent, channel: Channel) -> bool:
                 _reply(channel, name, reply)
             except ChannelError:
                 return False
-
-
-def is_cancel(message: Any) -> bool:
-    """Whether a frame is the runtime's `{"cancel": why}` (one way: it gets no reply)."""
-    return isinstance(message, dict) and set(message) == {"cancel"} and isinstance(message["cancel"], str)
 
 
 def _request(request: Any) -> tuple[str, dict]:
@@ -124,95 +114,6 @@ def _reply(channel: Channel, name: str, reply: dict) -> None:
         raise
     except WireError as e:  # the result cannot travel (nothing was sent): say so instead
         channel.send({"err": f"{name} failed: its result cannot be sent: {e}"}, REPLY_IDLE_S)
-
-
-class _Heartbeat:
-    """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds while a
-    command runs (`busy`), and reads the channel meanwhile: a `{"cancel": why}` frame (the runtime
-    says a peer of the call failed) or EOF raises the agent's `cancel` flag, which the transport's
-    waits check between polls, so the command fails at once; any other frame is kept in `pending`
-    for the command loop. One thread per connection, not one per command: starting and joining a
-    thread around every command put a thread wakeup on the path of every reply.
-
-    Invariants: this thread reads only under the lock and while a command runs, the loop only
-    between commands, so no frame is split between them; a beat is sent under the lock that
-    `busy` takes to end, so no beat follows its command's reply; `busy` lowers the flag as the
-    command starts, and the runtime sends a cancel only after its command, so a cancel is for the
-    running command or, read by the loop after that command, dropped (it has no reply)."""
-
-    def __init__(self, channel: Channel, agent: Agent):
-        self.channel, self.agent = channel, agent
-        self.lock, self.stop, self.since = threading.Lock(), threading.Event(), None  # since: the command's start
-        self.pending: list[Any] = []  # requests read while a command ran, for the loop
-        self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        with self.lock:
-            self.since = time.monotonic()
-            self.agent.cancel.clear()
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.since = None
-
-    def _run(self) -> None:
-        n, current = 0, None  # beats sent for the command that started at `current`
-        while not self._listen(BEAT_S / 4):
-            with self.lock:
-                if self.since != current:
-                    n, current = 0, self.since
-                if current is None or time.monotonic() - current < BEAT_S * (n + 1):
-                    continue
-                n += 1
-                try:
-                    self.channel.send({"beat": n, "done": _rounds_done(self.agent)}, REPLY_IDLE_S)
-                except ChannelError:
-                    return
-
-    def _listen(self, wait: float) -> bool:
-        """Wait up to `wait` s, reading what the runtime sends while a command runs (see the
-        class); True once the connection's loop ended."""
-        if self.since is None or self.channel.closed:
-            return self.stop.wait(wait)
-        try:  # poll, not select: an agent's descriptors (arenas, UCX) may number beyond select's 1024
-            poller = select.poll()
-            poller.register(self.channel.fileno(), select.POLLIN)
-            if not poller.poll(wait * 1000):
-                return self.stop.is_set()
-        except (OSError, ValueError):  # the channel closed meanwhile: the loop sees it
-            return self.stop.wait(wait)
-        with self.lock:
-            if self.since is None or self.channel.closed:  # the command ended: the loop reads what came
-                return self.stop.is_set()
-            try:
-                message = self.channel.recv(REPLY_IDLE_S)
-            except ChannelError:  # the runtime left: nobody waits for this command's result
-                self.agent.cancel.set("the runtime closed the connection")
-                return self.stop.is_set()
-            if is_cancel(message):
-                self.agent.cancel.set(message["cancel"])
-            else:
-                self.pending.append(message)
-        return self.stop.is_set()
-
-
-def _rounds_done(agent: Agent) -> int:
-    """Rounds the agent's execution finished (0: none). A function, not a local of the beat loop:
-    a local would hold the last beat's `Execution`, and with it the ~200 views of its dst arena,
-    until the next beat (during some later command), so the dropped tag's arena could not go
-    back to the pool and the next execution faulted a new one in."""
-    ex = agent.execution
-    return ex.done if ex is not None else 0
 
 
 # ---- `tenplex agent` ---------------------------------------------------------------------
