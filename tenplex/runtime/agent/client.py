@@ -35,7 +35,7 @@ from tenplex.runtime.agent.server import serve
 from tenplex.runtime.agent.wire import WireError
 
 __all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "by_host", "call_all",
-           "close_all", "connect", "passed_values", "values_later"]
+           "close_all", "connect"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
@@ -237,26 +237,6 @@ def _frames(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, di
             out.append((host, agent, frame({"cmd": name, "args": kwargs})))
         except WireError as e:  # the arguments cannot travel: a bug of the caller, nothing is sent
             failures.append((host, f"{name}: {e}"))
-    return out
-
-
-def values_later(slices: Mapping[str, dict]) -> dict[str, list[int]]:
-    """{host: ids of its value ops whose src value another host reads (its slice's `gives`)}:
-    they wait for it until the commit (`Agent.run`'s `later`)."""
-    out: dict[str, list[int]] = {}
-    for sl in slices.values():
-        for g in sl["gives"]:
-            out.setdefault(g[4], []).append(g[0])
-    return out
-
-
-def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
-    """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
-    dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
-    out: dict[str, dict[int, Any]] = {}
-    for got in prepared.values():
-        for i, v in got["gives"].items():
-            out.setdefault(dst_host[i], {})[i] = v
     return out
 
 
