@@ -204,7 +204,7 @@ class Runtime:
         progress = client.Progress(hosts, total := slices[hosts[0]]["rounds"] if hosts else 0, on_round)
         sending = [h for h in hosts if sid not in self.agents[h].kept]  # the others have it (`stage`, an earlier execute)
         try:  # no host waits for another before its rounds: values read on other hosts come with the commit
-            later = client.values_later(slices)
+            later = slicing.values_later(slices)
             prepared = self._all({h: ("prepare", {"job": job, "src_tag": src_tag, "dst_tag": dst_tag, "meta": dict(meta or {}),
                                                   "slice": slices[h] if h in sending else None, "slice_id": sid,
                                                   "run": {"epoch": self._epoch, "later": later.get(h, [])},
@@ -216,7 +216,7 @@ class Runtime:
             clock.phases["rounds"] = clock.phases["prepare"] - max((p["prepare_s"] for p in prepared.values()), default=0.0)
             clock.phases["prepare"] -= clock.phases["rounds"]
             sent = {h: p["sent"] for h, p in prepared.items()}
-            values = client.passed_values(slices, prepared)
+            values = slicing.passed_values(slices, prepared)
             progress.finish()
             self.host_seconds = self._all({h: ("commit", {"job": job, "dst_tag": dst_tag, "values": values.get(h, {})})
                                            for h in hosts})  # fmt: skip

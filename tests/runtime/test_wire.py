@@ -276,14 +276,14 @@ def test_a_stale_unix_socket_is_replaced_and_a_live_one_is_refused(tmp_path):
 def test_heartbeats_come_only_while_a_command_runs_and_before_its_reply(pair, monkeypatch):
     """One beat thread per connection (not one per command): it beats every BEAT_S while a
     command is busy, never once it ended, and restarts its count for the next command."""
-    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent import beat as heartbeat
     from tenplex.runtime.agent.agent import Agent
 
-    monkeypatch.setattr(server, "BEAT_S", 0.2)
+    monkeypatch.setattr(heartbeat, "BEAT_S", 0.2)
     agent_end, runtime_end = pair
     agent = Agent("h0")
     try:
-        with server._Heartbeat(agent_end, agent) as beat:
+        with heartbeat.Heartbeat(agent_end, agent) as beat:
             for _ in range(2):
                 with beat.busy():
                     time.sleep(0.7)  # about three beats (fewer on a loaded machine)
@@ -304,17 +304,17 @@ def test_a_beat_keeps_no_execution_alive(pair, monkeypatch):
     """A beat reads the execution's progress and lets go of it: the beat thread held the last
     beat's `Execution` until its next beat, and with it the views of the dst arena, so a dropped
     tag's arena could not go back to the pool and the next execution faulted a new one in."""
-    from tenplex.runtime.agent import server
+    from tenplex.runtime.agent import beat as heartbeat
     from tenplex.runtime.agent.agent import Agent
 
     class Running:  # what a beat reads of an `Execution`
         done = 1
 
-    monkeypatch.setattr(server, "BEAT_S", 0.05)
+    monkeypatch.setattr(heartbeat, "BEAT_S", 0.05)
     agent_end, runtime_end = pair
     agent = Agent("h0")
     try:
-        with server._Heartbeat(agent_end, agent) as beat:
+        with heartbeat.Heartbeat(agent_end, agent) as beat:
             agent.execution = Running()
             held = weakref.ref(agent.execution)
             with beat.busy():
@@ -359,7 +359,8 @@ def test_call_all_encodes_every_command_before_sending_any_and_fails_only_what_c
             client.call_all(agents, calls, 10.0)
         assert [h for h, _ in failed.value.failures] == ["h1"]
         assert "cannot send a builtins.object" in failed.value.failures[0][1]
-        assert events == ["encode"] * 3 + ["send"] * 2
+        # then one cancel frame, encoded once, to each host still running (`client._cancel`)
+        assert events == ["encode"] * 3 + ["send"] * 2 + ["encode"] + ["send"] * 2
         agents["h1"].channel.close()  # h1 got nothing: its answer thread ends at the EOF
         for t in threads:
             t.join(5.0)

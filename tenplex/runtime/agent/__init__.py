@@ -4,7 +4,8 @@
 - rounds.py: one host's slice of a plan, run round by round; parts.py: how a network part's
   bytes are staged (packing, unpacking, a scratch pool);
 - server.py: the agent process (`tenplex agent`, or a child of `Runtime.local`) and its control
-  connection; client.py: the runtime's end (`AgentHandle`, the all-hosts barrier); slicing.py:
+  connection; beat.py: the connection's heartbeat thread, which also takes the runtime's cancel;
+  client.py: the runtime's end (`AgentHandle`, the all-hosts barrier); slicing.py:
   the runtime's slices of its plans and which of them each agent keeps;
 - fleet.py: real agent processes on this machine, optionally one per emulated host.
 """

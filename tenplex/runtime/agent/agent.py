@@ -44,6 +44,7 @@ from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import Instance, array_path, meta_path, staging_tag, tag_path, value_path
 from tenplex.runtime.store.tree import TensorStore
+from tenplex.runtime.transport.ucx.cancel import Cancel
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
 
@@ -68,6 +69,7 @@ class Agent(TagCommands, KeptSlices):
         self.ucx_ip, self.ucx_port = ucx_ip, ucx_port
         self.store = TensorStore(memory_budget, spill_dir)
         self.peer: Any = None
+        self.cancel = Cancel()  # raised by `server` when the runtime cancels the running command
         self.endpoints: dict[str, Any] = {}
         self.execution: Execution | None = None
         self.slices: dict[str, Sliced] = {}  # decoded slices sent on this connection, by slice id (oldest first)
@@ -86,14 +88,14 @@ class Agent(TagCommands, KeptSlices):
             from tenplex.runtime.transport import cma
 
             if cma.unusable() is None:
-                self.peer = cma.CmaPeer(self.host, self.timeout)
+                self.peer = cma.CmaPeer(self.host, self.timeout, self.cancel)
         return self.peer if self.peer is not None else self._ucx()
 
     def _ucx(self) -> Any:
         if self.peer is None:
             from tenplex.runtime.transport.ucx import UcxPeer  # only agents need UCX
 
-            self.peer = UcxPeer(self.host, timeout=self.timeout)
+            self.peer = UcxPeer(self.host, timeout=self.timeout, cancel=self.cancel)
         return self.peer
 
     # ---- commands --------------------------------------------------------------------

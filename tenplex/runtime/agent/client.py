@@ -2,12 +2,14 @@
 
 `call_all(agents, {host: (command, kwargs)}, timeout)` sends each host its command (all encoded
 before the first is sent) and waits for every reply, for the agent's death, or for the deadline.
-A busy agent sends a heartbeat every second (`server.BEAT_S`); one that sends nothing for
+A busy agent sends a heartbeat every second (`beat.BEAT_S`); one that sends nothing for
 `liveness` seconds is taken for stopped or hung and killed, so a SIGSTOPped agent costs
 `liveness` seconds, not the whole deadline.
 Failures are collected, not raised one by one: the caller gets `AgentFailures` with every failed
 host and its reason in arrival order, so the first one is the cause and later ones are usually
-peers timing out on it. An agent that misses the deadline is killed (its reply would arrive out
+peers giving up on it: at the first failure, the agents still working are sent a one-way
+`{"cancel": "host 'h1' failed"}` (`server`), and their transports' waits fail within a poll
+instead of waiting for the failed host's messages until their own timeout. An agent that misses the deadline is killed (its reply would arrive out
 of order and answer the wrong call); a dead agent is never called again (`AgentHandle.dead`).
 
 Every operation here returns by its deadline; none blocks on a peer that stopped reading.
@@ -33,11 +35,12 @@ from tenplex.runtime.agent.server import serve
 from tenplex.runtime.agent.wire import WireError
 
 __all__ = ["LIVENESS_S", "AgentFailures", "AgentHandle", "Clock", "Progress", "agent_of", "by_host", "call_all",
-           "close_all", "connect", "passed_values", "values_later"]
+           "close_all", "connect"]
 
 LIVENESS_S = 30.0  # no heartbeat or reply for this long: the agent is stopped or hung
 SEND_IDLE_S = 30.0  # an agent that takes no command bytes for this long is gone
 WAKE_S = 0.5
+CANCEL_S = 1.0  # the longest a cancel frame may take to send
 
 
 class AgentFailures(Exception):
@@ -147,7 +150,8 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
     `on_beat(host, beat)` sees each heartbeat (`{"beat": n, "done": rounds done}`).
 
     Raises AgentFailures with (host, reason) in arrival order if any host failed; hosts that
-    missed the deadline or went silent are killed.
+    missed the deadline or went silent are killed; at the first failure the others are told to
+    give up (`_cancel`) and their replies are still awaited, so none is left out of order.
     """
     deadline = time.monotonic() + timeout
     failures: list[tuple[str, str]] = []
@@ -163,7 +167,10 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
             failures.append((host, f"{names[host]}: agent process died ({agent.exit_code()}): {e}"))
     seen = {agent.host: time.monotonic() for agent in waiting.values()}
     sentinels = {a.proc.sentinel: a for a in waiting.values() if a.proc is not None}
+    told = False  # the agents still working were told to give up
     while waiting:
+        if failures and not told:
+            told = _cancel(waiting, failures[0][0])
         now = time.monotonic()
         for agent in list(waiting.values()):
             if now >= deadline or now - seen[agent.host] > liveness:
@@ -203,6 +210,17 @@ def call_all(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, d
     return results
 
 
+def _cancel(waiting: Mapping[Channel, AgentHandle], failed: str) -> bool:
+    """Tell the agents still running this call that `failed` failed: a call is collective, and
+    their transports would otherwise wait for its messages until their own timeout (one-way
+    frames, `server`; an agent that cannot take one fails the call's wait by itself)."""
+    cancel = frame({"cancel": f"host {failed!r} failed"})
+    for agent in waiting.values():
+        with contextlib.suppress(ChannelError):
+            agent.channel.send_frame(cancel, CANCEL_S, CANCEL_S)
+    return True
+
+
 def _frames(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, dict]],
             failures: list[tuple[str, str]]) -> list[tuple[str, AgentHandle, list]]:  # fmt: skip
     """(host, agent, encoded command) per call to a live agent; the others' failures appended.
@@ -219,26 +237,6 @@ def _frames(agents: Mapping[str, AgentHandle], calls: Mapping[str, tuple[str, di
             out.append((host, agent, frame({"cmd": name, "args": kwargs})))
         except WireError as e:  # the arguments cannot travel: a bug of the caller, nothing is sent
             failures.append((host, f"{name}: {e}"))
-    return out
-
-
-def values_later(slices: Mapping[str, dict]) -> dict[str, list[int]]:
-    """{host: ids of its value ops whose src value another host reads (its slice's `gives`)}:
-    they wait for it until the commit (`Agent.run`'s `later`)."""
-    out: dict[str, list[int]] = {}
-    for sl in slices.values():
-        for g in sl["gives"]:
-            out.setdefault(g[4], []).append(g[0])
-    return out
-
-
-def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
-    """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
-    dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
-    out: dict[str, dict[int, Any]] = {}
-    for got in prepared.values():
-        for i, v in got["gives"].items():
-            out.setdefault(dst_host[i], {})[i] = v
     return out
 
 

@@ -10,8 +10,10 @@ SIGTERM/SIGINT or a `stop` command end it.
 
 A request is `{"cmd": name, "args": {...}}`; the reply `{"ok": result}` or `{"err": text}`, the
 text naming the command and, where known, the message and op that failed. While a command runs,
-the agent sends `{"beat": n}` every `BEAT_S` seconds, so a runtime tells a busy agent from a
-stopped or hung one.
+the connection's beat thread (`beat`) sends `{"beat": n}` every `BEAT_S` seconds, so a runtime
+tells a busy agent from a stopped or hung one, and takes the runtime's one-way `{"cancel": why}`:
+the running command's transport waits give up within a poll, naming `why`
+(`transport.ucx.cancel`); a cancel that comes after its command finished is dropped, with no reply.
 
 Output: `tenplex agent` prints one line `tenplex agent NAME: control ...` on stdout once it
 listens (launchers wait for it); diagnostics go to the logger `tenplex.agent` (stderr with
@@ -31,14 +33,12 @@ import os
 import signal
 import socket
 import sys
-import threading
-import time
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
 from tenplex.runtime.agent.agent import Agent
+from tenplex.runtime.agent.beat import REPLY_IDLE_S, Heartbeat, is_cancel
 from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
 from tenplex.runtime.agent.wire import WireError
 
@@ -46,8 +46,6 @@ COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "r
             "commit", "abort", "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"
-BEAT_S = 1.0
-REPLY_IDLE_S = 60.0  # a runtime that takes no reply bytes for this long is gone
 log = logging.getLogger("tenplex.agent")
 
 
@@ -70,12 +68,14 @@ def serve(sock: socket.socket, host: str, timeout: float = 30.0, local: str | No
 
 def handle(agent: Agent, channel: Channel) -> bool:
     """Run commands from `channel` until EOF (returns False) or `stop` (returns True)."""
-    with _Heartbeat(channel, agent) as beat:
+    with Heartbeat(channel, agent) as beat:
         while True:
             try:
-                request = channel.recv(None)
+                request = beat.pending.pop(0) if beat.pending else channel.recv(None)
             except ChannelError:
                 return False
+            if is_cancel(request):  # late: its command finished (and replied) before it came
+                continue
             name, kwargs = _request(request)
             if name == "stop":
                 with contextlib.suppress(ChannelError):
@@ -114,59 +114,6 @@ def _reply(channel: Channel, name: str, reply: dict) -> None:
         raise
     except WireError as e:  # the result cannot travel (nothing was sent): say so instead
         channel.send({"err": f"{name} failed: its result cannot be sent: {e}"}, REPLY_IDLE_S)
-
-
-class _Heartbeat:
-    """Sends `{"beat": n, "done": rounds the execution finished}` every BEAT_S seconds while a
-    command runs (`busy`). One thread per connection, not one per command: starting and joining a
-    thread around every command put a thread wakeup on the path of every reply. A beat is sent
-    under the lock that `busy` takes to end, so no beat follows its command's reply."""
-
-    def __init__(self, channel: Channel, agent: Agent):
-        self.channel, self.agent = channel, agent
-        self.lock, self.stop, self.since = threading.Lock(), threading.Event(), None  # since: the command's start
-        self.thread = threading.Thread(target=self._run, name="tenplex-agent-beat", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        with self.lock:
-            self.since = time.monotonic()
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.since = None
-
-    def _run(self) -> None:
-        n, current = 0, None  # beats sent for the command that started at `current`
-        while not self.stop.wait(BEAT_S / 4):
-            with self.lock:
-                if self.since != current:
-                    n, current = 0, self.since
-                if current is None or time.monotonic() - current < BEAT_S * (n + 1):
-                    continue
-                n += 1
-                try:
-                    self.channel.send({"beat": n, "done": _rounds_done(self.agent)}, REPLY_IDLE_S)
-                except ChannelError:
-                    return
-
-
-def _rounds_done(agent: Agent) -> int:
-    """Rounds the agent's execution finished (0: none). A function, not a local of the beat loop:
-    a local would hold the last beat's `Execution`, and with it the ~200 views of its dst arena,
-    until the next beat (during some later command), so the dropped tag's arena could not go
-    back to the pool and the next execution faulted a new one in."""
-    ex = agent.execution
-    return ex.done if ex is not None else 0
 
 
 # ---- `tenplex agent` ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A runtime's per-host slices of its plans (`compiler.emit.slices`), made once per plan, and
-which of them each agent keeps, so that an execute sends an agent only the id of a slice it has.
+which of them each agent keeps, so that an execute sends an agent only the id of a slice it has;
+and the src values that the slices pass between hosts (`values_later`, `passed_values`).
 
 Invariants: an agent handle's `kept` names only slices its agent keeps. The agent keeps the last
 `sliced.SLICES_KEPT` slices sent on its connection, in the order they were sent (naming a kept
@@ -74,3 +75,23 @@ def forget(agents: Iterable[AgentHandle]) -> None:
     """After a failure: the agents' kept slices are unknown, later executes send them again."""
     for agent in agents:
         agent.kept.clear()
+
+
+def values_later(slices: Mapping[str, dict]) -> dict[str, list[int]]:
+    """{host: ids of its value ops whose src value another host reads (its slice's `gives`)}:
+    they wait for it until the commit (`Agent.run`'s `later`)."""
+    out: dict[str, list[int]] = {}
+    for sl in slices.values():
+        for g in sl["gives"]:
+            out.setdefault(g[4], []).append(g[0])
+    return out
+
+
+def passed_values(slices: Mapping[str, dict], prepared: Mapping[str, dict]) -> dict[str, dict[int, Any]]:
+    """{dst host: {op id: value}}: the src values each host read for others (its slice's `gives`)."""
+    dst_host = {g[0]: g[4] for sl in slices.values() for g in sl["gives"]}
+    out: dict[str, dict[int, Any]] = {}
+    for got in prepared.values():
+        for i, v in got["gives"].items():
+            out.setdefault(dst_host[i], {})[i] = v
+    return out

@@ -12,7 +12,8 @@ receiver reads them into the runs of its own views, merging both sides' runs, at
 which fails the sender's exchange too). A sender's views stay in place until their DONE
 arrived. Offers for later rounds (a peer may be ahead: there is no barrier between rounds) wait
 on the endpoint until their receive is posted. Every wait has the peer's deadline; a closed
-peer, a timeout or a failed copy raise `TransportError` naming the peer and the message tag.
+peer, a timeout or a failed copy raise `TransportError` naming the peer and the message tag, a
+raised `cancel` flag (`transport.ucx.cancel`) `Cancelled` within a poll.
 
 `unusable()` tells where the kernel forbids it (seccomp, Yama `ptrace_scope` >= 2); with
 `ptrace_scope` 1 each peer allows processes of its user to read it (`PR_SET_PTRACER_ANY`).
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from tenplex.runtime.transport.ucx.cancel import Cancel
 from tenplex.runtime.transport.ucx.wire import TransportError
 
 __all__ = ["CmaEndpoint", "CmaPeer", "iovecs", "pair", "unusable"]
@@ -131,8 +133,12 @@ class CmaEndpoint:
     def pump(self, readable: bool, writable: bool) -> None:
         """Move bytes: queued frames out, arrived frames parsed into offers and acks."""
         if writable and self.outbox:
-            with contextlib.suppress(BlockingIOError):
+            try:
                 del self.outbox[: self.sock.send(self.outbox)]
+            except BlockingIOError:
+                pass
+            except OSError as e:  # the peer died: name it
+                raise TransportError(f"connection to peer {self.remote_name!r} failed: {e}") from None
         if readable:
             try:
                 data = self.sock.recv(1 << 20)
@@ -166,8 +172,9 @@ class CmaPeer:
 
     takes_views = True
 
-    def __init__(self, name: str, timeout: float = 30.0):
+    def __init__(self, name: str, timeout: float = 30.0, cancel: Cancel | None = None):
         self.name, self.timeout = name, timeout
+        self.cancel = cancel if cancel is not None else Cancel()  # raised: every exchange gives up within a poll
         self.path = f"\0tenplex-cma-{os.getpid()}-{secrets.token_hex(8)}"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.listener.bind(self.path)
@@ -227,6 +234,8 @@ class CmaPeer:
                 del waiting[(ep, tag)]
             if not wanted and not waiting and not any(ep.outbox for ep in self.endpoints):
                 break
+            if self.cancel.why is not None:
+                self.cancel.check(f"peer {self.name!r}: exchange")
             if time.monotonic() > deadline:
                 left = [f"receive of message {t} from {e.remote_name!r}" for e, t in wanted] + list(waiting.values())
                 raise TransportError(f"peer {self.name!r}: exchange timed out; still waiting for {', '.join(left[:8])}")

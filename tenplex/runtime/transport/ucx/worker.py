@@ -7,7 +7,8 @@ posts non-blocking UCX requests and then progresses the worker in the caller's t
 100 ms) until the requests complete or the call's deadline passes. A worker is therefore used by
 one thread at a time. Every wait has a deadline; on expiry a `TransportError` names the peer and
 the operation, in-flight requests are cancelled and their buffers are kept alive (never freed
-under UCX), and the peer should be closed.
+under UCX), and the peer should be closed. A raised `cancel` flag (`ucx.cancel`: the runtime
+says a peer of the running command failed) ends a wait the same way within a poll (`Cancelled`).
 
 Env: importing ucxx sets `UCX_WARN_UNUSED_ENV_VARS=n` (unless set); the context gets
 `TCP_TX_SEG_SIZE`/`TCP_RX_SEG_SIZE=512k` unless `UCX_TCP_*_SEG_SIZE` are set in the environment.
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tenplex.runtime.transport.ucx.cancel import Cancel, Cancelled
 from tenplex.runtime.transport.ucx.wire import ID_BITS, TransportError, pack_address
 
 __all__ = ["Received", "Timeout", "UcxEndpoint", "Worker", "as_bytes", "import_ucx", "ucx_available"]
@@ -91,13 +93,15 @@ def as_bytes(buf: Any, writable: bool, what: str) -> Any:
 
 
 class Worker:
-    """One process's UCX worker. `timeout` (s) bounds every wait unless a call overrides it."""
+    """One process's UCX worker. `timeout` (s) bounds every wait unless a call overrides it;
+    `cancel` (`ucx.cancel`), once raised, ends every wait with `Cancelled` within a poll."""
 
-    def __init__(self, name: str = "", timeout: float = 30.0):
+    def __init__(self, name: str = "", timeout: float = 30.0, cancel: Cancel | None = None):
         api, self._Array = import_ucx()
         self._api = api
         self.name = name or f"pid{os.getpid()}"
         self.timeout = timeout
+        self.cancel = cancel if cancel is not None else Cancel()
         self.id = secrets.randbits(ID_BITS) or 1
         config = {k: _SEG for k in ("TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE") if f"UCX_{k}" not in os.environ}
         self._ctx = api.UCXContext(config, feature_flags=(api.Feature.TAG, api.Feature.WAKEUP, api.Feature.STREAM))
@@ -125,6 +129,8 @@ class Worker:
         if work is not None:
             self._worker.progress()
         while not done():
+            if self.cancel.why is not None:  # a cheap read per poll; the text only when raised
+                self.cancel.check(f"{what} (peer {self.name!r})")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"{what}: timed out (peer {self.name!r})")
@@ -142,6 +148,9 @@ class Worker:
         except Timeout:
             self._abandon(keep)
             raise TransportError(f"{what}: no progress from peer {peer!r} before the timeout; it may be dead") from None
+        except Cancelled:
+            self._abandon(keep)
+            raise
         for r in reqs:
             try:
                 r.check_error()
