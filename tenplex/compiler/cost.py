@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from tenplex.compiler.pieces import Codes, Pieces
+from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
@@ -32,9 +32,13 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
 class Held:
     """Work shared between `host_lower_bounds` calls on one src and dst (another allocation of
     dst's partitions mostly gives hosts the same pairs of partition sets). Boxes are numbered by
-    value (`Pieces`, both PTCs read once), so sets of boxes compare as sets of ints."""
+    value, so sets of boxes compare as sets of ints: by `pieces` where the compiler read both
+    PTCs already, else as met (only the partitions on some host are read, as `check_plan`
+    needs no more)."""
 
-    pieces: Pieces | None = None  # both PTCs' piece boxes by number (read on first use)
+    pieces: Pieces | None = None  # both PTCs' piece boxes by number (`Program.pieces`)
+    number: dict[tuple, int] = attrs.Factory(dict)  # (start, stop) -> number, where `pieces` is None
+    boxes: list[Box] = attrs.Factory(list)  # number -> box, where `pieces` is None
     src: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # src partitions -> tensor -> boxes held
     dst: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # dst partitions -> tensor -> boxes needed
     bytes: dict[tuple[frozenset[str], frozenset[str]], int | None] = attrs.Factory(dict)  # (dst, src partitions) -> missing
@@ -49,13 +53,28 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
     return {h: frozenset(ps) for h, ps in out.items()}
 
 
-def _boxes_by_tensor(rows: dict[str, list[tuple[str, Codes]]], partitions: frozenset[str]) -> dict[str, frozenset[int]]:
-    """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (`rows`:
-    a PTC's (tensor, codes) per partition, `PTCPieces.partitions`)."""
+def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str) -> dict[str, frozenset[int]]:
+    """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (of
+    `ptc`, the `side` of `held.pieces` where given)."""
     out: dict[str, set[int]] = defaultdict(set)
+    if held.pieces is not None:
+        rows = getattr(held.pieces, side).partitions  # (tensor, codes) per partition
+        for pid in partitions:
+            for tensor, codes in rows[pid]:
+                out[tensor].update(codes)
+        return {t: frozenset(b) for t, b in out.items()}
+    subtensors, number, boxes = ptc.subtensor_map, held.number, held.boxes
     for pid in partitions:
-        for tensor, codes in rows[pid]:
-            out[tensor].update(codes)
+        for sid in ptc.partition_map[pid].subtensors:
+            st = subtensors[sid]
+            mine = out[st.tensor]
+            for p in st.pieces:  # keyed by coordinates: hashed in C, where a `Box` calls Python
+                g = p.global_box
+                k = number.get((g.start, g.stop))
+                if k is None:
+                    k = number[g.start, g.stop] = len(boxes)
+                    boxes.append(g)
+                mine.add(k)
     return {t: frozenset(b) for t, b in out.items()}
 
 
@@ -67,15 +86,13 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = N
     allocation = allocation or dst.allocation
     host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
     held = Held() if held is None else held
-    if held.pieces is None:
-        held.pieces = Pieces.read(src, dst)
     src_on = _partitions_by_host(src.allocation, host)
     out: dict[str, int] = {}
     for h, parts in sorted(_partitions_by_host(allocation, host).items()):
         key = (parts, src_on.get(h, frozenset()))
         if key not in held.bytes:
             if parts not in held.dst:
-                held.dst[parts] = _boxes_by_tensor(held.pieces.dst.partitions, parts)
+                held.dst[parts] = _boxes_by_tensor(dst, parts, held, "dst")
             held.bytes[key] = _missing_bytes(src, dst, held.dst[parts], key[1], held)
         if held.bytes[key] is not None:
             out[h] = held.bytes[key]
@@ -90,7 +107,7 @@ def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_part
     if not need:
         return None
     if src_parts not in held.src:
-        held.src[src_parts] = _boxes_by_tensor(held.pieces.src.partitions, src_parts)
+        held.src[src_parts] = _boxes_by_tensor(src, src_parts, held, "src")
     have = held.src[src_parts]
     total = 0
     for tensor, boxes in need.items():
@@ -99,7 +116,7 @@ def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_part
             continue
         key = (boxes, held_boxes)
         if key not in held.missing:
-            held.missing[key] = _missing_volume(boxes, held_boxes, held.pieces.boxes)
+            held.missing[key] = _missing_volume(boxes, held_boxes, held.boxes if held.pieces is None else held.pieces.boxes)
         total += held.missing[key] * dst.itemsize(tensor)
     return total
 
