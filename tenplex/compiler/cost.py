@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
@@ -30,10 +31,14 @@ def _overlap_volume(a: Sequence[Box], b: Sequence[Box]) -> int:
 @attrs.define
 class Held:
     """Work shared between `host_lower_bounds` calls on one src and dst (another allocation of
-    dst's partitions mostly gives hosts the same pairs of partition sets). Boxes are numbered as
-    they are met, so sets of boxes compare as sets of ints, without Python calls."""
+    dst's partitions mostly gives hosts the same pairs of partition sets). Boxes are numbered by
+    value, so sets of boxes compare as sets of ints: by `pieces` where the compiler read both
+    PTCs already, else as met (only the partitions on some host are read, as `check_plan`
+    needs no more)."""
 
-    number: dict[Box, int] = attrs.Factory(dict)  # global box -> its number, in the order met
+    pieces: Pieces | None = None  # both PTCs' piece boxes by number (`Program.pieces`)
+    number: dict[tuple, int] = attrs.Factory(dict)  # (start, stop) -> number, where `pieces` is None
+    boxes: list[Box] = attrs.Factory(list)  # number -> box, where `pieces` is None
     src: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # src partitions -> tensor -> boxes held
     dst: dict[frozenset[str], dict[str, frozenset[int]]] = attrs.Factory(dict)  # dst partitions -> tensor -> boxes needed
     bytes: dict[tuple[frozenset[str], frozenset[str]], int | None] = attrs.Factory(dict)  # (dst, src partitions) -> missing
@@ -48,17 +53,28 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
     return {h: frozenset(ps) for h, ps in out.items()}
 
 
-def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], number: dict[Box, int]) -> dict[str, frozenset[int]]:
-    """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (boxes
-    numbered in `number`, which grows: sets of ints compare without Python calls)."""
+def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str) -> dict[str, frozenset[int]]:
+    """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (of
+    `ptc`, the `side` of `held.pieces` where given)."""
     out: dict[str, set[int]] = defaultdict(set)
-    subtensors = ptc.subtensor_map
+    if held.pieces is not None:
+        rows = getattr(held.pieces, side).partitions  # (tensor, codes) per partition
+        for pid in partitions:
+            for tensor, codes in rows[pid]:
+                out[tensor].update(codes)
+        return {t: frozenset(b) for t, b in out.items()}
+    subtensors, number, boxes = ptc.subtensor_map, held.number, held.boxes
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
             st = subtensors[sid]
-            boxes = out[st.tensor]
-            for p in st.pieces:
-                boxes.add(number.setdefault(p.global_box, len(number)))
+            mine = out[st.tensor]
+            for p in st.pieces:  # keyed by coordinates: hashed in C, where a `Box` calls Python
+                g = p.global_box
+                k = number.get((g.start, g.stop))
+                if k is None:
+                    k = number[g.start, g.stop] = len(boxes)
+                    boxes.append(g)
+                mine.add(k)
     return {t: frozenset(b) for t, b in out.items()}
 
 
@@ -76,7 +92,7 @@ def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = N
         key = (parts, src_on.get(h, frozenset()))
         if key not in held.bytes:
             if parts not in held.dst:
-                held.dst[parts] = _boxes_by_tensor(dst, parts, held.number)
+                held.dst[parts] = _boxes_by_tensor(dst, parts, held, "dst")
             held.bytes[key] = _missing_bytes(src, dst, held.dst[parts], key[1], held)
         if held.bytes[key] is not None:
             out[h] = held.bytes[key]
@@ -91,7 +107,7 @@ def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_part
     if not need:
         return None
     if src_parts not in held.src:
-        held.src[src_parts] = _boxes_by_tensor(src, src_parts, held.number)
+        held.src[src_parts] = _boxes_by_tensor(src, src_parts, held, "src")
     have = held.src[src_parts]
     total = 0
     for tensor, boxes in need.items():
@@ -100,7 +116,7 @@ def _missing_bytes(src: PTC, dst: PTC, need: dict[str, frozenset[int]], src_part
             continue
         key = (boxes, held_boxes)
         if key not in held.missing:
-            held.missing[key] = _missing_volume(boxes, held_boxes, list(held.number))
+            held.missing[key] = _missing_volume(boxes, held_boxes, held.boxes if held.pieces is None else held.pieces.boxes)
         total += held.missing[key] * dst.itemsize(tensor)
     return total
 

@@ -19,6 +19,7 @@ from itertools import repeat
 import attrs
 
 from tenplex.compiler.ops import FillOp, Holder, Need
+from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.errors import CompileError
 from tenplex.ir.ptc import PTC
@@ -44,20 +45,20 @@ class Diff:
     kinds: dict[str, int] = attrs.field(factory=dict)  # tensor -> its kind: tensors of one kind have alike needs (`_Kinds`)
 
 
-def diff(src: PTC, dst: PTC) -> Diff:
+def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
+    """`pieces`: both PTCs' piece boxes by number (`Pieces.read(src, dst)` when not given)."""
     needs: list[Need] = []
     layouts: dict[tuple, list] = {}
-    kinds = _Kinds(src, dst)
+    kinds = _Kinds(src, dst, pieces or Pieces.read(src, dst))
     for meta in dst.tensors:
         _check_tensor(src, meta)
         needs.extend(kinds.needs(meta.name, layouts))
-    devices = kinds.dst_devices
     fills = [
         FillOp(d, st.id, box, st.fill)
         for st in dst.subtensors
         if not _whole(st)
         for box in st.fill_boxes()
-        for d in devices[st.id]
+        for d in dst.devices_of_subtensor(st.id)
     ]
     return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of)
 
@@ -66,11 +67,6 @@ def _whole(st) -> bool:
     """Whether one piece is the whole array (no fill; the common case, cheaper than
     `fill_boxes`)."""
     return len(st.pieces) == 1 and st.pieces[0].local_box.shape == st.shape
-
-
-def _devices_by_subtensor(ptc: PTC) -> dict[str, tuple[int, ...]]:
-    mapping = ptc.allocation.mapping
-    return {sid: mapping[pid] for sid, pid in ptc.partition_of.items()}
 
 
 class _Kinds:
@@ -86,38 +82,33 @@ class _Kinds:
     are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs. Invariant: the needs of tensors of one
     kind (`kind_of`) are alike row by row (the same boxes, dst positions and devices)."""
 
-    def __init__(self, src: PTC, dst: PTC):
+    def __init__(self, src: PTC, dst: PTC, pieces: Pieces):
         self.src, self.dst = src, dst
-        self.src_devices = _devices_by_subtensor(src)
-        self.dst_devices = _devices_by_subtensor(dst)
+        self.src_pieces, self.dst_pieces = pieces.src.tensors, pieces.dst.tensors
+        self.src_parts, self.dst_parts = src.allocation.mapping, dst.allocation.mapping
         self.templates: dict[tuple, tuple[int, list, list]] = {}  # key -> kind number, rows, holder tuples
         self.kind_of: dict[str, int] = {}
 
     def needs(self, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
-        src_sts = self.src.by_tensor.get(tensor, ())
-        dst_sts = self.dst.by_tensor[tensor]
-        src_ids = [st.id for st in src_sts]
-        sdev, ddev = self.src_devices, self.dst_devices
-        key = (
-            tuple([(sdev[st.id], tuple([p.global_box for p in st.pieces])) for st in src_sts]),
-            tuple([(ddev[st.id], tuple([p.global_box for p in st.pieces])) for st in dst_sts]),
-        )
+        src_ids, spids, scodes = self.src_pieces.get(tensor, ((), (), ()))
+        dst_ids, dpids, dcodes = self.dst_pieces[tensor]  # per sub-tensor, in order (`Pieces`)
+        ddevs = tuple(map(self.dst_parts.__getitem__, dpids))
+        key = (tuple(map(self.src_parts.__getitem__, spids)), scodes, ddevs, dcodes)
         template = self.templates.get(key)
         if template is None:
-            out = _tensor_needs(self.src, self.dst, tensor, layouts, sdev, ddev)
+            out = _tensor_needs(self.src, self.dst, tensor, layouts)
             self.kind_of[tensor] = len(self.templates)
-            self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_sts))
+            self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_ids))
             return out
         self.kind_of[tensor], rows, sets = template
         sid = src_ids.__getitem__
         holders = [tuple(map(_holder, zip(ds, map(sid, ks), pieces))) for ds, ks, pieces in sets]
-        dst_ids = [st.id for st in dst_sts]
-        return [Need(tensor, box, ddev[dst_ids[k]], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
+        return [Need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 
 
-def _template(needs: list[Need], src_ids: list[str], dst_sts) -> tuple[list, list]:
+def _template(needs: list[Need], src_ids: tuple[str, ...], dst_ids: tuple[str, ...]) -> tuple[list, list]:
     src_pos = {sid: k for k, sid in enumerate(src_ids)}
-    dst_pos = {st.id: k for k, st in enumerate(dst_sts)}
+    dst_pos = {sid: k for k, sid in enumerate(dst_ids)}
     numbers: dict[int, int] = {}  # id of a holder tuple -> its number
     sets: list[tuple[tuple[int, ...], ...]] = []  # devices, src sub-tensor positions, pieces
     rows = []
@@ -138,14 +129,14 @@ def _check_tensor(src: PTC, meta) -> None:
         raise CompileError(f"tensor {meta.name!r} is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
 
 
-def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list], src_devices: dict, dst_devices: dict) -> list[Need]:
+def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
     """Needs of every dst piece of `tensor`, in dst piece order. Work is per distinct box, not
     per piece: replicas of a box (a norm held by every TP rank) meet the same src pieces, so
     they share their fragments and holder tuples. Tensors alike (a weight, its optimizer
     states, the same weight of other layers) have the same dst and src boxes, so where the
     src boxes meeting a dst box are disjoint, the clipped boxes are found once per layout
     (`layouts`, shared by the tensors of one diff)."""
-    held = _holders_by_box(src, tensor, src_devices)
+    held = _holders_by_box(src, tensor)
     src_boxes = list(held)
     dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
     boxes = list(dict.fromkeys(box for *_, box in dst_items))
@@ -166,7 +157,7 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list], s
         if covered != box.volume:
             gap = _first_gap(box, [f for f, _ in fragments])
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
-        devices = dst_devices[st.id]
+        devices = dst.devices_of_subtensor(st.id)
         out.extend(Need(tensor, f, devices, st.id, j, hs) for f, hs in fragments)
     return out
 
@@ -191,13 +182,13 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
 _holder = partial(tuple.__new__, Holder)  # Holder(d, sid, i) from a tuple, without namedtuple's Python __new__
 
 
-def _holders_by_box(src: PTC, tensor: str, devices_of: dict[str, tuple[int, ...]]) -> dict[Box, tuple[Holder, ...]]:
+def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
     """Distinct src global boxes of `tensor` (in order of first appearance), each with every
     (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
     meet the same dst pieces, so one tuple serves every dst piece."""
     fresh: dict[Box, list[Holder]] = defaultdict(list)
     for st in src.by_tensor.get(tensor, ()):
-        devices = devices_of[st.id]
+        devices = src.devices_of_subtensor(st.id)
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
                 fresh[p.global_box].extend(map(_holder, zip(devices, repeat(st.id), repeat(i))))

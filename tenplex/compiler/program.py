@@ -15,6 +15,7 @@ import numpy as np
 from tenplex.compiler.diff import Diff
 from tenplex.compiler.graph import OpGraph
 from tenplex.compiler.nogc import without_gc
+from tenplex.compiler.pieces import Pieces
 from tenplex.compiler.plan import CompileOptions
 from tenplex.compiler.table import MessageTable, OpTable
 from tenplex.ir.errors import CompileError, IRError
@@ -35,6 +36,7 @@ class Program:
     messages: MessageTable | None = None
     lower_bounds: dict[str, int] | None = None  # per dst host, for dst's allocation (cached)
     facts: frozenset[str] = frozenset()
+    pieces: Pieces | None = None  # both PTCs' piece boxes, read once (`Program.start`)
 
     @classmethod
     def start(cls, src: PTC, dst: PTC, options: CompileOptions) -> Program:
@@ -42,7 +44,7 @@ class Program:
             topology = src.topology.union(dst.topology)
         except IRError as e:
             raise CompileError(f"src and dst disagree on the topology: {e}") from None
-        return cls(src, dst, options, topology)
+        return cls(src, dst, options, topology, pieces=Pieces.read(src, dst))
 
     def host_of(self, device: int) -> str:
         return self.topology.host_of(device)

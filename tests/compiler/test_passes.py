@@ -323,7 +323,7 @@ def test_diff_needs_of_tensors_alike_are_the_needs_computed_per_tensor():
     ids into its needs; they must be the needs computed for each tensor on its own, holder
     tuples shared alike. Kinds here: split rows (three tensors, one on other devices), whole
     replicas (two), and tied copies (two, each a device holding two sub-tensors with one box)."""
-    from tenplex.compiler.diff import _devices_by_subtensor, _tensor_needs
+    from tenplex.compiler.diff import _tensor_needs
 
     metas = [TensorMeta(n, (8, 4), "float32") for n in ("a", "b", "c", "d", "e", "f", "g")]
     a, b, c, d, e, f, g = metas
@@ -337,7 +337,7 @@ def test_diff_needs_of_tensors_alike_are_the_needs_computed_per_tensor():
         {f"q{i}": [f"{m.name}/{i}" for m in metas] for i in range(4)},
         {f"q{i}": [i + 4, (i + 2) % 8] for i in range(4)}, metas)  # fmt: skip
     got = diff(src, dst).needs
-    want = [n for m in metas for n in _tensor_needs(src, dst, m.name, {}, _devices_by_subtensor(src), _devices_by_subtensor(dst))]
+    want = [n for m in metas for n in _tensor_needs(src, dst, m.name, {})]
     assert list(got) == want
     shared = lambda needs: [[j for j, o in enumerate(needs) if o.holders is n.holders] for n in needs]  # noqa: E731
     assert shared(got) == shared(want)

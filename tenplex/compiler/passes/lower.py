@@ -16,7 +16,7 @@ class Lower:
     provides = frozenset({"lowered"})
 
     def apply(self, program: Program) -> Program:
-        d = diff(program.src, program.dst)
+        d = diff(program.src, program.dst, program.pieces)
         graph = OpGraph()
         graph.add_all(d.needs)
         graph.add_all(d.fills)

@@ -21,7 +21,9 @@ import numpy as np
 
 from tenplex.compiler.assignment import linear_sum_assignment
 from tenplex.compiler.cost import Held, host_lower_bounds
+from tenplex.compiler.pieces import Codes, Pieces, PTCPieces
 from tenplex.compiler.program import Program
+from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.sweep import overlapping_pairs
 
@@ -34,11 +36,12 @@ class PlaceRanks:
 
     def apply(self, program: Program) -> Program:
         src, dst, topo = program.src, program.dst, program.topology
-        w = _Weights(src, dst, topo)
+        pieces = program.pieces or Pieces.read(src, dst)
+        w = _Weights(src, dst, topo, pieces)
         by_host: dict[str, list[int]] = defaultdict(list)
         for d in w.slots:
             by_host[topo.host_of(d)].append(d)
-        peers = _peer_groups(dst, {d: topo.host_of(d) for d in w.slots})
+        peers = _peer_groups(dst, {d: topo.host_of(d) for d in w.slots}, pieces.dst)
         same_size: dict[int, list[str]] = defaultdict(list)
         for h, ds in by_host.items():
             same_size[len(ds)].append(h)
@@ -52,7 +55,7 @@ class PlaceRanks:
             cols = _assign(np.array([[w.on_device(s, e) for e in targets] for s in mine], dtype=float))
             device_map |= {s: targets[c] for s, c in zip(mine, cols)}
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
-        held = Held()  # shared by both calls
+        held = Held(pieces)  # shared by both calls
         keep = host_lower_bounds(src, dst, held=held)
         placed = host_lower_bounds(src, dst, moved, held=held) if moved != dst.allocation else keep
         in_place = sum(w.on_device(d, d) for d in w.slots), sum(w.on_device(d, device_map[d]) for d in w.slots)
@@ -64,8 +67,8 @@ class PlaceRanks:
 class _Weights:
     """Bytes of dst slots' partitions that src devices and hosts already hold."""
 
-    def __init__(self, src: PTC, dst: PTC, topo):
-        self.shared = _shared_bytes(src, dst)  # dst partition -> {src partition: bytes}
+    def __init__(self, src: PTC, dst: PTC, topo, pieces: Pieces):
+        self.shared = _shared_bytes(src, dst, pieces)  # dst partition -> {src partition: bytes}
         self.slots = dst.allocation.by_device  # dst device -> its partitions
         self.src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
         self.src_on = src.allocation.by_device  # src device -> its partitions
@@ -92,7 +95,7 @@ class _Weights:
         return out
 
 
-def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
+def _peer_groups(dst: PTC, host: dict[int, str], pieces: PTCPieces) -> dict[int, int]:
     """slot -> its group: slots of one host holding *different* pieces of one tensor are
     model-parallel peers (a TP group, ZeRO shards) and must move together, so TP never ends up
     spanning hosts. Replicas (equal pieces) and pipeline stages (other tensors) stay apart.
@@ -111,7 +114,7 @@ def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
     for pid, devs in dst.allocation.items:
         for d in devs:
             on_host[host[d]][pid].append(d)
-    layouts = _layouts(dst)
+    layouts = _layouts(pieces)
     groups: dict[tuple[str, ...], list[list[str]]] = {}
     for parts in on_host.values():
         key = tuple(sorted(parts))
@@ -124,26 +127,20 @@ def _peer_groups(dst: PTC, host: dict[int, str]) -> dict[int, int]:
     return {d: find(d) for d in host}
 
 
-def _layouts(dst: PTC) -> dict[str, dict[str, set[int]]]:
-    """partition -> tensor -> ids of the piece layouts (tuples of global boxes) it holds."""
-    ids: dict[tuple, int] = {}
-    out: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
-    partition_of = dst.partition_of
-    for st in dst.subtensors:  # keyed by coordinates (hashed in C, unlike `Box`); one piece: its pair
-        pieces = st.pieces
-        if len(pieces) == 1:
-            g = pieces[0].global_box
-            key = g.start, g.stop
-        else:
-            key = tuple((p.global_box.start, p.global_box.stop) for p in pieces)
-        out[partition_of[st.id]][st.tensor].add(ids.setdefault(key, len(ids)))
+def _layouts(pieces: PTCPieces) -> dict[str, dict[str, set[Codes]]]:
+    """partition -> tensor -> the piece layouts (codes: tuples of global box numbers) it holds."""
+    out: dict[str, dict[str, set[Codes]]] = {}
+    for pid, rows in pieces.partitions.items():
+        mine = out[pid] = defaultdict(set)
+        for tensor, codes in rows:
+            mine[tensor].add(codes)
     return out
 
 
-def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[int]]]) -> list[list[str]]:
+def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[Codes]]]) -> list[list[str]]:
     """Groups of `parts` (partitions on one host) whose devices are peers: a tensor that they
     hold in two or more layouts joins all its holders, transitively."""
-    by_tensor: dict[str, tuple[set[int], list[str]]] = {}
+    by_tensor: dict[str, tuple[set[Codes], list[str]]] = {}
     for pid in parts:
         for tensor, ids in layouts[pid].items():
             seen, holders = by_tensor.setdefault(tensor, (set(), []))
@@ -206,13 +203,13 @@ def _assign(weights: np.ndarray) -> list[int]:
     return [int(c) for _, c in sorted(zip(rows, cols))]
 
 
-def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
+def _shared_bytes(src: PTC, dst: PTC, pieces: Pieces) -> dict[str, dict[str, int]]:
     """dst partition -> {src partition: bytes of the dst partition that it holds}. Overlaps
     are found between distinct boxes (replicas of a box share one), once per layout (tensors
     alike have the same dst and src boxes)."""
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     layouts: dict[tuple, list[tuple[int, int, int]]] = {}
-    by_a, by_b = _partitions_by_box(dst), _partitions_by_box(src)
+    by_a, by_b = _partitions_by_box(pieces.dst, pieces.boxes), _partitions_by_box(pieces.src, pieces.boxes)
     for meta in dst.tensors:
         a, b = by_a[meta.name], by_b.get(meta.name, {})
         key = (tuple(a), tuple(b))
@@ -231,19 +228,18 @@ def _shared_bytes(src: PTC, dst: PTC) -> dict[str, dict[str, int]]:
     return out
 
 
-def _partitions_by_box(ptc: PTC) -> dict[str, dict[tuple, list]]:
-    """tensor -> {(start, stop) of a global box: [the box, then the partition of each piece
-    with that box (repeated per piece)]}, boxes in sub-tensor order. One pass over the PTC,
-    keyed by coordinate tuples (hashed in C, where a `Box` key calls its Python hash)."""
-    out: dict[str, dict[tuple, list]] = {t.name: {} for t in ptc.tensors}
-    partition_of = ptc.partition_of
-    for st in ptc.subtensors:
-        pid, boxes = partition_of[st.id], out[st.tensor]
-        for p in st.pieces:
-            g = p.global_box
-            run = boxes.get((g.start, g.stop))
-            if run is None:
-                boxes[g.start, g.stop] = [g, pid]
-            else:
-                run.append(pid)
+def _partitions_by_box(pieces: PTCPieces, boxes: list[Box]) -> dict[str, dict[int, list]]:
+    """tensor -> {number of a global box: [the box, then the partition of each piece with
+    that box (repeated per piece)]}, boxes in sub-tensor order (`Pieces`: read once)."""
+    out: dict[str, dict[int, list]] = {}
+    for tensor, (_, pids, codes) in pieces.tensors.items():
+        runs: dict[int, list] = {}
+        for pid, cs in zip(pids, codes):
+            for k in cs:
+                run = runs.get(k)
+                if run is None:
+                    runs[k] = [boxes[k], pid]
+                else:
+                    run.append(pid)
+        out[tensor] = runs
     return out
