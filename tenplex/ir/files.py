@@ -226,7 +226,8 @@ def atomic_dir(out: str | os.PathLike, error: type[TenplexError] = TenplexError)
 
     The temporary is named `.<out>.tmp-<pid>-<random>`; temporaries of writers that died (SIGKILL)
     are removed first (`remove_stale_temporaries`). A SIGTERM reaches the cleanup when the process
-    turns it into an exception (the `tenplex` command does).
+    turns it into an exception (the `tenplex` command does), also one raised as the temporary is
+    made: the cleanup removes this process's temporaries of `out` by name.
 
     Raises: `error` naming `out` when it exists before or after the block (never overwritten).
     """
@@ -235,15 +236,17 @@ def atomic_dir(out: str | os.PathLike, error: type[TenplexError] = TenplexError)
         raise error(f"{out}: already exists (refusing to overwrite)")
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    try:
+    prefix = f".{out.name}.tmp-{os.getpid()}-"
+    try:  # made in the try: a SIGTERM raised just after the mkdir (still in mkdtemp) must remove it too
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
         tmp.chmod(0o755)  # mkdtemp's 0700 would outlive the rename
         yield tmp
         if out.exists():
             raise error(f"{out}: appeared while writing (refusing to overwrite)")
         os.rename(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for mine in out.parent.glob(f"{glob.escape(prefix)}*"):  # this process's temporaries of `out`
+            shutil.rmtree(mine, ignore_errors=True)
         raise
 
 

@@ -124,7 +124,7 @@ def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeo
     read and the plan compiled for one host, then each dst file written once from the mapped src."""
     with checkpoint_dir(out) as tmp:
         tree = make_tree(dst, tmp)
-        pre = Preallocation(tmp, npy_files(dst, tree))
+        pre = Preallocation(tmp, npy_files(dst, tree))  # stops its helper itself if a signal ends its start
         try:
             orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
             src, dst_h = rehome(orig_src, dst, 1)

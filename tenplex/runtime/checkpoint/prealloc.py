@@ -22,10 +22,13 @@ most to their final size (`O_NOFOLLOW`: a name that is a symlink is refused); it
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tenplex.ir.ptc import PTC
@@ -35,7 +38,8 @@ from tenplex.runtime.checkpoint.npy import npy_header
 __all__ = ["Preallocation", "npy_files"]
 
 _HELPER = """
-import os, sys
+import _signal, os, sys
+_signal.pthread_sigmask(_signal.SIG_SETMASK, [])  # started while they were held (`_signals_held`)
 root, flags = sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 try:
     for line in sys.stdin.read().splitlines():
@@ -48,6 +52,19 @@ try:
 except OSError:
     pass
 """
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held (in this thread) within the block: raised in the middle of
+    `Popen`, their exception would lose the started helper's handle. Ending the hold runs their
+    handlers inside the block's exit (`signal.pthread_sigmask` checks for signals)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def npy_files(ptc: PTC, rel: dict[str, str]) -> list[tuple[str, int]]:
@@ -68,7 +85,7 @@ class Preallocation:
         if not files or not hasattr(os, "posix_fallocate") or not sys.executable:
             return
         try:
-            with tempfile.TemporaryFile() as todo:  # a file, not a pipe: this process never waits for the helper
+            with tempfile.TemporaryFile() as todo, _signals_held():  # a file, not a pipe: never waits for the helper
                 todo.write("".join(f"{n}\t{rel}\n" for rel, n in files).encode())
                 todo.seek(0)
                 self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _HELPER, str(root)], stdin=todo,
@@ -76,6 +93,9 @@ class Preallocation:
         except OSError:  # no temporary file, no interpreter to start: the writers allocate as they write
             self.stop()
             self.proc = None
+        except BaseException:  # a SIGTERM or Ctrl-C held while it started, raised as the hold ends
+            self.stop()  # else the helper would go on creating files in a tree being deleted
+            raise
 
     @property
     def started(self) -> bool:
