@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from tenplex.compiler.pieces import Pieces
+from tenplex.compiler.pieces import Pieces, codes_of
 from tenplex.ir.box import Box, disjoint_union
 from tenplex.ir.ptc import PTC
 from tenplex.ir.sweep import overlapping_pairs
@@ -67,14 +67,7 @@ def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
             st = subtensors[sid]
-            mine = out[st.tensor]
-            for p in st.pieces:  # keyed by coordinates: hashed in C, where a `Box` calls Python
-                g = p.global_box
-                k = number.get((g.start, g.stop))
-                if k is None:
-                    k = number[g.start, g.stop] = len(boxes)
-                    boxes.append(g)
-                mine.add(k)
+            out[st.tensor].update(codes_of(st, number, boxes))
     return {t: frozenset(b) for t, b in out.items()}
 
 

@@ -19,6 +19,7 @@ import attrs
 
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
+from tenplex.ir.tensor import SubTensor
 
 Codes = tuple[int, ...]  # a sub-tensor's piece boxes by number, in piece order
 
@@ -45,6 +46,20 @@ class Pieces:
         return cls(boxes, _read(src, number, boxes), _read(dst, number, boxes))
 
 
+def codes_of(st: SubTensor, number: dict[tuple, int], boxes: list[Box]) -> Codes:
+    """The numbers of `st`'s piece boxes, numbering a box not seen before (appended to `boxes`).
+    Keyed by coordinates: hashed in C, where a `Box` calls Python."""
+    out = []
+    for p in st.pieces:
+        g = p.global_box
+        k = number.get((g.start, g.stop))
+        if k is None:
+            k = number[g.start, g.stop] = len(boxes)
+            boxes.append(g)
+        out.append(k)
+    return tuple(out)
+
+
 def _read(ptc: PTC, number: dict[tuple, int], boxes: list[Box]) -> PTCPieces:
     ids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
     pids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
@@ -52,15 +67,7 @@ def _read(ptc: PTC, number: dict[tuple, int], boxes: list[Box]) -> PTCPieces:
     partitions: dict[str, list[tuple[str, Codes]]] = {p.id: [] for p in ptc.partitions}
     partition_of = ptc.partition_of
     for st in ptc.subtensors:
-        out = []
-        for p in st.pieces:
-            g = p.global_box
-            k = number.get((g.start, g.stop))
-            if k is None:
-                k = number[g.start, g.stop] = len(boxes)
-                boxes.append(g)
-            out.append(k)
-        c = tuple(out)
+        c = codes_of(st, number, boxes)
         pid, tensor = partition_of[st.id], st.tensor
         ids[tensor].append(st.id)
         pids[tensor].append(pid)
