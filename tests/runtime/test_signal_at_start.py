@@ -13,6 +13,7 @@ import pytest
 from tenplex.ir.errors import TenplexError
 from tenplex.ir.files import atomic_dir
 from tenplex.runtime.checkpoint.prealloc import Preallocation
+from tests.security.test_agent_faults import _children
 
 
 @pytest.fixture
@@ -25,21 +26,6 @@ def sigterm_raises():
     signal.signal(signal.SIGTERM, old)
 
 
-def _children() -> list[str]:
-    me = str(os.getpid())
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parent = f.read().rsplit(")", 1)[1].split()[1]
-                if parent == me:
-                    out.append(d)
-            except OSError:
-                continue
-    return out
-
-
 def test_a_sigterm_as_the_preallocation_helper_starts_stops_the_helper(tmp_path, monkeypatch, sigterm_raises):
     started = subprocess.Popen.__init__
 
@@ -49,10 +35,10 @@ def test_a_sigterm_as_the_preallocation_helper_starts_stops_the_helper(tmp_path,
         time.sleep(0.05)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", signalled_in_popen)
-    before = _children()
+    before = _children(os.getpid())
     with pytest.raises(SystemExit):
         Preallocation(tmp_path, [("a.npy", 1 << 20)])
-    assert _children() == before, "the helper outlived the SIGTERM (it would go on creating files)"
+    assert _children(os.getpid()) == before, "the helper outlived the SIGTERM (it would go on creating files)"
 
 
 def test_a_sigterm_just_after_the_temporary_is_made_removes_it(tmp_path, monkeypatch, sigterm_raises):
