@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,8 +39,7 @@ from tenplex.runtime.checkpoint.npy import npy_header
 __all__ = ["Preallocation", "npy_files"]
 
 _HELPER = """
-import _signal, os, sys
-_signal.pthread_sigmask(_signal.SIG_SETMASK, [])  # started while they were held (`_signals_held`)
+import os, sys
 root, flags = sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 try:
     for line in sys.stdin.read().splitlines():
@@ -55,16 +55,29 @@ except OSError:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP held (in this thread) within the block: raised in the middle of
-    `Popen`, their exception would lose the started helper's handle. Ending the hold runs their
-    handlers inside the block's exit (`signal.pthread_sigmask` checks for signals)."""
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP recorded, not handled, within the block, and handled as it ends:
+    raised in the middle of `Popen`, their exception would lose the started helper's handle.
+    Handlers, not the signal mask: Python runs a handler in the main thread whichever thread the
+    kernel gave the signal to, and the kernel gives it to a thread that does not hold it, so a
+    mask held by this thread alone leaves the window open in any process with a second thread
+    (numpy's BLAS threads are enough). Outside the main thread (no handlers to set) the block
+    runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old = {s: h for s, h in old.items() if h is not None}  # None: set outside Python; left alone
     try:
+        for s in old:
+            signal.signal(s, lambda signum, frame: caught.append(signum))
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in caught:
+            signal.raise_signal(s)  # its handler runs (and may raise) before this returns
 
 
 def npy_files(ptc: PTC, rel: dict[str, str]) -> list[tuple[str, int]]:
@@ -85,7 +98,7 @@ class Preallocation:
         if not files or not hasattr(os, "posix_fallocate") or not sys.executable:
             return
         try:
-            with tempfile.TemporaryFile() as todo, _signals_held():  # a file, not a pipe: never waits for the helper
+            with tempfile.TemporaryFile() as todo, _signals_deferred():  # a file, not a pipe: never waits for the helper
                 todo.write("".join(f"{n}\t{rel}\n" for rel, n in files).encode())
                 todo.seek(0)
                 self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _HELPER, str(root)], stdin=todo,
@@ -93,7 +106,7 @@ class Preallocation:
         except OSError:  # no temporary file, no interpreter to start: the writers allocate as they write
             self.stop()
             self.proc = None
-        except BaseException:  # a SIGTERM or Ctrl-C held while it started, raised as the hold ends
+        except BaseException:  # a SIGTERM or Ctrl-C deferred while it started, raised once its handle is kept
             self.stop()  # else the helper would go on creating files in a tree being deleted
             raise
 
