@@ -16,7 +16,7 @@ import pytest
 from tenplex.runtime.agent import beat as heartbeat
 from tenplex.runtime.agent.agent import Agent
 from tenplex.runtime.agent.channel import Channel
-from tenplex.runtime.transport.ucx.cancel import Cancelled
+from tenplex.runtime.transport.errors import Cancelled
 
 
 @pytest.fixture

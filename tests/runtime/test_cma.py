@@ -19,7 +19,7 @@ from tenplex.runtime.arrays import arange_tensors, arange_values, materialize_al
 from tenplex.runtime.oracle import check_state
 from tenplex.runtime.runtime import Runtime
 from tenplex.runtime.transport import cma
-from tenplex.runtime.transport.ucx.wire import TransportError
+from tenplex.runtime.transport.errors import TransportError
 
 _REASON = cma.unusable()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"cross memory attach unusable: {_REASON}")

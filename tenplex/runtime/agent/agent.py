@@ -44,7 +44,7 @@ from tenplex.runtime.shm.server import StoreServer
 from tenplex.runtime.store import shared
 from tenplex.runtime.store.layout import Instance, array_path, meta_path, staging_tag, tag_path, value_path
 from tenplex.runtime.store.tree import TensorStore
-from tenplex.runtime.transport.ucx.cancel import Cancel
+from tenplex.runtime.transport.errors import Cancel
 
 __all__ = ["Agent", "Instance", "node_id", "tag_path"]
 

@@ -4,7 +4,7 @@ one-way `{"cancel": why}` meanwhile (`server` runs the commands).
 While a command runs, the agent sends `{"beat": n, "done": rounds the execution finished}` every
 `BEAT_S` seconds, so a runtime tells a busy agent from a stopped or hung one. A cancel frame (the
 runtime says a peer of the call failed) or EOF raises the agent's `cancel` flag, which the
-transport's waits check between polls (`transport.ucx.cancel`), so the command fails at once.
+transport's waits check between polls (`transport.errors`), so the command fails at once.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ text naming the command and, where known, the message and op that failed. While 
 the connection's beat thread (`beat`) sends `{"beat": n}` every `BEAT_S` seconds, so a runtime
 tells a busy agent from a stopped or hung one, and takes the runtime's one-way `{"cancel": why}`:
 the running command's transport waits give up within a poll, naming `why`
-(`transport.ucx.cancel`); a cancel that comes after its command finished is dropped, with no reply.
+(`transport.errors`); a cancel that comes after its command finished is dropped, with no reply.
 
 Output: `tenplex agent` prints one line `tenplex agent NAME: control ...` on stdout once it
 listens (launchers wait for it); diagnostics go to the logger `tenplex.agent` (stderr with

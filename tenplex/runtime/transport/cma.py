@@ -13,7 +13,7 @@ which fails the sender's exchange too). A sender's views stay in place until the
 arrived. Offers for later rounds (a peer may be ahead: there is no barrier between rounds) wait
 on the endpoint until their receive is posted. Every wait has the peer's deadline; a closed
 peer, a timeout or a failed copy raise `TransportError` naming the peer and the message tag, a
-raised `cancel` flag (`transport.ucx.cancel`) `Cancelled` within a poll.
+raised `cancel` flag (`transport.errors`) `Cancelled` within a poll.
 
 `unusable()` tells where the kernel forbids it (seccomp, Yama `ptrace_scope` >= 2); with
 `ptrace_scope` 1 each peer allows processes of its user to read it (`PR_SET_PTRACER_ANY`).
@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tenplex.runtime.transport.ucx.cancel import Cancel
-from tenplex.runtime.transport.ucx.wire import TransportError
+from tenplex.runtime.transport.errors import Cancel, TransportError
 
 __all__ = ["CmaEndpoint", "CmaPeer", "iovecs", "pair", "unusable"]
 

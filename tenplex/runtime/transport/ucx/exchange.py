@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tenplex.runtime.transport.ucx.wire import CTL, FULL_MASK, MSG, TransportError, check_user_tag, make_tag
+from tenplex.runtime.transport.errors import TransportError
+from tenplex.runtime.transport.ucx.wire import CTL, FULL_MASK, MSG, check_user_tag, make_tag
 from tenplex.runtime.transport.ucx.worker import Received, Timeout, UcxEndpoint, Worker, as_bytes
 
 

@@ -18,12 +18,7 @@ from __future__ import annotations
 
 import struct
 
-from tenplex.ir.errors import TenplexError
-
-
-class TransportError(TenplexError):
-    """A transfer failed or timed out; the message names the peer and the operation."""
-
+from tenplex.runtime.transport.errors import TransportError
 
 HDR, DATA, FIN, MSG, CTL = 1, 2, 3, 4, 5
 KIND_SHIFT = 60

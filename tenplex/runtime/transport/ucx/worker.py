@@ -7,7 +7,7 @@ posts non-blocking UCX requests and then progresses the worker in the caller's t
 100 ms) until the requests complete or the call's deadline passes. A worker is therefore used by
 one thread at a time. Every wait has a deadline; on expiry a `TransportError` names the peer and
 the operation, in-flight requests are cancelled and their buffers are kept alive (never freed
-under UCX), and the peer should be closed. A raised `cancel` flag (`ucx.cancel`: the runtime
+under UCX), and the peer should be closed. A raised `cancel` flag (`transport.errors`: the runtime
 says a peer of the running command failed) ends a wait the same way within a poll (`Cancelled`).
 
 Env: importing ucxx sets `UCX_WARN_UNUSED_ENV_VARS=n` (unless set); the context gets
@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tenplex.runtime.transport.ucx.cancel import Cancel, Cancelled
-from tenplex.runtime.transport.ucx.wire import ID_BITS, TransportError, pack_address
+from tenplex.runtime.transport.errors import Cancel, Cancelled, TransportError
+from tenplex.runtime.transport.ucx.wire import ID_BITS, pack_address
 
 __all__ = ["Received", "Timeout", "UcxEndpoint", "Worker", "as_bytes", "import_ucx", "ucx_available"]
 
@@ -94,7 +94,7 @@ def as_bytes(buf: Any, writable: bool, what: str) -> Any:
 
 class Worker:
     """One process's UCX worker. `timeout` (s) bounds every wait unless a call overrides it;
-    `cancel` (`ucx.cancel`), once raised, ends every wait with `Cancelled` within a poll."""
+    `cancel` (`transport.errors`), once raised, ends every wait with `Cancelled` within a poll."""
 
     def __init__(self, name: str = "", timeout: float = 30.0, cancel: Cancel | None = None):
         api, self._Array = import_ucx()

@@ -1,6 +1,7 @@
-"""A running command's cancel flag: the agent raises it when its runtime says that a peer of the
-call failed (`agent.server`), and a transport checks it between polls, so a survivor gives up at
-once instead of waiting for the dead peer's messages until its own timeout.
+"""What the transports (`ucx/`, `cma`) share: `TransportError`, and a running command's cancel
+flag. The agent raises the flag when its runtime says that a peer of the call failed
+(`agent.server`), and a transport checks it between polls, so a survivor gives up at once
+instead of waiting for the dead peer's messages until its own timeout.
 
 Invariants: `check` raises `Cancelled` (a `TransportError`) while the flag is up, naming the
 wait and the reason; one thread raises or lowers the flag, another reads it (a plain attribute:
@@ -9,9 +10,13 @@ its reads and writes are atomic).
 
 from __future__ import annotations
 
-from tenplex.runtime.transport.ucx.wire import TransportError
+from tenplex.ir.errors import TenplexError
 
-__all__ = ["Cancel", "Cancelled"]
+__all__ = ["Cancel", "Cancelled", "TransportError"]
+
+
+class TransportError(TenplexError):
+    """A transfer failed or timed out; the message names the peer and the operation."""
 
 
 class Cancelled(TransportError):
