@@ -13,12 +13,11 @@ no src sub-tensor holds.
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import partial
 from itertools import repeat
 
 import attrs
 
-from tenplex.compiler.ops import FillOp, Holder, Need
+from tenplex.compiler.ops import FillOp, Holder, HolderRows, Need, as_holder
 from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.errors import CompileError
@@ -85,6 +84,7 @@ class _Kinds:
     def __init__(self, src: PTC, dst: PTC, pieces: Pieces):
         self.src, self.dst = src, dst
         self.src_pieces, self.dst_pieces = pieces.src.tensors, pieces.dst.tensors
+        self.src_numbers, self.src_names = pieces.src.numbers, pieces.src.ids
         self.src_parts, self.dst_parts = src.allocation.mapping, dst.allocation.mapping
         self.templates: dict[tuple, tuple[int, list, list]] = {}  # key -> kind number, rows, holder tuples
         self.kind_of: dict[str, int] = {}
@@ -97,12 +97,10 @@ class _Kinds:
         template = self.templates.get(key)
         if template is None:
             out = _tensor_needs(self.src, self.dst, tensor, layouts)
-            self.kind_of[tensor] = len(self.templates)
-            self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_ids))
-            return out
+            template = self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_ids))
         self.kind_of[tensor], rows, sets = template
-        sid = src_ids.__getitem__
-        holders = [tuple(map(_holder, zip(ds, map(sid, ks), pieces))) for ds, ks, pieces in sets]
+        number, names = self.src_numbers.get(tensor, ()).__getitem__, self.src_names
+        holders = [HolderRows(ds, tuple(map(number, ks)), pieces, names) for ds, ks, pieces in sets]
         return [Need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 
 
@@ -179,9 +177,6 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
     return out
 
 
-_holder = partial(tuple.__new__, Holder)  # Holder(d, sid, i) from a tuple, without namedtuple's Python __new__
-
-
 def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
     """Distinct src global boxes of `tensor` (in order of first appearance), each with every
     (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
@@ -191,7 +186,7 @@ def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
         devices = src.devices_of_subtensor(st.id)
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
-                fresh[p.global_box].extend(map(_holder, zip(devices, repeat(st.id), repeat(i))))
+                fresh[p.global_box].extend(map(as_holder, zip(devices, repeat(st.id), repeat(i))))
     return {box: tuple(sorted(hs)) for box, hs in fresh.items()}
 
 

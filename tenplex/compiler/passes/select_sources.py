@@ -25,7 +25,7 @@ from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.ops import Holder, Need, ValueOp
 from tenplex.compiler.passes.atoms import Atoms, Far
 from tenplex.compiler.passes.least_sent import HolderHosts, least_sent_hosts
-from tenplex.compiler.passes.local import local_copies
+from tenplex.compiler.passes.local import holder_rows, local_copies
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64, OpTable, pad
 from tenplex.ir.box import Box, split_box
@@ -72,7 +72,12 @@ class _State:
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
         self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
         self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
-        sids = dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors])
+        # src sub-tensors first, in the src PTC's order: `HolderRows` number them so (ids are unique in a PTC)
+        pieces = program.pieces
+        src_ids = pieces.src.ids if pieces is not None else [s.id for s in program.src.subtensors]
+        dst_ids = pieces.dst.ids if pieces is not None else [s.id for s in program.dst.subtensors]
+        sids = dict.fromkeys(src_ids)
+        sids.update(dict.fromkeys(dst_ids))
         self.sid_ix = dict(zip(sids, range(len(sids))))
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
@@ -138,7 +143,7 @@ class _State:
         pair, _, inverse = keysort.unique_first(which * sets.n + host)
         at = np.searchsorted(sets.keys, pair)
         inverse = inverse.reshape(-1)
-        ints = self.holder_ints([sets.flat[i] for i in sets.order[sets.first[at]].tolist()])[inverse]
+        ints = sets.rows[sets.order[sets.first[at]]][inverse]
         multi = np.flatnonzero(sets.count[at][inverse] > 1)
         if len(multi):  # the rest hold the atom on one device of that host: no choice
             ints[multi] = self.least_loaded(sets, pair[inverse[multi]], multi, ints[:, 0], nbytes)
@@ -155,7 +160,7 @@ class _State:
         count = sets.count[at]
         bounds = np.concatenate(([0], np.cumsum(count)))
         flat = sets.order[np.repeat(sets.first[at] - bounds[:-1], count) + np.arange(bounds[-1])]
-        rows = self.holder_ints([sets.flat[i] for i in flat.tolist()])
+        rows = sets.rows[flat]
         lens = count[which]
         at_key = np.repeat(bounds[:-1][which] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
         before = _sent_before(device, nbytes, multi, rows[at_key, 0], lens).tolist()
@@ -169,10 +174,6 @@ class _State:
             sent[devices[j]] = sent.get(devices[j], 0) + size
         return rows[chosen]
 
-    def holder_ints(self, holders: list[Holder]) -> np.ndarray:
-        """Rows (device, sub-tensor id, piece) of `holders`."""
-        return np.array([(h.device, self.sid_ix[h.subtensor], h.piece) for h in holders], I64).reshape(-1, 3)
-
     def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
         """The pass's copies as columns: the local ones in need order, then the fills and
         values, then each atom's landing copy and forwards, largest atoms first."""
@@ -183,7 +184,8 @@ class _State:
         nbytes = (volume[atoms.box] * itemsize[atoms.tensor])[order]
         host_of = np.zeros(max(self.host) + 1, I64)
         host_of[list(self.host)] = [self.host_rank[h] for h in self.host.values()]
-        holders = self.sources(HolderHosts(atoms.sets, host_of, len(self.host_rank)), atoms.holders[order], nbytes)
+        sets = HolderHosts(*holder_rows(atoms.sets, self.sid_ix), host_of, len(self.host_rank))
+        holders = self.sources(sets, atoms.holders[order], nbytes)
         first = self.next_id()
         cols, edges = atoms.copies(order, first, holders)
         local = self.local
