@@ -17,7 +17,8 @@ from itertools import repeat
 
 import attrs
 
-from tenplex.compiler.ops import FillOp, Holder, HolderRows, Need, as_holder
+from tenplex.compiler.holders import HolderSets
+from tenplex.compiler.ops import FillOp, Holder, Need, as_holder, trusted_need
 from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.errors import CompileError
@@ -76,17 +77,20 @@ class _Kinds:
     their own ids put in: a PTC keeps its sub-tensors sorted by id, so a src id's position
     among its tensor's sub-tensors orders as the id does. A kind's needs are kept as a
     template: per need its dst sub-tensor's position, piece, box and holder tuple number; per
-    holder tuple its devices, src sub-tensor positions and pieces. Holder tuples that were one
-    object stay one object (select-sources numbers holder sets by identity). 4,624 tensors
+    holder tuple its devices, src sub-tensor positions and pieces. Every tensor's needs, the
+    first of its kind too, are put from the template: its holder tuples are `HolderRows` (the
+    template's columns with its sub-tensor numbers; `HolderSets` gives them to select-sources
+    as arrays), and holder tuples that were one object stay one object (select-sources
+    numbers holder sets by identity). 4,624 tensors
     are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs. Invariant: the needs of tensors of one
     kind (`kind_of`) are alike row by row (the same boxes, dst positions and devices)."""
 
     def __init__(self, src: PTC, dst: PTC, pieces: Pieces):
         self.src, self.dst = src, dst
         self.src_pieces, self.dst_pieces = pieces.src.tensors, pieces.dst.tensors
-        self.src_numbers, self.src_names = pieces.src.numbers, pieces.src.ids
+        self.src_numbers, self.holders = pieces.src.numbers, HolderSets(pieces.src.ids)
         self.src_parts, self.dst_parts = src.allocation.mapping, dst.allocation.mapping
-        self.templates: dict[tuple, tuple[int, list, list]] = {}  # key -> kind number, rows, holder tuples
+        self.templates: dict[tuple, tuple[int, list, int, int]] = {}  # key -> kind number, rows, holder templates (first, count)
         self.kind_of: dict[str, int] = {}
 
     def needs(self, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
@@ -97,11 +101,11 @@ class _Kinds:
         template = self.templates.get(key)
         if template is None:
             out = _tensor_needs(self.src, self.dst, tensor, layouts)
-            template = self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_ids))
-        self.kind_of[tensor], rows, sets = template
-        number, names = self.src_numbers.get(tensor, ()).__getitem__, self.src_names
-        holders = [HolderRows(ds, tuple(map(number, ks)), pieces, names) for ds, ks, pieces in sets]
-        return [Need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
+            rows, sets = _template(out, src_ids, dst_ids)
+            template = self.templates[key] = (len(self.templates), rows, self.holders.add_template(sets), len(sets))
+        self.kind_of[tensor], rows, first, count = template
+        holders = self.holders.put(first, count, self.src_numbers.get(tensor, ()))
+        return [trusted_need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 
 
 def _template(needs: list[Need], src_ids: tuple[str, ...], dst_ids: tuple[str, ...]) -> tuple[list, list]:

@@ -16,7 +16,8 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from tenplex.compiler import keysort
-from tenplex.compiler.ops import HolderRows, Need
+from tenplex.compiler.holders import holder_rows
+from tenplex.compiler.ops import Need
 from tenplex.compiler.passes.atoms import Far
 
 I64 = np.int64
@@ -107,26 +108,6 @@ def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
     group = np.repeat(np.arange(len(sets)), lens)
     keys, first, _ = keysort.unique_first(group * ndev + dev)
     return keys, ints[first], keysort.unique(group * nhosts + host_of[dev])
-
-
-def holder_rows(sets: list, sid_ix: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(the length of each holder set, rows (device, sub-tensor id, piece) of all their
-    holders in order). `HolderRows` give their columns (their sub-tensor numbers are
-    positions in the src PTC's order, which `sid_ix` numbers first, so they are its ids);
-    tuples of `Holder`s are read one by one."""
-    cols = [_columns(hs, sid_ix) for hs in sets]
-    lens = np.fromiter(map(len, map(_FIRST, cols)), I64, len(cols))
-    n = int(lens.sum())
-    out = np.empty((n, 3), I64)
-    for j, get in enumerate((_FIRST, _SECOND, _THIRD)):
-        out[:, j] = np.fromiter(chain.from_iterable(map(get, cols)), I64, n)
-    return lens, out
-
-
-def _columns(hs, sid_ix: dict[str, int]) -> tuple:
-    if type(hs) is HolderRows:
-        return hs.devices, hs.numbers, hs.pieces
-    return tuple(h[0] for h in hs), tuple(sid_ix[h[1]] for h in hs), tuple(h[2] for h in hs)
 
 
 def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray, rows: np.ndarray) -> np.ndarray:
