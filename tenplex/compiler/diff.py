@@ -18,6 +18,7 @@ from itertools import repeat
 import attrs
 
 from tenplex.compiler.holders import HolderSets
+from tenplex.compiler.need_table import NeedTable
 from tenplex.compiler.ops import FillOp, Holder, Need, as_holder, trusted_need
 from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
@@ -43,6 +44,7 @@ class Diff:
     fills: tuple[FillOp, ...]
     values: tuple[ValueNeed, ...]
     kinds: dict[str, int] = attrs.field(factory=dict)  # tensor -> its kind: tensors of one kind have alike needs (`_Kinds`)
+    table: NeedTable | None = None  # `needs` as columns
 
 
 def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
@@ -60,7 +62,7 @@ def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
         for box in st.fill_boxes()
         for d in dst.devices_of_subtensor(st.id)
     ]
-    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of)
+    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of, kinds.table)
 
 
 def _whole(st) -> bool:
@@ -89,6 +91,7 @@ class _Kinds:
         self.src, self.dst = src, dst
         self.src_pieces, self.dst_pieces = pieces.src.tensors, pieces.dst.tensors
         self.src_numbers, self.holders = pieces.src.numbers, HolderSets(pieces.src.ids)
+        self.dst_numbers, self.table = pieces.dst.numbers, NeedTable()
         self.src_parts, self.dst_parts = src.allocation.mapping, dst.allocation.mapping
         self.templates: dict[tuple, tuple[int, list, int, int]] = {}  # key -> kind number, rows, holder templates (first, count)
         self.kind_of: dict[str, int] = {}
@@ -103,7 +106,9 @@ class _Kinds:
             out = _tensor_needs(self.src, self.dst, tensor, layouts)
             rows, sets = _template(out, src_ids, dst_ids)
             template = self.templates[key] = (len(self.templates), rows, self.holders.add_template(sets), len(sets))
+            self.table.add_kind(rows, ddevs, template[2])
         self.kind_of[tensor], rows, first, count = template
+        self.table.add_tensor(template[0], self.dst_numbers[tensor])
         holders = self.holders.put(first, count, self.src_numbers.get(tensor, ()))
         return [trusted_need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 

@@ -16,6 +16,7 @@ locality and no deduplication. Such plans still verify; they only move more byte
 from __future__ import annotations
 
 from collections import Counter
+from operator import add
 
 import attrs
 import numpy as np
@@ -71,15 +72,15 @@ class _State:
         self.p = program
         self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
-        self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
+        self.size = dict(program.dst.itemsizes)  # per dst tensor, in dst order
         self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
         # src sub-tensors first, in the src PTC's order: `HolderRows` number them so (ids are unique in a PTC)
         pieces = program.pieces
         src_ids = pieces.src.ids if pieces is not None else [s.id for s in program.src.subtensors]
         dst_ids = pieces.dst.ids if pieces is not None else [s.id for s in program.dst.subtensors]
-        sids = dict.fromkeys(src_ids)
-        sids.update(dict.fromkeys(dst_ids))
-        self.sid_ix = dict(zip(sids, range(len(sids))))
+        self.sid_ix = dict(zip(src_ids, range(len(src_ids))))
+        new = [s for s in dst_ids if s not in self.sid_ix]
+        self.sid_ix.update(zip(new, range(len(src_ids), len(src_ids) + len(new))))
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
         self.value_holders: dict[int, tuple] = {}
@@ -166,13 +167,17 @@ class _State:
         at_key = np.repeat(bounds[:-1][which] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
         before = _sent_before(device, nbytes, multi, rows[at_key, 0], lens).tolist()
         devices, starts, cut = rows[:, 0].tolist(), bounds.tolist(), np.concatenate(([0], np.cumsum(lens))).tolist()
-        sent, chosen = dict(self.sent_device), []
+        candidates = [devices[a:b] for a, b in zip(starts[:-1], starts[1:])]  # per distinct key
+        sent = [0] * (max(devices + list(self.sent_device), default=0) + 1)  # per device: bytes sent so far
+        for d, v in self.sent_device.items():
+            sent[d] = v
+        chosen = []
         for x, a, b, size in zip(which.tolist(), cut[:-1], cut[1:], nbytes[multi].tolist()):
-            first = starts[x]
-            loads = [c + sent.get(d, 0) for c, d in zip(before[a:b], devices[first : first + b - a])]
-            j = first + loads.index(min(loads))
-            chosen.append(j)
-            sent[devices[j]] = sent.get(devices[j], 0) + size
+            ds = candidates[x]
+            loads = list(map(add, before[a:b], map(sent.__getitem__, ds)))
+            i = loads.index(min(loads))
+            chosen.append(starts[x] + i)
+            sent[ds[i]] += size
         return rows[chosen]
 
     def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
