@@ -13,12 +13,13 @@ no src sub-tensor holds.
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import partial
 from itertools import repeat
 
 import attrs
 
-from tenplex.compiler.ops import FillOp, Holder, Need
+from tenplex.compiler.holders import HolderSets
+from tenplex.compiler.need_table import NeedTable
+from tenplex.compiler.ops import FillOp, Holder, Need, as_holder, trusted_need
 from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.errors import CompileError
@@ -43,6 +44,7 @@ class Diff:
     fills: tuple[FillOp, ...]
     values: tuple[ValueNeed, ...]
     kinds: dict[str, int] = attrs.field(factory=dict)  # tensor -> its kind: tensors of one kind have alike needs (`_Kinds`)
+    table: NeedTable | None = None  # `needs` as columns
 
 
 def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
@@ -60,7 +62,7 @@ def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
         for box in st.fill_boxes()
         for d in dst.devices_of_subtensor(st.id)
     ]
-    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of)
+    return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of, kinds.table)
 
 
 def _whole(st) -> bool:
@@ -77,16 +79,21 @@ class _Kinds:
     their own ids put in: a PTC keeps its sub-tensors sorted by id, so a src id's position
     among its tensor's sub-tensors orders as the id does. A kind's needs are kept as a
     template: per need its dst sub-tensor's position, piece, box and holder tuple number; per
-    holder tuple its devices, src sub-tensor positions and pieces. Holder tuples that were one
-    object stay one object (select-sources numbers holder sets by identity). 4,624 tensors
+    holder tuple its devices, src sub-tensor positions and pieces. Every tensor's needs, the
+    first of its kind too, are put from the template: its holder tuples are `HolderRows` (the
+    template's columns with its sub-tensor numbers; `HolderSets` gives them to select-sources
+    as arrays), and holder tuples that were one object stay one object (select-sources
+    numbers holder sets by identity). 4,624 tensors
     are 170 kinds for GPT-3 175B at 1024 -> 768 GPUs. Invariant: the needs of tensors of one
     kind (`kind_of`) are alike row by row (the same boxes, dst positions and devices)."""
 
     def __init__(self, src: PTC, dst: PTC, pieces: Pieces):
         self.src, self.dst = src, dst
         self.src_pieces, self.dst_pieces = pieces.src.tensors, pieces.dst.tensors
+        self.src_numbers, self.holders = pieces.src.numbers, HolderSets(pieces.src.ids)
+        self.dst_numbers, self.table = pieces.dst.numbers, NeedTable()
         self.src_parts, self.dst_parts = src.allocation.mapping, dst.allocation.mapping
-        self.templates: dict[tuple, tuple[int, list, list]] = {}  # key -> kind number, rows, holder tuples
+        self.templates: dict[tuple, tuple[int, list, int, int]] = {}  # key -> kind number, rows, holder templates (first, count)
         self.kind_of: dict[str, int] = {}
 
     def needs(self, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
@@ -97,13 +104,13 @@ class _Kinds:
         template = self.templates.get(key)
         if template is None:
             out = _tensor_needs(self.src, self.dst, tensor, layouts)
-            self.kind_of[tensor] = len(self.templates)
-            self.templates[key] = (len(self.templates), *_template(out, src_ids, dst_ids))
-            return out
-        self.kind_of[tensor], rows, sets = template
-        sid = src_ids.__getitem__
-        holders = [tuple(map(_holder, zip(ds, map(sid, ks), pieces))) for ds, ks, pieces in sets]
-        return [Need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
+            rows, sets = _template(out, src_ids, dst_ids)
+            template = self.templates[key] = (len(self.templates), rows, self.holders.add_template(sets), len(sets))
+            self.table.add_kind(rows, ddevs, template[2])
+        self.kind_of[tensor], rows, first, count = template
+        self.table.add_tensor(template[0], self.dst_numbers[tensor])
+        holders = self.holders.put(first, count, self.src_numbers.get(tensor, ()))
+        return [trusted_need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
 
 
 def _template(needs: list[Need], src_ids: tuple[str, ...], dst_ids: tuple[str, ...]) -> tuple[list, list]:
@@ -179,9 +186,6 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
     return out
 
 
-_holder = partial(tuple.__new__, Holder)  # Holder(d, sid, i) from a tuple, without namedtuple's Python __new__
-
-
 def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
     """Distinct src global boxes of `tensor` (in order of first appearance), each with every
     (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
@@ -191,7 +195,7 @@ def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
         devices = src.devices_of_subtensor(st.id)
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
-                fresh[p.global_box].extend(map(_holder, zip(devices, repeat(st.id), repeat(i))))
+                fresh[p.global_box].extend(map(as_holder, zip(devices, repeat(st.id), repeat(i))))
     return {box: tuple(sorted(hs)) for box, hs in fresh.items()}
 
 

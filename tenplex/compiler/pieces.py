@@ -27,10 +27,13 @@ Codes = tuple[int, ...]  # a sub-tensor's piece boxes by number, in piece order
 @attrs.frozen
 class PTCPieces:
     """One PTC's sub-tensors by tensor (their ids, partition ids and codes, in sub-tensor
-    order) and by partition ((tensor, codes) rows)."""
+    order), by partition ((tensor, codes) rows), and their ids in the PTC's order (`ids`),
+    with each tensor's sub-tensors' positions in it (`numbers`)."""
 
     tensors: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[Codes, ...]]]
     partitions: dict[str, list[tuple[str, Codes]]]
+    ids: tuple[str, ...] = ()
+    numbers: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -64,13 +67,19 @@ def _read(ptc: PTC, number: dict[tuple, int], boxes: list[Box]) -> PTCPieces:
     ids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
     pids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
     codes: dict[str, list[Codes]] = {t.name: [] for t in ptc.tensors}
+    numbers: dict[str, list[int]] = {t.name: [] for t in ptc.tensors}
     partitions: dict[str, list[tuple[str, Codes]]] = {p.id: [] for p in ptc.partitions}
     partition_of = ptc.partition_of
-    for st in ptc.subtensors:
+    everyone = []
+    for j, st in enumerate(ptc.subtensors):
         c = codes_of(st, number, boxes)
-        pid, tensor = partition_of[st.id], st.tensor
-        ids[tensor].append(st.id)
+        sid, tensor = st.id, st.tensor
+        pid = partition_of[sid]
+        everyone.append(sid)
+        ids[tensor].append(sid)
+        numbers[tensor].append(j)
         pids[tensor].append(pid)
         codes[tensor].append(c)
         partitions[pid].append((tensor, c))
-    return PTCPieces({t: (tuple(ids[t]), tuple(pids[t]), tuple(codes[t])) for t in pids}, partitions)
+    tensors = {t: (tuple(ids[t]), tuple(pids[t]), tuple(codes[t])) for t in pids}
+    return PTCPieces(tensors, partitions, tuple(everyone), {t: tuple(ns) for t, ns in numbers.items()})

@@ -345,6 +345,25 @@ def test_diff_needs_of_tensors_alike_are_the_needs_computed_per_tensor():
 
 @pytest.mark.parametrize(("src_spec", "dst_spec"), [("gpt-tiny:tp2,pp2,dp2@4x2", "gpt-tiny:tp2,pp1,dp2@2x2"),
                                                     ("gpt-tiny:tp4,pp2,dp1@4x2", "gpt-tiny:tp2,pp2,dp2@4x2")])  # fmt: skip
+def test_needs_read_as_columns_give_the_plan_read_from_objects(monkeypatch, src_spec, dst_spec):
+    """select-sources reads the diff's needs from its columns (`NeedTable`, holder rows from
+    `HolderSets`) and other needs from the objects; both must give the same plan."""
+    import attrs
+
+    from tenplex.compiler import dumps_plan
+    from tenplex.compiler.passes import lower
+    from tenplex.frontends.spec import ptc_from_spec
+
+    src, dst = ptc_from_spec(src_spec), ptc_from_spec(dst_spec)
+    options = CompileOptions(max_message_bytes=1 << 12, memory_budget_bytes=1 << 14)
+    columns = dumps_plan(compile_plan(src, dst, options))
+    with_columns = lower.diff
+    monkeypatch.setattr(lower, "diff", lambda *a: attrs.evolve(with_columns(*a), table=None))
+    assert dumps_plan(compile_plan(src, dst, options)) == columns
+
+
+@pytest.mark.parametrize(("src_spec", "dst_spec"), [("gpt-tiny:tp2,pp2,dp2@4x2", "gpt-tiny:tp2,pp1,dp2@2x2"),
+                                                    ("gpt-tiny:tp4,pp2,dp1@4x2", "gpt-tiny:tp2,pp2,dp2@4x2")])  # fmt: skip
 def test_atoms_of_tensors_alike_are_cut_as_each_would_be(monkeypatch, src_spec, dst_spec):
     """select-sources cuts one (host, tensor) group per tensor kind and shape and reuses the
     cut for tensors of that kind; the plan must be the one cut group by group."""

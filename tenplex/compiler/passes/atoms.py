@@ -123,8 +123,8 @@ class Atoms:
                 self.alike[alike] = made
             return made[0]
         (box, count, flat, _), groups, of = made
-        needs = list(map(far.needs.__getitem__, far.need[a:b].tolist()))
-        sets = np.array([self.by_host([(needs[p], 0) for p in ps]) for ps in groups], I64)
+        holders = [far.needs[i].holders for i in far.need[a:b].tolist()]
+        sets = np.array([self.by_holders([holders[p] for p in ps]) for ps in groups], I64)
         return box, count, flat, sets[of]
 
     def shape(self, far: Far, a: int, b: int) -> Cut:
@@ -153,7 +153,7 @@ class Atoms:
         limit = max(1, self.s.p.options.max_message_bytes // self.s.size[wants[0][0].tensor])
         out = []
         for k, (box, ws) in enumerate(by_box.items()):
-            ws, hosts = sorted(ws, key=_want_order), self.by_host(ws)
+            ws, hosts = sorted(ws, key=_want_order), self.by_holders([n.holders for n, _ in ws])
             chunks = self.chunks.get((box, limit))
             if chunks is None:
                 chunks = self.chunks[(box, limit)] = split_box(box, limit)
@@ -167,15 +167,23 @@ class Atoms:
             found = self.disjoint[boxes] = not any(i < j for i, j in overlapping_pairs(boxes, boxes))
         return found
 
-    def by_host(self, wants: list[Want]) -> int:
-        """The number in `sets` of the holders of all `wants` (sorted; one per distinct
-        combination of holder tuples: needs share theirs)."""
-        groups = {id(n.holders): n.holders for n, _ in wants}
+    def by_holders(self, holders: list) -> int:
+        """The number in `sets` of the union of the holder tuples `holders` (sorted; one per
+        distinct combination of tuples: needs share theirs)."""
+        first = holders[0]
+        if all(h is first for h in holders):  # one holder tuple, sorted (the common case): no merge
+            key: tuple = (id(first),)
+            number = self.set_of.get(key)
+            if number is None:
+                self.sets.append(first)
+                number = self.set_of[key] = len(self.sets) - 1
+            return number
+        groups = {id(hs): hs for hs in holders}
         key = tuple(sorted(groups))
         number = self.set_of.get(key)
         if number is None:
-            one = len(groups) == 1  # one holder tuple, sorted (the common case): no merge
-            self.sets.append(next(iter(groups.values())) if one else tuple(sorted({h for hs in groups.values() for h in hs})))
+            one = len(groups) == 1
+            self.sets.append(first if one else tuple(sorted({h for hs in groups.values() for h in hs})))
             number = self.set_of[key] = len(self.sets) - 1
         return number
 

@@ -14,8 +14,6 @@ are the slots in sorted order."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
-from operator import itemgetter
 
 import numpy as np
 
@@ -54,30 +52,23 @@ def least_sent_hosts(which: np.ndarray, sets: Sequence[Sequence[int]], nbytes: n
 
 
 class HolderHosts:
-    """Holder sets (sorted tuples of holders, device first) by host: each set's hosts (numbers
-    below `n`, ascending) in `members`, and per (set, host) key `set * n + host` (sorted in
-    `keys`) a run of `count` holders in set order, from `first` in `flat[order]`. Grouped by
-    numpy for all sets at once (every need box's holder tuple is its own set: 11k sets of 161k
-    holders at 1024 GPUs)."""
+    """Holder sets (sorted holders, device first; `lens[i]` rows of `rows` each, in turn: device,
+    sub-tensor id, piece) by host: each set's hosts (numbers below `n`, ascending) in `members`,
+    and per (set, host) key `set * n + host` (sorted in `keys`) a run of `count` holders in set
+    order, from `first` in `rows[order]`. Grouped by numpy for all sets at once (every need
+    box's holder tuple is its own set: 11k sets of 161k holders at 1024 GPUs)."""
 
-    def __init__(self, sets: Sequence[Sequence[tuple]], host_of: np.ndarray, n: int):
-        self.flat = list(chain.from_iterable(sets))
-        dev = np.fromiter(map(itemgetter(0), self.flat), I64, len(self.flat))
-        key = np.repeat(np.arange(len(sets)), np.fromiter(map(len, sets), I64, len(sets))) * n + host_of[dev]
+    def __init__(self, lens: np.ndarray, rows: np.ndarray, host_of: np.ndarray, n: int):
+        self.rows = rows
+        key = np.repeat(np.arange(len(lens)), lens) * n + host_of[rows[:, 0]]
         self.order = keysort.argsort(key)
         key = key[self.order]
         self.first = keysort.starts(key)
         self.keys, self.n = key[self.first], n
         self.count = np.diff(np.append(self.first, len(key)))
-        runs = np.searchsorted(self.keys // n, np.arange(len(sets) + 1)).tolist()
+        runs = np.searchsorted(self.keys // n, np.arange(len(lens) + 1)).tolist()
         hosts = (self.keys % n).tolist()
         self.members = [hosts[a:b] for a, b in zip(runs[:-1], runs[1:])]
-
-    def on_host(self, key: int) -> list:
-        """The holders of set `key // n` on host `key % n`."""
-        at = int(np.searchsorted(self.keys, key))
-        start = int(self.first[at])
-        return [self.flat[i] for i in self.order[start : start + int(self.count[at])].tolist()]
 
 
 def _components(members: list[np.ndarray], n: int) -> np.ndarray:

@@ -11,46 +11,66 @@ want (need, device) looks its (holder set, device) up among the keys of the hold
 from __future__ import annotations
 
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_
 
 import numpy as np
 
 from tenplex.compiler import keysort
+from tenplex.compiler.holders import holder_rows
 from tenplex.compiler.ops import Need
 from tenplex.compiler.passes.atoms import Far
 
 I64 = np.int64
 _HOLDERS, _DEVICES, _BOX = attrgetter("holders"), attrgetter("dst_devices"), attrgetter("box")
 _TENSOR, _SID, _PIECE = attrgetter("tensor"), attrgetter("dst_subtensor"), attrgetter("dst_piece")
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def local_copies(state, needs: list[Need]) -> tuple[np.ndarray, Far]:
     """(rows of the copies within a host, in need order then device order: tensor, box, src
     device, sub-tensor and piece, dst device, sub-tensor and piece; the wants that cross the
     network)."""
+    group, (lens, ints), counts, devs, per_need = _read_needs(state, needs)
     n = len(needs)
-    ids = list(map(id, map(_HOLDERS, needs)))
-    sets = dict(zip(ids, map(_HOLDERS, needs)))
-    number = {k: i for i, k in enumerate(sets)}
-    group = np.fromiter(map(number.__getitem__, ids), I64, n)
-    counts = np.fromiter(map(len, map(_DEVICES, needs)), I64, n)
-    devs = np.fromiter(chain.from_iterable(map(_DEVICES, needs)), I64, int(counts.sum()))
     of = np.repeat(np.arange(n), counts)  # each want's need
     ndev = max(state.host) + 1
     host_ix = {h: i for i, h in enumerate(state.host_rank)}
     host_of = np.zeros(ndev, I64)
     host_of[list(state.host)] = [host_ix[h] for h in state.host.values()]
-    on_dev, first, on_host = _keys(state, list(sets.values()), ndev, host_of, len(host_ix))
+    on_dev, first, on_host = _keys(lens, ints, ndev, host_of, len(host_ix))
     key = group[of] * ndev + devs
     at = np.minimum(np.searchsorted(on_dev, key), max(len(on_dev) - 1, 0))
     here = on_dev[at] == key if len(on_dev) else np.zeros(len(key), bool)
     near = ~here & keysort.member(on_host, group[of] * len(host_ix) + host_of[devs])
-    per_need = _per_need(state, needs)
     w = np.flatnonzero(here)
     rows = np.column_stack((per_need[of[w], :2], first[at[w]], devs[w], per_need[of[w], 2:]))
     rows = _with_host_class(state, needs, of, devs, np.flatnonzero(near), w, rows)
     return rows, _remote(needs, of, devs, np.flatnonzero(~here & ~near), host_of, list(host_ix), state, per_need)
+
+
+def _read_needs(state, needs: list[Need]) -> tuple:
+    """Per need its holder set's number (distinct holder tuples, by object, in order of first
+    appearance), the rows of those sets (`holder_rows`), dst device counts, the dst devices in
+    turn, and `_per_need`'s rows. From the diff's columns when `needs` are its needs."""
+    d = state.p.diff
+    if d is None or d.table is None or len(d.needs) != len(needs) or not all(map(is_, d.needs, needs)):
+        ids = list(map(id, map(_HOLDERS, needs)))
+        sets = dict(zip(ids, map(_HOLDERS, needs)))
+        number = {k: i for i, k in enumerate(sets)}
+        group = np.fromiter(map(number.__getitem__, ids), I64, len(needs))
+        counts = np.fromiter(map(len, map(_DEVICES, needs)), I64, len(needs))
+        devs = np.fromiter(chain.from_iterable(map(_DEVICES, needs)), I64, int(counts.sum()))
+        return group, holder_rows(list(sets.values()), state.sid_ix), counts, devs, _per_need(state, needs)
+    c = d.table.columns()
+    group, firsts = _by_first(c.set_t * (int(c.set_g.max(initial=0)) + 1) + c.set_g)
+    holders = needs[0].holders.key[0] if needs else None  # `HolderSets` of the diff
+    sets = holders.rows(c.set_g[firsts], c.set_t[firsts]) if holders is not None else (np.zeros(0, I64), np.zeros((0, 3), I64))
+    box, box_firsts = _by_first(c.box)
+    number = np.array([state.box_id(d.table.boxes[b]) for b in c.box[box_firsts].tolist()], I64)
+    pieces = state.p.pieces  # the dst PTC's ids in order, as `NeedTable` numbers them
+    dst_ids = pieces.dst.ids if pieces is not None else [st.id for st in state.p.dst.subtensors]
+    dst_ix = np.fromiter(map(state.sid_ix.__getitem__, dst_ids), I64, len(dst_ids))
+    per_need = np.stack((c.tensor, number[box] if len(number) else box, dst_ix[c.dst], c.piece), axis=1)
+    return group, sets, c.count, c.devices, per_need
 
 
 def _per_need(state, needs: list[Need]) -> np.ndarray:
@@ -67,6 +87,16 @@ def _per_need(state, needs: list[Need]) -> np.ndarray:
     out[:, 2] = np.fromiter(map(state.sid_ix.__getitem__, map(_SID, needs)), I64, n)
     out[:, 3] = np.fromiter(map(_PIECE, needs), I64, n)
     return out
+
+
+def _by_first(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's distinct value numbered in order of first appearance, and the first row of
+    each number."""
+    _, first, inverse = keysort.unique_first(keys)
+    rank = np.empty(len(first), I64)
+    by = keysort.argsort(first)
+    rank[by] = np.arange(len(first))
+    return rank[inverse.reshape(-1)], first[by]
 
 
 def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
@@ -99,19 +129,14 @@ def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
     return Far(needs, need, dev, per_need[need, 2], per_need[need, 3], code, starts.tolist(), stops.tolist(), names, rel, kinds)
 
 
-def _keys(state, sets: list, ndev: int, host_of: np.ndarray, nhosts: int):
+def _keys(lens: np.ndarray, ints: np.ndarray, ndev: int, host_of: np.ndarray, nhosts: int):
     """Sorted keys set * ndev + device of the first holder per device of each holder set
-    (with its ints: device, sub-tensor id, piece) and sorted keys set * nhosts + host."""
-    lens = np.fromiter(map(len, sets), I64, len(sets))
-    flat = list(chain.from_iterable(sets))  # each set sorted: the first per device wins
-    n = len(flat)
-    dev = np.fromiter(map(_FIRST, flat), I64, n)
-    group = np.repeat(np.arange(len(sets)), lens)
+    (`lens[i]` rows of `ints` each, in turn: device, sub-tensor id, piece; each set sorted, so
+    the first per device wins; with its ints) and sorted keys set * nhosts + host."""
+    dev = ints[:, 0]
+    group = np.repeat(np.arange(len(lens)), lens)
     keys, first, _ = keysort.unique_first(group * ndev + dev)
-    sid = np.fromiter(map(state.sid_ix.__getitem__, map(_SECOND, flat)), I64, n)
-    piece = np.fromiter(map(_THIRD, flat), I64, n)
-    ints = np.stack((dev, sid, piece), axis=1)[first]
-    return keys, ints, keysort.unique(group * nhosts + host_of[dev])
+    return keys, ints[first], keysort.unique(group * nhosts + host_of[dev])
 
 
 def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray, rows: np.ndarray) -> np.ndarray:

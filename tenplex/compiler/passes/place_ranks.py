@@ -206,10 +206,14 @@ def _assign(weights: np.ndarray) -> list[int]:
 def _shared_bytes(src: PTC, dst: PTC, pieces: Pieces) -> dict[str, dict[str, int]]:
     """dst partition -> {src partition: bytes of the dst partition that it holds}. Overlaps
     are found between distinct boxes (replicas of a box share one), once per layout (tensors
-    alike have the same dst and src boxes)."""
-    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    alike have the same dst and src boxes). Each overlap adds its bytes to every (dst, src)
+    partition pair of its two boxes; tensors alike have the same partition runs, so the bytes
+    are summed per pair of runs first (integers: any order gives the same sums) and spread
+    over the partitions once per distinct pair of runs, in order of first appearance (so each
+    dict gets its keys in the order the overlaps first reach them)."""
     layouts: dict[tuple, list[tuple[int, int, int]]] = {}
     by_a, by_b = _partitions_by_box(pieces.dst, pieces.boxes), _partitions_by_box(pieces.src, pieces.boxes)
+    per_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
     for meta in dst.tensors:
         a, b = by_a[meta.name], by_b.get(meta.name, {})
         key = (tuple(a), tuple(b))
@@ -220,26 +224,29 @@ def _shared_bytes(src: PTC, dst: PTC, pieces: Pieces) -> dict[str, dict[str, int
             overlaps = layouts[key] = [(i, j, boxes_a[i].overlap_volume(boxes_b[j])) for i, j in overlapping_pairs(boxes_a, boxes_b)]
         size = dst.itemsize(meta.name)
         for i, j, volume in overlaps:
-            nbytes = volume * size
-            for p in runs_a[i][1:]:
-                row = out[p]
-                for q in runs_b[j][1:]:
-                    row[q] += nbytes
+            pair = (runs_a[i][1], runs_b[j][1])
+            per_runs[pair] = per_runs.get(pair, 0) + volume * size
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (parts_a, parts_b), nbytes in per_runs.items():
+        for p in parts_a:
+            row = out[p]
+            for q in parts_b:
+                row[q] += nbytes
     return out
 
 
-def _partitions_by_box(pieces: PTCPieces, boxes: list[Box]) -> dict[str, dict[int, list]]:
-    """tensor -> {number of a global box: [the box, then the partition of each piece with
-    that box (repeated per piece)]}, boxes in sub-tensor order (`Pieces`: read once)."""
-    out: dict[str, dict[int, list]] = {}
+def _partitions_by_box(pieces: PTCPieces, boxes: list[Box]) -> dict[str, dict[int, tuple[Box, tuple[str, ...]]]]:
+    """tensor -> {number of a global box: (the box, the partition of each piece with that box
+    (repeated per piece))}, boxes in sub-tensor order (`Pieces`: read once)."""
+    out: dict[str, dict[int, tuple[Box, tuple[str, ...]]]] = {}
     for tensor, (_, pids, codes) in pieces.tensors.items():
         runs: dict[int, list] = {}
         for pid, cs in zip(pids, codes):
             for k in cs:
                 run = runs.get(k)
                 if run is None:
-                    runs[k] = [boxes[k], pid]
+                    runs[k] = [pid]
                 else:
                     run.append(pid)
-        out[tensor] = runs
+        out[tensor] = {k: (boxes[k], tuple(run)) for k, run in runs.items()}
     return out

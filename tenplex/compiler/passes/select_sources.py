@@ -16,12 +16,14 @@ locality and no deduplication. Such plans still verify; they only move more byte
 from __future__ import annotations
 
 from collections import Counter
+from operator import add
 
 import attrs
 import numpy as np
 
 from tenplex.compiler import keysort
 from tenplex.compiler.diff import ValueNeed
+from tenplex.compiler.holders import holder_rows
 from tenplex.compiler.ops import Holder, Need, ValueOp
 from tenplex.compiler.passes.atoms import Atoms, Far
 from tenplex.compiler.passes.least_sent import HolderHosts, least_sent_hosts
@@ -70,10 +72,15 @@ class _State:
         self.p = program
         self.host = {d.id: d.host for d in program.topology.devices}
         self.host_rank = {h: i for i, h in enumerate(program.topology.hosts)}
-        self.size = {t.name: program.itemsize(t.name) for t in program.dst.tensors}
+        self.size = dict(program.dst.itemsizes)  # per dst tensor, in dst order
         self.tensor_ix = {t.name: i for i, t in enumerate(program.dst.tensors)}
-        sids = dict.fromkeys([s.id for ptc in (program.src, program.dst) for s in ptc.subtensors])
-        self.sid_ix = dict(zip(sids, range(len(sids))))
+        # src sub-tensors first, in the src PTC's order: `HolderRows` number them so (ids are unique in a PTC)
+        pieces = program.pieces
+        src_ids = pieces.src.ids if pieces is not None else [s.id for s in program.src.subtensors]
+        dst_ids = pieces.dst.ids if pieces is not None else [s.id for s in program.dst.subtensors]
+        self.sid_ix = dict(zip(src_ids, range(len(src_ids))))
+        new = [s for s in dst_ids if s not in self.sid_ix]
+        self.sid_ix.update(zip(new, range(len(src_ids), len(src_ids) + len(new))))
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
         self.value_holders: dict[int, tuple] = {}
@@ -138,7 +145,7 @@ class _State:
         pair, _, inverse = keysort.unique_first(which * sets.n + host)
         at = np.searchsorted(sets.keys, pair)
         inverse = inverse.reshape(-1)
-        ints = self.holder_ints([sets.flat[i] for i in sets.order[sets.first[at]].tolist()])[inverse]
+        ints = sets.rows[sets.order[sets.first[at]]][inverse]
         multi = np.flatnonzero(sets.count[at][inverse] > 1)
         if len(multi):  # the rest hold the atom on one device of that host: no choice
             ints[multi] = self.least_loaded(sets, pair[inverse[multi]], multi, ints[:, 0], nbytes)
@@ -155,23 +162,23 @@ class _State:
         count = sets.count[at]
         bounds = np.concatenate(([0], np.cumsum(count)))
         flat = sets.order[np.repeat(sets.first[at] - bounds[:-1], count) + np.arange(bounds[-1])]
-        rows = self.holder_ints([sets.flat[i] for i in flat.tolist()])
+        rows = sets.rows[flat]
         lens = count[which]
         at_key = np.repeat(bounds[:-1][which] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
         before = _sent_before(device, nbytes, multi, rows[at_key, 0], lens).tolist()
         devices, starts, cut = rows[:, 0].tolist(), bounds.tolist(), np.concatenate(([0], np.cumsum(lens))).tolist()
-        sent, chosen = dict(self.sent_device), []
+        candidates = [devices[a:b] for a, b in zip(starts[:-1], starts[1:])]  # per distinct key
+        sent = [0] * (max(devices + list(self.sent_device), default=0) + 1)  # per device: bytes sent so far
+        for d, v in self.sent_device.items():
+            sent[d] = v
+        chosen = []
         for x, a, b, size in zip(which.tolist(), cut[:-1], cut[1:], nbytes[multi].tolist()):
-            first = starts[x]
-            loads = [c + sent.get(d, 0) for c, d in zip(before[a:b], devices[first : first + b - a])]
-            j = first + loads.index(min(loads))
-            chosen.append(j)
-            sent[devices[j]] = sent.get(devices[j], 0) + size
+            ds = candidates[x]
+            loads = list(map(add, before[a:b], map(sent.__getitem__, ds)))
+            i = loads.index(min(loads))
+            chosen.append(starts[x] + i)
+            sent[ds[i]] += size
         return rows[chosen]
-
-    def holder_ints(self, holders: list[Holder]) -> np.ndarray:
-        """Rows (device, sub-tensor id, piece) of `holders`."""
-        return np.array([(h.device, self.sid_ix[h.subtensor], h.piece) for h in holders], I64).reshape(-1, 3)
 
     def table(self, atoms: Atoms) -> tuple[OpTable, np.ndarray]:
         """The pass's copies as columns: the local ones in need order, then the fills and
@@ -183,7 +190,8 @@ class _State:
         nbytes = (volume[atoms.box] * itemsize[atoms.tensor])[order]
         host_of = np.zeros(max(self.host) + 1, I64)
         host_of[list(self.host)] = [self.host_rank[h] for h in self.host.values()]
-        holders = self.sources(HolderHosts(atoms.sets, host_of, len(self.host_rank)), atoms.holders[order], nbytes)
+        sets = HolderHosts(*holder_rows(atoms.sets, self.sid_ix), host_of, len(self.host_rank))
+        holders = self.sources(sets, atoms.holders[order], nbytes)
         first = self.next_id()
         cols, edges = atoms.copies(order, first, holders)
         local = self.local
