@@ -4,7 +4,8 @@
 as agents do, `agent.sliced`), every region copy the agents make: a host's local copies and its
 network parts copied straight into the receiving host's dst regions (as `agent.direct` does), on
 arrays made once here (every dst array shared by the hosts, as the receivers' arenas are).
-`seconds()` times them with one thread per host, all at once (numpy copies without the GIL):
+`seconds()` times them with one thread per host, all at once (numpy copies without the GIL; glibc
+copies as in the agents where this process started with their tunables, `runtime.agent.tunables`):
 what agents on this machine would take with no control messages, no bookkeeping and no wait. Its
 ratio to a warm memcpy of the same bytes shows how far the copy pattern itself (strided regions,
 many small copies, hosts sharing the memory bus) stays from one flat memcpy. It holds its own

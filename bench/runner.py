@@ -23,13 +23,14 @@ def run_case(kind: str, case: Case, timeout_s: float) -> dict[str, Any]:
     return run_json(["bench.worker", kind, case.src, case.dst], row, timeout_s)
 
 
-def run_json(module_argv: list[str], row: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run `python -m <module_argv>` in a fresh process; `row` plus its last stdout line (JSON),
-    `wall_s` and `status` (ok | timeout | error, with the last stderr line)."""
+def run_json(module_argv: list[str], row: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `python -m <module_argv>` in a fresh process (with `env`, else this one's environment);
+    `row` plus its last stdout line (JSON), `wall_s` and `status` (ok | timeout | error, with the
+    last stderr line)."""
     start = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", *module_argv], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
+                              timeout=timeout_s, env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**row, "status": "timeout", "wall_s": time.perf_counter() - start, "timeout_s": timeout_s}
     row = {**row, "wall_s": time.perf_counter() - start}

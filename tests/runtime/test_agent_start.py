@@ -1,6 +1,7 @@
 """Agents forked from the runtime's process (`Runtime.local(fork=True)`, as `tenplex reshard
 --workers N` starts them): they start without importing anything, hold none of the parent's
-descriptors, and the runtime falls back to spawning where a fork is not safe.
+descriptors, and the runtime falls back to spawning where a fork is not safe, starting the
+spawned interpreter with the agents' copy tunables (`tunables`).
 
 Real agent processes (`Runtime.local`), real pipes and threads."""
 
@@ -13,6 +14,7 @@ import threading
 
 import pytest
 
+from tenplex.runtime.agent import tunables
 from tenplex.runtime.agent.client import fork_safe
 from tenplex.runtime.runtime import Runtime
 
@@ -66,11 +68,17 @@ def test_a_process_with_threads_spawns_its_agents():
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, daemon=True)
     thread.start()
+    before = dict(os.environ)
     try:
         assert "threads" in (fork_safe() or "")
         with Runtime.local(["w0"], timeout=20.0, start_timeout=60.0, fork=True, link=False) as rt:
             assert rt.call("w0", "name", 60.0) == "w0"  # first: a spawned child has exec'd once it answers
             assert _spawned(rt) == {"w0": True}
+            # a spawned agent starts with the agents' copy tunables; this process's environment is as it was
+            with open(f"/proc/{rt.agents['w0'].proc.pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            assert env[b"GLIBC_TUNABLES"].decode() == tunables.environ(before)["GLIBC_TUNABLES"]
+            assert dict(os.environ) == before
     finally:
         stop.set()
         thread.join()

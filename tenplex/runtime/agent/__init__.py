@@ -7,7 +7,8 @@
   connection; beat.py: the connection's heartbeat thread, which also takes the runtime's cancel;
   client.py: the runtime's end (`AgentHandle`, the all-hosts barrier); slicing.py:
   the runtime's slices of its plans and which of them each agent keeps;
-- fleet.py: real agent processes on this machine, optionally one per emulated host.
+- fleet.py: real agent processes on this machine, optionally one per emulated host; tunables.py:
+  the glibc copy tunables that new agent interpreters get (non-temporal stores from 1 MiB).
 """
 
 from tenplex._lazy import lazy

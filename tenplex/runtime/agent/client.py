@@ -29,6 +29,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent import tunables
 from tenplex.runtime.agent.channel import Channel, ChannelError, dial, frame
 from tenplex.runtime.agent.forked import Forked
 from tenplex.runtime.agent.server import serve
@@ -90,8 +91,9 @@ def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: f
     """Start one agent process per host on this machine (a socket pair each) and add its handle to
     `agents` as it starts, so a failure part-way leaves the started ones to close; with
     `local_dir`, each also serves its store on `local_dir/<host>.store`. Processes are `spawn`ed
-    (a fresh interpreter that imports the agent), or with `fork` forked from this one, which has
-    the modules already (see `fork_safe`). `transport`: see `Agent`."""
+    (a fresh interpreter that imports the agent, with glibc's copy tunables for agents:
+    `tunables`), or with `fork` forked from this one, which has the modules already (see
+    `fork_safe`) and keeps this process's tunables. `transport`: see `Agent`."""
     hosts = list(dict.fromkeys(hosts))
     if local_dir:
         os.makedirs(local_dir, exist_ok=True)
@@ -105,7 +107,8 @@ def spawn_local(agents: dict[str, AgentHandle], hosts: Iterable[str], timeout: f
             proc: Any = Forked(serve, args, keep=theirs)
         else:
             proc = ctx.Process(target=serve, args=args, name=f"tenplex-agent-{host}", daemon=True)
-            proc.start()
+            with tunables.spawning():  # its copies with non-temporal stores from 1 MiB
+                proc.start()
         theirs.close()
         agents[host] = AgentHandle(host, proc, Channel(mine, f"agent {host}"))
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tenplex.ir.errors import ExecutionError
+from tenplex.runtime.agent import tunables
 
 
 class AgentFleet:
@@ -72,7 +73,7 @@ class AgentFleet:
     def _start(self, i: int, name: str) -> None:
         self.controls[name] = os.path.join(self.dir, f"{name}.sock")
         kwargs = {"stdout": subprocess.PIPE, "stderr": open(self._log(name), "w"), "text": True,  # noqa: SIM115
-                  "env": {**os.environ, "PYTHONUNBUFFERED": "1"}}  # fmt: skip
+                  "env": tunables.environ({**os.environ, "PYTHONUNBUFFERED": "1"})}  # fmt: skip
         argv = self._argv(i, name)
         self.procs[name] = self.hosts.run(i, argv, **kwargs) if self.hosts is not None else subprocess.Popen(argv, **kwargs)
         kwargs["stderr"].close()
