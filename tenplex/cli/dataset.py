@@ -202,6 +202,7 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     import signal
     import threading
 
+    from tenplex._signals import handling
     from tenplex.cli.store import check_mount_point
     from tenplex.data.index import DatasetIndex
     from tenplex.runtime.fuse.dataset import is_mounted, mount
@@ -214,8 +215,7 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
     state = _mount_state(index, state_path, seed, global_batch, tail)
     stop, reload = threading.Event(), threading.Event()
     handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: reload.set}
-    old = {s: signal.signal(s, lambda *_, f=f: f()) for s, f in handlers.items()}
-    try:
+    with handling({s: lambda *_, f=f: f() for s, f in handlers.items()}):
         direct_io_from = None if page_cache else DIRECT_IO_FROM
         with mount(
             index, state, world, rank, directory, steps=steps, uneven=uneven, direct_io_from=direct_io_from
@@ -227,9 +227,6 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
                 if reload.is_set() and state_path is not None:
                     reload.clear()
                     _reload(view, state_path, world, rank)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def _reload(view: Any, state_path: str, world: int, rank: int) -> None:

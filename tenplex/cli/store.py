@@ -25,6 +25,7 @@ import threading
 
 import click
 
+from tenplex._signals import handling
 from tenplex.cli.common import echo_json
 
 
@@ -86,8 +87,7 @@ def mount_cmd(src: str, directory: str, writable: bool) -> None:
     real = check_mount_point(directory)
     sd = open_dir(src)
     stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with handling(dict.fromkeys((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda *_: stop.set())):
         with fuse.mount(sd.store, real, read_only=not writable, keep_cache=True) as m:
             mode = "read-write, written back on exit" if writable else "read-only"
             click.echo(f"tenplex: mounted {src} at {m}: {sd.tensors} tensors, {human_bytes(sd.store.nbytes())}, {mode}")
@@ -96,6 +96,3 @@ def mount_cmd(src: str, directory: str, writable: bool) -> None:
         if writable:  # still under our handlers: a second signal cannot cut the write-back short
             write_back(sd)
             click.echo(f"tenplex: wrote the store back to {src}")
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)

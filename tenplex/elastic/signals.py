@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 
+from tenplex._signals import handling
 from tenplex.elastic.errors import ElasticError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -35,9 +35,6 @@ class JobInterrupted(ElasticError):
 @contextlib.contextmanager
 def raise_on_signals() -> Iterator[None]:
     """Within the block, the first SIGTERM, SIGINT or SIGHUP raises JobInterrupted (module doc)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     raised = False
 
     def handler(signum: int, frame: object) -> None:
@@ -46,9 +43,5 @@ def raise_on_signals() -> Iterator[None]:
             raised = True
             raise JobInterrupted(signum)
 
-    old = {s: signal.signal(s, handler) for s in SIGNALS}
-    try:
+    with handling(dict.fromkeys(SIGNALS, handler)):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)

@@ -28,10 +28,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from tenplex._signals import handling
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.npy import npy_header
@@ -58,26 +58,16 @@ except OSError:
 def _signals_deferred() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP recorded, not handled, within the block, and handled as it ends:
     raised in the middle of `Popen`, their exception would lose the started helper's handle.
-    Handlers, not the signal mask: Python runs a handler in the main thread whichever thread the
-    kernel gave the signal to, and the kernel gives it to a thread that does not hold it, so a
-    mask held by this thread alone leaves the window open in any process with a second thread
-    (numpy's BLAS threads are enough). Outside the main thread (no handlers to set) the block
-    runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    Handlers, not the signal mask: the kernel gives a process-directed signal to a thread that
+    does not hold it (numpy's BLAS threads are enough) and Python runs the handler in the main
+    thread anyway, so a mask held by this thread alone leaves the window open (`_signals`)."""
     caught: list[int] = []
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    old = {s: h for s, h in old.items() if h is not None}  # None: set outside Python; left alone
     try:
-        for s in old:
-            signal.signal(s, lambda signum, frame: caught.append(signum))
-        yield
+        with handling(dict.fromkeys((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), lambda signum, frame: caught.append(signum))):
+            yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         for s in caught:
-            signal.raise_signal(s)  # its handler runs (and may raise) before this returns
+            signal.raise_signal(s)  # its handler, put back, runs (and may raise) before this returns
 
 
 def npy_files(ptc: PTC, rel: dict[str, str]) -> list[tuple[str, int]]:
