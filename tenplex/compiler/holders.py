@@ -15,6 +15,7 @@ from operator import attrgetter, itemgetter
 
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.compiler.ops import Holder, as_holder
 
 I64 = np.int64
@@ -96,10 +97,8 @@ class HolderSets:
         `g[i]`, tensor `t[i]`), in turn."""
         lens_t, off_t, dev, at, piece, off_b, base = self._columns()
         lens = lens_t[g]
-        total = int(lens.sum())
-        head = np.cumsum(lens) - lens
-        idx = np.repeat(off_t[g] - head, lens) + np.arange(total)
-        out = np.empty((total, 3), I64)
+        idx = keysort.ranges(off_t[g], lens)
+        out = np.empty((len(idx), 3), I64)
         out[:, 0], out[:, 2] = dev[idx], piece[idx]
         out[:, 1] = base[np.repeat(off_b[t], lens) + at[idx]]
         return lens, out

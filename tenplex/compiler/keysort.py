@@ -6,6 +6,7 @@ keys, `np.lexsort` does one such pass per key, and `np.unique` without its retur
 packed under the key and the packed values are sorted: rows come out by key, ties in row
 order, which is the stable argsort exactly. Keys of a lexsort are packed into one key where
 their ranges allow. Otherwise numpy's own stable sorts run, so every answer is numpy's.
+With the index helpers over runs of sorted rows: `starts`, `ranges`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def lexsort(keys: Sequence[np.ndarray]) -> np.ndarray:
             packed += (k.astype(I64) - low) * span
         span *= width
     return argsort(packed)
+
+
+def ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The indices starts[i], ..., starts[i] + lens[i] - 1 of each run i, in turn (int64)."""
+    head = np.cumsum(lens) - lens
+    return np.repeat(starts - head, lens) + np.arange(int(lens.sum()), dtype=I64)
 
 
 def starts(sorted_keys: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from operator import itemgetter
 import attrs
 import numpy as np
 
+from tenplex.compiler import keysort
 from tenplex.ir.box import Box
 
 I64 = np.int64
@@ -83,15 +84,9 @@ class NeedTable:
         dnum = np.fromiter(chain.from_iterable(map(_SECOND, self.tensors)), I64, int(dlen.sum()))
         nrows = klen[kind]
         inst = np.repeat(np.arange(len(kind)), nrows)
-        idx = _runs(np.cumsum(klen)[kind] - nrows, nrows)
+        idx = keysort.ranges(np.cumsum(klen)[kind] - nrows, nrows)
         k = rk[idx]
         slot = kslot_off[kind[inst]] + k
         count = slot_len[slot]
         return NeedColumns(inst, rbox[idx], dnum[(np.cumsum(dlen) - dlen)[inst] + k], rj[idx], first_set[kind[inst]] + rh[idx],
-                           inst, count, dev_flat[_runs(slot_start[slot], count)])  # fmt: skip
-
-
-def _runs(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """The indices starts[i], ..., starts[i] + lens[i] - 1 for each i, in turn."""
-    total = int(lens.sum())
-    return np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
+                           inst, count, dev_flat[keysort.ranges(slot_start[slot], count)])  # fmt: skip

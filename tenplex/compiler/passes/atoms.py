@@ -170,20 +170,12 @@ class Atoms:
     def by_holders(self, holders: list) -> int:
         """The number in `sets` of the union of the holder tuples `holders` (sorted; one per
         distinct combination of tuples: needs share theirs)."""
-        first = holders[0]
-        if all(h is first for h in holders):  # one holder tuple, sorted (the common case): no merge
-            key: tuple = (id(first),)
-            number = self.set_of.get(key)
-            if number is None:
-                self.sets.append(first)
-                number = self.set_of[key] = len(self.sets) - 1
-            return number
         groups = {id(hs): hs for hs in holders}
         key = tuple(sorted(groups))
         number = self.set_of.get(key)
         if number is None:
-            one = len(groups) == 1
-            self.sets.append(first if one else tuple(sorted({h for hs in groups.values() for h in hs})))
+            one = len(groups) == 1  # one holder tuple, sorted (the common case): no merge
+            self.sets.append(holders[0] if one else tuple(sorted({h for hs in groups.values() for h in hs})))
             number = self.set_of[key] = len(self.sets) - 1
         return number
 

@@ -66,9 +66,7 @@ def _read_needs(state, needs: list[Need]) -> tuple:
     sets = holders.rows(c.set_g[firsts], c.set_t[firsts]) if holders is not None else (np.zeros(0, I64), np.zeros((0, 3), I64))
     box, box_firsts = _by_first(c.box)
     number = np.array([state.box_id(d.table.boxes[b]) for b in c.box[box_firsts].tolist()], I64)
-    pieces = state.p.pieces  # the dst PTC's ids in order, as `NeedTable` numbers them
-    dst_ids = pieces.dst.ids if pieces is not None else [st.id for st in state.p.dst.subtensors]
-    dst_ix = np.fromiter(map(state.sid_ix.__getitem__, dst_ids), I64, len(dst_ids))
+    dst_ix = np.fromiter(map(state.sid_ix.__getitem__, state.dst_ids), I64, len(state.dst_ids))  # `NeedTable`'s dst numbers
     per_need = np.stack((c.tensor, number[box] if len(number) else box, dst_ix[c.dst], c.piece), axis=1)
     return group, sets, c.count, c.devices, per_need
 

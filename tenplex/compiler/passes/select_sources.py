@@ -77,9 +77,9 @@ class _State:
         # src sub-tensors first, in the src PTC's order: `HolderRows` number them so (ids are unique in a PTC)
         pieces = program.pieces
         src_ids = pieces.src.ids if pieces is not None else [s.id for s in program.src.subtensors]
-        dst_ids = pieces.dst.ids if pieces is not None else [s.id for s in program.dst.subtensors]
+        self.dst_ids = pieces.dst.ids if pieces is not None else [s.id for s in program.dst.subtensors]  # in dst order
         self.sid_ix = dict(zip(src_ids, range(len(src_ids))))
-        new = [s for s in dst_ids if s not in self.sid_ix]
+        new = [s for s in self.dst_ids if s not in self.sid_ix]
         self.sid_ix.update(zip(new, range(len(src_ids), len(src_ids) + len(new))))
         self.sent_device: Counter[int] = Counter()
         self.box_ids: dict[int, int] = {}
@@ -161,10 +161,10 @@ class _State:
         at = np.searchsorted(sets.keys, distinct)
         count = sets.count[at]
         bounds = np.concatenate(([0], np.cumsum(count)))
-        flat = sets.order[np.repeat(sets.first[at] - bounds[:-1], count) + np.arange(bounds[-1])]
+        flat = sets.order[keysort.ranges(sets.first[at], count)]
         rows = sets.rows[flat]
         lens = count[which]
-        at_key = np.repeat(bounds[:-1][which] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
+        at_key = keysort.ranges(bounds[:-1][which], lens)
         before = _sent_before(device, nbytes, multi, rows[at_key, 0], lens).tolist()
         devices, starts, cut = rows[:, 0].tolist(), bounds.tolist(), np.concatenate(([0], np.cumsum(lens))).tolist()
         candidates = [devices[a:b] for a, b in zip(starts[:-1], starts[1:])]  # per distinct key
