@@ -1,19 +1,24 @@
 """The FUSE operations of a rank's dataset view (`ViewFS`): the current `RankFiles` as files.
 
-Layout (`tenplex.data.rank_files`): `DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`.
+Layout (`tenplex.data.rank_files`): `DIR/.state.json`, `DIR/step-SSSSSS/PPP-IIII.EXT` (a file
+per sample) and `DIR/step-SSSSSS.bin` (a file per step: a table, then the step's samples;
+`tenplex.data.step_file`).
 
-Reads: a sample file's bytes come straight from its source byte range (`SampleReader.file_range`,
-spliced by the mount from the source file's page cache into the reply: `fuse.splice`), or, with
-a `Prefetcher`, from its cache (`Prefetcher.take` on the file's first read), or, for a source
-behind a URL, read by the reader.
+Reads: an open file is a header (a megatron sample's `.npy` header, a step file's table) and
+samples one after another. Their bytes come straight from their source byte ranges
+(`SampleReader.file_range`, spliced by the mount from the source files' page cache into the
+reply, gathered from wherever a step's samples lie: `fuse.splice`), or, with a `Prefetcher`,
+from its cache (`Prefetcher.take` on a sample's first read), or, for a source behind a URL,
+read by the reader.
 
 Page cache: a sample file of at least `direct_io_from` bytes (`DIRECT_IO_FROM`, 256 KiB) is
 opened with direct I/O: the kernel copies each reply once, into the reader's buffer, instead of
 into fresh page-cache pages and from there again (half the time of a 1 MiB read here; such a
 file cannot be mmap'ed shared, MAP_PRIVATE works: libfuse 3.14 cannot ask for
 FUSE_DIRECT_IO_ALLOW_MMAP). A smaller file goes through the page cache, which the kernel keeps
-across opens (a path names the same bytes in every view), and knows its end there (one READ
-where direct I/O needs another for EOF).
+across opens (a sample file's path names the same bytes in every view), and knows its end there
+(one READ where direct I/O needs another for EOF). Step files always use direct I/O: the same
+name holds another view's table after a switch.
 
 Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
 `publish`; every operation reads it once, so each answer comes from one view:
@@ -28,6 +33,7 @@ Invariants: the view is read-only; generations of published views strictly incre
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import itertools
@@ -39,8 +45,9 @@ from typing import Any
 
 from tenplex.data.errors import DataError
 from tenplex.data.prefetch.prefetcher import Prefetcher
-from tenplex.data.rank_files import STATE_FILE, RankFiles, SampleFile
+from tenplex.data.rank_files import STATE_FILE, STEP_SUFFIX, RankFiles
 from tenplex.data.reader import SampleReader
+from tenplex.data.step_file import StepFile
 from tenplex.runtime.fuse import splice
 
 _MEMO_PATHS = 1 << 16  # resolved paths remembered per view
@@ -52,19 +59,21 @@ def _enoent(path: str) -> OSError:
 
 
 class _Open:
-    """An open file: `header` bytes, then `length` bytes of sample `sample_id` (fetched lazily)."""
+    """An open file: `header` bytes, then the samples `parts` one after another, each
+    (step, position, sample id, length), starting at `starts` (fetched lazily)."""
 
-    __slots__ = ("data", "header", "length", "lock", "position", "sample_id", "step")
+    __slots__ = ("data", "direct", "header", "lock", "parts", "size", "starts")
 
-    def __init__(self, header: bytes, file: SampleFile | None = None) -> None:
-        self.header, self.data, self.lock = header, None, threading.Lock()
-        self.step, self.position, self.sample_id, self.length = (
-            (file.step, file.position, file.sample_id, file.length) if file else (-1, -1, -1, 0)
-        )
+    def __init__(self, header: bytes, parts: tuple[tuple[int, int, int, int], ...] = (), direct: bool = False) -> None:
+        self.header, self.parts, self.direct, self.lock = header, parts, direct, threading.Lock()
+        self.starts = list(itertools.accumulate((p[3] for p in parts[:-1]), initial=len(header)))
+        self.size = len(header) + sum(p[3] for p in parts)
+        self.data: dict[int, bytes] = {}  # part -> its prefetched bytes
 
-    @property
-    def size(self) -> int:
-        return len(self.header) + self.length
+
+def _step_open(step_file: StepFile) -> _Open:
+    parts = tuple((step_file.step, k, i, n) for k, (i, n) in enumerate(zip(step_file.ids, step_file.lengths)))
+    return _Open(step_file.header(), parts, direct=True)
 
 
 class ViewFS:
@@ -111,8 +120,8 @@ class ViewFS:
         return self._suffixes[sample_id]
 
     def _resolve(self, files: RankFiles, path: str) -> tuple[str, Any]:
-        """("root", None), ("state", None), ("step", step) or ("sample", SampleFile) for `path`
-        (remembered for the current view: a lookup, getattr and open each resolve it)."""
+        """("root", None), ("state", None), ("step", step), ("sample", SampleFile) or
+        ("steps", StepFile) for `path` (remembered for the current view: a lookup, getattr and open each resolve it)."""
         memo_files, memo = self._nodes
         if memo_files is not files:
             return self._parse_path(files, path)
@@ -128,6 +137,8 @@ class ViewFS:
         parts = path[1:].split("/")
         if parts == [STATE_FILE]:
             return "state", None
+        if len(parts) == 1 and (step := files.parse_step(parts[0], STEP_SUFFIX)) is not None:
+            return "steps", files.step_file(step)
         step = files.parse_step(parts[0])
         if step is None or len(parts) > 2:
             raise _enoent(path)
@@ -140,7 +151,7 @@ class ViewFS:
 
     def _entries(self, files: RankFiles, step: int | None) -> list[str]:
         if step is None:
-            return [STATE_FILE, *map(files.step_name, files.steps)]
+            return [STATE_FILE, *(n for s in files.steps for n in (files.step_name(s), files.step_name(s) + STEP_SUFFIX))]
         return files.names(step, [self._suffix(files, i) for i in files.ids(step)])
 
     # -- operations ----------------------------------------------------------------------------
@@ -176,21 +187,24 @@ class ViewFS:
         per file; the mount serves plain listings from it too, so that offsets stay consistent)."""
         files, step = self._dirs[fh]
         directory = {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+        regular = {**self._attrs, "st_mode": stat.S_IFREG | 0o444}
         if step is None:
-            state = {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": len(files.state_bytes())}
+            state = {**regular, "st_size": len(files.state_bytes())}
+            step_files = [files.step_file(s) for s in files.steps]
+            self._remember(files, "", "steps", [files.step_name(s) + STEP_SUFFIX for s in files.steps], step_files)
             return [(".", directory), ("..", directory), (STATE_FILE, state),
-                    *((files.step_name(s), directory) for s in files.steps)]  # fmt: skip
+                    *(e for s, f in zip(files.steps, step_files)
+                      for e in ((files.step_name(s), directory), (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": f.size})))]  # fmt: skip
         names = self._entries(files, step)
         nodes = [files.sample_file(step, p) for p in range(len(names))]
-        self._remember(files, path, names, nodes)
-        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": f.size})
-                                    for n, f in zip(names, nodes))]  # fmt: skip
+        self._remember(files, path, "sample", names, nodes)
+        return [(".", directory), ("..", directory), *((n, {**regular, "st_size": f.size}) for n, f in zip(names, nodes))]
 
-    def _remember(self, files: RankFiles, directory: str, names: list[str], nodes: list[SampleFile]) -> None:
-        """Resolve a listed step's sample paths ahead (an open then parses nothing), for the current view only."""
+    def _remember(self, files: RankFiles, directory: str, kind: str, names: list[str], nodes: list[Any]) -> None:
+        """Resolve a listing's file paths ahead (an open then parses nothing), for the current view only."""
         memo_files, memo = self._nodes
         if memo_files is files and len(memo) + len(names) <= _MEMO_PATHS:
-            memo.update((f"{directory}/{n}", ("sample", f)) for n, f in zip(names, nodes))
+            memo.update((f"{directory}/{n}", (kind, f)) for n, f in zip(names, nodes))
 
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
@@ -204,17 +218,23 @@ class ViewFS:
         kind, node = self._resolve(files, path)
         if kind in ("root", "step"):
             raise OSError(errno.EISDIR, path)
-        handle = _Open(files.state_bytes()) if kind == "state" else _Open(node.header, node)
+        if kind == "state":
+            handle = _Open(files.state_bytes(), direct=True)
+        elif kind == "steps":
+            handle = _step_open(node)
+        else:
+            direct = self.direct_io_from is not None and node.size >= self.direct_io_from
+            handle = _Open(node.header, ((node.step, node.position, node.sample_id, node.length),), direct)
         with self._lock:
             fh = next(self._ids)
             self._handles[fh] = handle
         return fh
 
     def open_flags(self, fh: int) -> tuple[bool, bool]:
-        """(direct_io, keep_cache): `.state.json` and sample files of at least `direct_io_from`
-        bytes (None: none) bypass the page cache, smaller sample files keep it (module doc)."""
-        h = self._handles[fh]
-        direct = h.sample_id < 0 or (self.direct_io_from is not None and h.size >= self.direct_io_from)
+        """(direct_io, keep_cache): `.state.json`, step files and sample files of at least
+        `direct_io_from` bytes (None: none) bypass the page cache, smaller sample files keep it
+        (module doc)."""
+        direct = self._handles[fh].direct
         return direct, not direct
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -226,31 +246,38 @@ class ViewFS:
 
     def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> list[splice.Segment]:
         """Bytes [offset, offset + size) of open file `fh` (cut at its end) as `fuse.splice`
-        segments: its header, then the sample's bytes in the prefetcher's cache or its source file."""
+        segments: its header, then the samples' bytes (gathered: a step file's samples lie
+        anywhere in their source files) from the prefetcher's cache or their source files."""
         h = self._handles[fh]
         end = min(offset + size, h.size)
         if end <= offset:
             return []
         n = max(0, min(len(h.header), end) - offset)
         out: list[splice.Segment] = [h.header[offset : offset + n]] if n else []
-        if offset + n < end:
-            try:
-                out.append(self._sample(h, offset + n - len(h.header), end - offset - n))
-            except DataError as e:
-                raise OSError(errno.EIO, str(e)) from None
+        at, k = offset + n, max(0, bisect.bisect_right(h.starts, offset + n) - 1)
+        try:
+            while at < end:
+                stop = min(end, h.starts[k] + h.parts[k][3])
+                if stop > at:
+                    out.append(self._sample(h, k, at - h.starts[k], stop - at))
+                at, k = max(at, stop), k + 1
+        except DataError as e:
+            raise OSError(errno.EIO, str(e)) from None
         return out
 
-    def _sample(self, h: _Open, start: int, size: int) -> splice.Segment:
-        if self.prefetcher is not None and h.data is None:
+    def _sample(self, h: _Open, k: int, start: int, size: int) -> splice.Segment:
+        """Bytes [start, start + size) of part `k` of `h`."""
+        step, position, sample_id, _ = h.parts[k]
+        if self.prefetcher is not None and k not in h.data:
             with h.lock:
-                if h.data is None:
-                    h.data = self.prefetcher.take(h.step, h.position, h.sample_id)
-        if h.data is not None:
-            return memoryview(h.data)[start : start + size]
-        where = self.reader.file_range(h.sample_id, start, size)
+                if k not in h.data:
+                    h.data[k] = self.prefetcher.take(step, position, sample_id)
+        if k in h.data:
+            return memoryview(h.data[k])[start : start + size]
+        where = self.reader.file_range(sample_id, start, size)
         if where is None:
             out = bytearray(size)
-            self.reader.read_into(h.sample_id, memoryview(out), start)
+            self.reader.read_into(sample_id, memoryview(out), start)
             return out
         return splice.FileRange(*where)
 

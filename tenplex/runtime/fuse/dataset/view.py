@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,8 @@ __all__ = [
     "DIRECT_IO_FROM", "READ_AHEAD_KB", "FuseUnavailable", "FuseView", "fuse_unavailable_reason", "is_mounted", "mount",
     "mount_ops", "read_view", "serve", "unmount",
 ]  # fmt: skip
+
+_STEP_DIR = re.compile(r"step-\d{6,}")  # a step's directory (not its step file)
 
 
 def serve(ops: Any, directory: str, threads: bool = False) -> None:
@@ -105,7 +108,7 @@ def mount(index: DatasetIndex, state: DataState, world: int, rank: int, director
 
 
 def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of one whole view of a mount at `directory`,
+    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of the sample files of one whole view of a mount at `directory`,
     read with the generation seqlock (module doc), retrying while switches race it.
     Raises DataError after `attempts` tries that each saw a switch."""
     root = Path(directory)
@@ -113,7 +116,7 @@ def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[s
         try:
             before = json.loads((root / STATE_FILE).read_bytes())
             files = {f"{d}/{name}": (root / d / name).read_bytes()
-                     for d in sorted(os.listdir(root)) if d != STATE_FILE for name in sorted(os.listdir(root / d))}  # fmt: skip
+                     for d in sorted(os.listdir(root)) if _STEP_DIR.fullmatch(d) for name in sorted(os.listdir(root / d))}  # fmt: skip
             after = json.loads((root / STATE_FILE).read_bytes())
         except (FileNotFoundError, ValueError):
             continue  # a switch removed what the listing named, or cut a state read short
