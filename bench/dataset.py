@@ -15,7 +15,11 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
   `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass);
 - anchor "the view's files on tmpfs": the same files copied from the view to tmpfs beforehand
   (not timed) and read by the same child code: what a reader pays for a file per sample (listing,
-  open, read, close) with no server at all, the bound of any per-file view, FUSE or not.
+  open, read, close) with no server at all, the bound of any per-file view, FUSE or not;
+- FUSE, a file per step: the same mount, the child reads every `step-SSSSSS.bin` (the rank's
+  samples of a step after a table of their ids and offsets) with one open and one read
+  (`tenplex.data.step_file.read`), each sample a view of what it read;
+- anchor "the view's step files on tmpfs": those step files copied to tmpfs, read the same way.
 Goals (issue 16): FUSE and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
 the median of the per-round ratios (rounds run every path once, right after direct). 4 KiB samples
 are for information.
@@ -43,8 +47,10 @@ METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB
            ("ring2", "anchor: the same, 2 processes at once"),
            ("batches0", "RankBatches, 0 workers"), ("batches2", "RankBatches, 2 workers"),
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
-           ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"))  # fmt: skip
-ANCHORS = ("direct", "ring", "ring2", "bound", "files")
+           ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"),
+           ("stepfiles", "anchor: the view's step files on tmpfs"), ("fusestep", "FUSE view, a file per step"))  # fmt: skip
+ANCHORS = ("direct", "ring", "ring2", "bound", "files", "stepfiles")
+_MOUNTED = ("fuse", "files", "fusestep", "stepfiles")  # passes that read a fresh mount (or a copy of it)
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 
@@ -93,7 +99,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
     from bench.runner import run_json
 
     argv = ["bench.dataset_pass", method, index_path, state_path, str(mnt)]
-    if method not in ("fuse", "files"):
+    if method not in _MOUNTED:
         return run_json(argv, {}, timeout_s)
     import shutil
 
@@ -102,7 +108,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
 
     index = DatasetIndex.load(index_path)
     with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
-        if method == "fuse":
+        if method in ("fuse", "fusestep"):
             return run_json(argv, {}, timeout_s)
         with tempfile.TemporaryDirectory(dir=Path(index_path).parent) as tree:  # tmpfs, as the dataset
             shutil.copytree(mnt, tree, dirs_exist_ok=True)  # not timed: the view's files, as plain files
@@ -141,7 +147,7 @@ def _unavailable(method: str) -> str | None:
 
     if method.startswith(("loader", "batches")) and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
-    if method == "fuse":
+    if method.startswith("fuse"):
         from tenplex.runtime.fuse.dataset import fuse_unavailable_reason
 
         return fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE needs root")

@@ -48,8 +48,13 @@ class StepFile:
     lengths: tuple[int, ...]
 
     @property
+    def table_size(self) -> int:
+        """Bytes [0, table_size) are the numbers and the table; zeros follow up to `data_offset`."""
+        return FIXED + _ROW * len(self.ids)
+
+    @property
     def data_offset(self) -> int:
-        return -(-(FIXED + _ROW * len(self.ids)) // ALIGN) * ALIGN
+        return -(-self.table_size // ALIGN) * ALIGN
 
     @property
     def size(self) -> int:
@@ -99,16 +104,46 @@ def parse(buf: bytes | bytearray | memoryview, where: str = "step file") -> Step
 
 
 def read(path: str | os.PathLike) -> StepBatch:
-    """The step batch of the step file at `path`, read with one open and (normally) one read
-    into a buffer of its size; a file that grew since its size was cached is read to its end.
-    Raises DataError (not a step file), OSError."""
+    """The step batch of the step file at `path`, read with one open and (normally) one read into
+    fresh memory (its samples stay valid; `StepReader` reuses one buffer instead). Raises
+    DataError (not a step file), OSError."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        buf = bytearray(os.fstat(fd).st_size + ALIGN)  # the slack finds EOF in the same read
-        got = os.readv(fd, [buf])
-        while got == len(buf):  # the cached size was stale: read on to EOF
-            buf.extend(bytes(len(buf)))
-            got += os.preadv(fd, [memoryview(buf)[got:]], got)
+        data = _rest(fd, os.fstat(fd).st_size + ALIGN)
     finally:
         os.close(fd)
-    return parse(memoryview(buf)[:got], os.fspath(path))
+    return parse(data, os.fspath(path))
+
+
+class StepReader:
+    """Reads step files into one buffer that it keeps (a larger one when a file needs it): a
+    training loop's reads then touch no fresh memory (a fresh buffer per step costs its page
+    faults, more than the copy itself for steps of megabytes). A batch's samples are views of the
+    buffer, valid until the next `read`."""
+
+    def __init__(self, size: int = 0) -> None:
+        self._buffer = bytearray(size)
+
+    def read(self, path: str | os.PathLike) -> StepBatch:
+        """The step batch of the step file at `path`: one open and (normally) one read. Raises
+        DataError (not a step file), OSError."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size + ALIGN  # a page more: the same read finds EOF
+            if len(self._buffer) < size:
+                self._buffer = bytearray(size)  # views of the old one keep it alive
+            view = memoryview(self._buffer)
+            got = os.readv(fd, [view])
+            data = view[:got] if got < len(view) else view.tobytes() + _rest(fd, len(view))
+        finally:
+            os.close(fd)
+        return parse(data, os.fspath(path))
+
+
+def _rest(fd: int, size: int) -> bytes:
+    """The bytes of `fd` from its position to EOF, read `size` at a time (normally one read: a
+    file bigger than its cached size is read on)."""
+    parts = [os.read(fd, size)]
+    while len(parts[-1]) == size:
+        parts.append(os.read(fd, size))
+    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -282,7 +282,8 @@ def test_megatron_samples_are_npy_files(tmp_path, child, direct_io_from):
 
 def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
     """Samples over `DIRECT_IO_FROM` and over one request (`splice.MAX_READ`) read whole, with
-    direct I/O (several READs and the one that finds EOF); the smallest through the page cache."""
+    direct I/O (several READs and the one that finds EOF); the smallest through the page cache;
+    their step file, of several requests each gathered from pieces of samples, reads whole."""
     sizes = [splice.MAX_READ + 4099, DIRECT_IO_FROM, DIRECT_IO_FROM - 1]
     data = np.random.default_rng(5).integers(0, 256, sum(sizes), dtype=np.uint8).tobytes()
     (tmp_path / "big.bin").write_bytes(data)
@@ -291,7 +292,8 @@ def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
     )
     (tmp_path / "mnt").mkdir()
     with mount(index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1) as v:
-        files = child(op="view", dir=v.directory)["files"]
+        got = child(op="view", dir=v.directory)
+        files = got["files"]
         fhs = [v.ops.open(f"/step-000000/{v.files.name(k, i, '.bin')}", os.O_RDONLY)
                for k, i in enumerate(v.files.share(0).tolist())]  # fmt: skip
         flags = {v.ops.getattr("", fh)["st_size"]: v.ops.open_flags(fh) for fh in fhs}
@@ -301,6 +303,7 @@ def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
         for k, i in enumerate(v.files.share(0).tolist())
     }
     assert flags == {sizes[0]: (True, False), sizes[1]: (True, False), sizes[2]: (False, True)}
+    assert got["steps"] == expected_steps(v.files)  # one step file of 3 requests, their pieces gathered
 
 
 # ---- tenplex dataset mount ---------------------------------------------------------------------

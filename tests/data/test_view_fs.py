@@ -159,6 +159,19 @@ def test_a_step_file_is_the_table_then_the_samples_gathered(parts):
     assert (new.generation, new.world, new.rank, new.ids) == (1, 4, 3, ops.files.ids(1))
 
 
+def test_step_files_read_with_fresh_memory_or_one_kept_buffer(tmp_path):
+    small, big = step_file.StepFile(0, 1, 1, 0, (5,), (3,)), step_file.StepFile(0, 2, 1, 0, (7, 8), (5000, 1))
+    (tmp_path / "a").write_bytes(small.header() + b"abc")
+    (tmp_path / "b").write_bytes(big.header() + (bytes(range(256)) * 20)[:4998] + b"xy!")
+    reader = step_file.StepReader(16)  # too small for either: it grows
+    for path, ids, tails in [("a", [5], [b"abc"]), ("b", [7, 8], [b"xy", b"!"]), ("a", [5], [b"abc"])]:
+        for got in (step_file.read(tmp_path / path), reader.read(tmp_path / path)):
+            assert got.ids == ids and [bytes(x)[-2:] for x in got.samples] == [t[-2:] for t in tails]
+    with pytest.raises(DataError, match=r"/a: not a tenplex step file"):
+        (tmp_path / "a").write_bytes(b"abc")
+        reader.read(tmp_path / "a")
+
+
 def test_parse_refuses_what_is_not_a_step_file():
     good = step_file.StepFile(0, 2, 1, 0, (5, 6), (3, 4))
     data = good.header() + b"abcdefg"

@@ -45,10 +45,10 @@ from typing import Any
 
 from tenplex.data.errors import DataError
 from tenplex.data.prefetch.prefetcher import Prefetcher
-from tenplex.data.rank_files import STATE_FILE, STEP_SUFFIX, RankFiles
+from tenplex.data.rank_files import STATE_FILE, STEP_SUFFIX, RankFiles, SampleFile
 from tenplex.data.reader import SampleReader
-from tenplex.data.step_file import StepFile
 from tenplex.runtime.fuse import splice
+from tenplex.runtime.fuse.dataset.layout import ZEROS, Layout, Open, step_layout
 
 _MEMO_PATHS = 1 << 16  # resolved paths remembered per view
 DIRECT_IO_FROM = 256 << 10  # sample files of this size and up bypass the page cache (module doc)
@@ -56,24 +56,6 @@ DIRECT_IO_FROM = 256 << 10  # sample files of this size and up bypass the page c
 
 def _enoent(path: str) -> OSError:
     return OSError(errno.ENOENT, f"{os.strerror(errno.ENOENT)}: {path}")
-
-
-class _Open:
-    """An open file: `header` bytes, then the samples `parts` one after another, each
-    (step, position, sample id, length), starting at `starts` (fetched lazily)."""
-
-    __slots__ = ("data", "direct", "header", "lock", "parts", "size", "starts")
-
-    def __init__(self, header: bytes, parts: tuple[tuple[int, int, int, int], ...] = (), direct: bool = False) -> None:
-        self.header, self.parts, self.direct, self.lock = header, parts, direct, threading.Lock()
-        self.starts = list(itertools.accumulate((p[3] for p in parts[:-1]), initial=len(header)))
-        self.size = len(header) + sum(p[3] for p in parts)
-        self.data: dict[int, bytes] = {}  # part -> its prefetched bytes
-
-
-def _step_open(step_file: StepFile) -> _Open:
-    parts = tuple((step_file.step, k, i, n) for k, (i, n) in enumerate(zip(step_file.ids, step_file.lengths)))
-    return _Open(step_file.header(), parts, direct=True)
 
 
 class ViewFS:
@@ -86,7 +68,7 @@ class ViewFS:
         self.reader, self.prefetcher, self.direct_io_from = reader, prefetcher, direct_io_from
         self._files = files
         self._lock = threading.Lock()
-        self._handles: dict[int, _Open] = {}
+        self._handles: dict[int, Open] = {}
         self._dirs: dict[int, tuple[RankFiles, int | None]] = {}
         self._suffixes: dict[int, str] = {}
         self._nodes: tuple[RankFiles, dict[str, tuple[str, Any]]] = (files, {})
@@ -138,7 +120,7 @@ class ViewFS:
         if parts == [STATE_FILE]:
             return "state", None
         if len(parts) == 1 and (step := files.parse_step(parts[0], STEP_SUFFIX)) is not None:
-            return "steps", files.step_file(step)
+            return "steps", step_layout(files.step_file(step), self.reader)
         step = files.parse_step(parts[0])
         if step is None or len(parts) > 2:
             raise _enoent(path)
@@ -160,7 +142,7 @@ class ViewFS:
         """Attributes of `path` in the current view; of the open file `fh` (fstat) in its own."""
         handle = self._handles.get(fh) if fh is not None else None
         if handle is not None:
-            return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.size}
+            return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.layout.size}
         files = self._files
         kind, node = self._resolve(files, path)
         if kind in ("root", "step"):
@@ -190,21 +172,20 @@ class ViewFS:
         regular = {**self._attrs, "st_mode": stat.S_IFREG | 0o444}
         if step is None:
             state = {**regular, "st_size": len(files.state_bytes())}
-            step_files = [files.step_file(s) for s in files.steps]
-            self._remember(files, "", "steps", [files.step_name(s) + STEP_SUFFIX for s in files.steps], step_files)
+            step_files = [files.step_file(s) for s in files.steps]  # sizes only: opens build their layouts
             return [(".", directory), ("..", directory), (STATE_FILE, state),
                     *(e for s, f in zip(files.steps, step_files)
                       for e in ((files.step_name(s), directory), (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": f.size})))]  # fmt: skip
         names = self._entries(files, step)
         nodes = [files.sample_file(step, p) for p in range(len(names))]
-        self._remember(files, path, "sample", names, nodes)
+        self._remember(files, path, names, nodes)
         return [(".", directory), ("..", directory), *((n, {**regular, "st_size": f.size}) for n, f in zip(names, nodes))]
 
-    def _remember(self, files: RankFiles, directory: str, kind: str, names: list[str], nodes: list[Any]) -> None:
-        """Resolve a listing's file paths ahead (an open then parses nothing), for the current view only."""
+    def _remember(self, files: RankFiles, directory: str, names: list[str], nodes: list[SampleFile]) -> None:
+        """Resolve a listed step's sample paths ahead (an open then parses nothing), for the current view only."""
         memo_files, memo = self._nodes
         if memo_files is files and len(memo) + len(names) <= _MEMO_PATHS:
-            memo.update((f"{directory}/{n}", (kind, f)) for n, f in zip(names, nodes))
+            memo.update((f"{directory}/{n}", ("sample", f)) for n, f in zip(names, nodes))
 
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
@@ -219,12 +200,12 @@ class ViewFS:
         if kind in ("root", "step"):
             raise OSError(errno.EISDIR, path)
         if kind == "state":
-            handle = _Open(files.state_bytes(), direct=True)
+            handle = Open(Layout(files.state_bytes(), direct=True))
         elif kind == "steps":
-            handle = _step_open(node)
+            handle = Open(node)
         else:
             direct = self.direct_io_from is not None and node.size >= self.direct_io_from
-            handle = _Open(node.header, ((node.step, node.position, node.sample_id, node.length),), direct)
+            handle = Open(Layout(node.header, ((node.step, node.position, node.sample_id, node.length),), direct))
         with self._lock:
             fh = next(self._ids)
             self._handles[fh] = handle
@@ -234,7 +215,7 @@ class ViewFS:
         """(direct_io, keep_cache): `.state.json`, step files and sample files of at least
         `direct_io_from` bytes (None: none) bypass the page cache, smaller sample files keep it
         (module doc)."""
-        direct = self._handles[fh].direct
+        direct = self._handles[fh].layout.direct
         return direct, not direct
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -249,31 +230,39 @@ class ViewFS:
         segments: its header, then the samples' bytes (gathered: a step file's samples lie
         anywhere in their source files) from the prefetcher's cache or their source files."""
         h = self._handles[fh]
-        end = min(offset + size, h.size)
+        f = h.layout
+        end = min(offset + size, f.size)
         if end <= offset:
             return []
-        n = max(0, min(len(h.header), end) - offset)
-        out: list[splice.Segment] = [h.header[offset : offset + n]] if n else []
-        at, k = offset + n, max(0, bisect.bisect_right(h.starts, offset + n) - 1)
+        out: list[splice.Segment] = []
+        if offset < len(f.header):
+            out.append(memoryview(f.header)[offset:end])
+        if (pad := min(end, len(f.header) + f.pad) - max(offset, len(f.header))) > 0:
+            out.append(ZEROS[:pad])
+        at = max(offset, len(f.header) + f.pad)
+        k = max(0, bisect.bisect_right(f.starts, at) - 1)
         try:
             while at < end:
-                stop = min(end, h.starts[k] + h.parts[k][3])
+                stop = min(end, f.starts[k] + f.parts[k][3])
                 if stop > at:
-                    out.append(self._sample(h, k, at - h.starts[k], stop - at))
+                    out.append(self._sample(h, k, at - f.starts[k], stop - at))
                 at, k = max(at, stop), k + 1
         except DataError as e:
             raise OSError(errno.EIO, str(e)) from None
         return out
 
-    def _sample(self, h: _Open, k: int, start: int, size: int) -> splice.Segment:
+    def _sample(self, h: Open, k: int, start: int, size: int) -> splice.Segment:
         """Bytes [start, start + size) of part `k` of `h`."""
-        step, position, sample_id, _ = h.parts[k]
+        step, position, sample_id, _ = h.layout.parts[k]
         if self.prefetcher is not None and k not in h.data:
             with h.lock:
                 if k not in h.data:
                     h.data[k] = self.prefetcher.take(step, position, sample_id)
         if k in h.data:
             return memoryview(h.data[k])[start : start + size]
+        if h.layout.ranges is not None:
+            fd, pos = h.layout.ranges[k]
+            return splice.FileRange(fd, pos + start, size)
         where = self.reader.file_range(sample_id, start, size)
         if where is None:
             out = bytearray(size)
