@@ -10,7 +10,8 @@ deadlocks on the GIL, so readers belong in other processes.
 libfuse runs one thread by default (`threads=False`): each request is a Python call, and handing
 the GIL between libfuse's worker threads costs more than it overlaps. A sample file costs three
 requests (OPEN, READ, RELEASE: listings carry the attributes, so no LOOKUP) and its bytes are
-spliced from the source file's page cache (`fuse.splice`). The mount's read-ahead is raised
+spliced from the source file's page cache (`fuse.splice`); a step file (a step's samples in one
+file) costs the same three, with one READ per MiB. The mount's read-ahead is raised
 (`fuse.mount.READ_AHEAD_KB`).
 
 Invariants: `mount` yields a live mount and unmounts it (and stops nothing else) when the block ends.
