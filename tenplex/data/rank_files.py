@@ -41,7 +41,7 @@ from tenplex.data.errors import DataError
 from tenplex.data.index import DatasetIndex
 from tenplex.data.partition import RankView, rank_view
 from tenplex.data.state import DataState
-from tenplex.data.step_file import StepFile
+from tenplex.data.step_file import StepFile, data_offset
 
 STATE_FILE = ".state.json"
 STEP_SUFFIX = ".bin"  # DIR/step-SSSSSS.bin: a step file
@@ -92,6 +92,7 @@ class RankFiles:
     stop: int
     generation: int = 0
     _ids: dict[int, list[int]] = attrs.field(factory=dict, init=False, repr=False)  # step -> share, memoized
+    _sizes: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)  # step -> its step file's size
 
     def __attrs_post_init__(self) -> None:
         if self.view.start != self.state.step(self.view.order):
@@ -138,6 +139,14 @@ class RankFiles:
         m = _STEP.fullmatch(name[: len(name) - len(suffix)]) if name.endswith(suffix) else None
         step = int(m[1]) if m else -1
         return step if m and self.step_name(step) + suffix == name and step in self.steps else None
+
+    def step_file_size(self, step: int) -> int:
+        """`step_file(step).size`, computed once per step without keeping the step's ids (a
+        listing asks it of every step)."""
+        if step not in self._sizes:
+            share = self.share(step)
+            self._sizes[step] = data_offset(len(share)) + int(self.index.length[share].sum())
+        return self._sizes[step]
 
     def step_file(self, step: int) -> StepFile:
         """The step file of `step` (in [start, stop)): the rank's share as one file."""

@@ -35,6 +35,11 @@ FIXED = 64  # magic + 7 numbers
 _ROW = 24
 
 
+def data_offset(count: int) -> int:
+    """Where the data of a step file of `count` samples starts."""
+    return -(-(FIXED + _ROW * count) // ALIGN) * ALIGN
+
+
 @attrs.frozen
 class StepFile:
     """Step `step` of rank `rank` of `world` in view `generation`: its samples `ids` (in reading
@@ -54,7 +59,7 @@ class StepFile:
 
     @property
     def data_offset(self) -> int:
-        return -(-self.table_size // ALIGN) * ALIGN
+        return data_offset(len(self.ids))
 
     @property
     def size(self) -> int:

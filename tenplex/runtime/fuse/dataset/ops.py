@@ -172,10 +172,9 @@ class ViewFS:
         regular = {**self._attrs, "st_mode": stat.S_IFREG | 0o444}
         if step is None:
             state = {**regular, "st_size": len(files.state_bytes())}
-            step_files = [files.step_file(s) for s in files.steps]  # sizes only: opens build their layouts
             return [(".", directory), ("..", directory), (STATE_FILE, state),
-                    *(e for s, f in zip(files.steps, step_files)
-                      for e in ((files.step_name(s), directory), (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": f.size})))]  # fmt: skip
+                    *(e for s in files.steps for e in ((files.step_name(s), directory),
+                      (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": files.step_file_size(s)})))]  # fmt: skip
         names = self._entries(files, step)
         nodes = [files.sample_file(step, p) for p in range(len(names))]
         self._remember(files, path, names, nodes)
