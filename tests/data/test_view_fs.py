@@ -108,10 +108,11 @@ def test_a_vanished_source_file_is_eio(parts, tmp_path):
     ops = ViewFS(
         RankFiles.build(index, state, 1, 0, 1), SampleReader(index.with_root(str(tmp_path / "gone")), decode=False)
     )
-    path = paths(ops, ops.files)[0]
-    with pytest.raises(OSError) as e:
-        read(ops, ops.open(path, os.O_RDONLY))
-    assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
+    for path in (paths(ops, ops.files)[0], "/step-000000.bin"):
+        fh = ops.open(path, os.O_RDONLY)
+        with pytest.raises(OSError) as e:
+            read(ops, fh, 1 << 16, 4096 if path == "/step-000000.bin" else 0)  # past a step file's table
+        assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
 
 
 def test_a_listing_resolves_its_paths_for_the_current_view_only(parts):
