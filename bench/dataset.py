@@ -15,8 +15,12 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
   `step-*/NNN-ID.bin` in order (a fresh mount per pass: no page cache left from the last pass);
 - anchor "the view's files on tmpfs": the same files copied from the view to tmpfs beforehand
   (not timed) and read by the same child code: what a reader pays for a file per sample (listing,
-  open, read, close) with no server at all, the bound of any per-file view, FUSE or not.
-Goals (issue 16): FUSE and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
+  open, read, close) with no server at all, the bound of any per-file view, FUSE or not;
+- FUSE, a file per step: the same mount, the child reads every `step-SSSSSS.bin` (the rank's
+  samples of a step after a table of their ids and offsets) with one open and one read
+  (`tenplex.data.step_file.read`), each sample a view of what it read;
+- anchor "the view's step files on tmpfs": those step files copied to tmpfs, read the same way.
+Goals (issue 16): FUSE (either layout) and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
 the median of the per-round ratios (rounds run every path once, right after direct). 4 KiB samples
 are for information.
 
@@ -43,8 +47,10 @@ METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB
            ("ring2", "anchor: the same, 2 processes at once"),
            ("batches0", "RankBatches, 0 workers"), ("batches2", "RankBatches, 2 workers"),
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
-           ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"))  # fmt: skip
-ANCHORS = ("direct", "ring", "ring2", "bound", "files")
+           ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"),
+           ("stepfiles", "anchor: the view's step files on tmpfs"), ("fusestep", "FUSE view, a file per step"))  # fmt: skip
+ANCHORS = ("direct", "ring", "ring2", "bound", "files", "stepfiles")
+_MOUNTED = ("fuse", "files", "fusestep", "stepfiles")  # passes that read a fresh mount (or a copy of it)
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 
@@ -65,7 +71,11 @@ by the same code with no server at all (the reader's own listing, open and close
 direct about a third at 64 KiB here), so no file-per-sample view reaches more. RankBatches: workers read chunks of steps (about 4 MiB) into shared
 buffers and send only (chunk, slot) through the DataLoader, so the training process never copies
 or unpickles a sample; one worker stream serves every pass (no DataLoader restart per epoch).
-The anchor "direct into a 64 MiB ring" reads the samples in one process into memory that has
+A file per step (`step-SSSSSS.bin`): two requests per step on the reader's path (OPEN, and one READ per MiB,
+libfuse's largest request) instead of two per sample; the reply is gathered by splice from wherever the step's
+samples lie in the source, direct I/O; the reader keeps one buffer (`step_file.StepReader`). Its anchor, the
+step files on tmpfs, shows the layout costs a reader nothing measurable: what is left is the server's Python
+callback per request. The anchor "direct into a 64 MiB ring" reads the samples in one process into memory that has
 left the CPU cache, as every batch that waits for its step must; direct's `os.pread` gets a
 buffer back warm from the cache each time. The per-sample DataLoader pickles every (id, bytes)
 pair through a pipe."""
@@ -93,7 +103,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
     from bench.runner import run_json
 
     argv = ["bench.dataset_pass", method, index_path, state_path, str(mnt)]
-    if method not in ("fuse", "files"):
+    if method not in _MOUNTED:
         return run_json(argv, {}, timeout_s)
     import shutil
 
@@ -102,7 +112,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
 
     index = DatasetIndex.load(index_path)
     with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
-        if method == "fuse":
+        if method in ("fuse", "fusestep"):
             return run_json(argv, {}, timeout_s)
         with tempfile.TemporaryDirectory(dir=Path(index_path).parent) as tree:  # tmpfs, as the dataset
             shutil.copytree(mnt, tree, dirs_exist_ok=True)  # not timed: the view's files, as plain files
@@ -141,7 +151,7 @@ def _unavailable(method: str) -> str | None:
 
     if method.startswith(("loader", "batches")) and importlib.util.find_spec("torch") is None:
         return "torch is not installed"
-    if method == "fuse":
+    if method.startswith("fuse"):
         from tenplex.runtime.fuse.dataset import fuse_unavailable_reason
 
         return fuse_unavailable_reason() or (None if os.geteuid() == 0 else "mounting FUSE needs root")
@@ -205,7 +215,8 @@ def markdown(info: dict[str, Any], cells: list[list[str]], rescale_md: str, load
         f"Rank {RANK} of W = {WORLD}, global batch {GLOBAL_BATCH}, one epoch of a raw dataset on tmpfs; every pass "
         "in a fresh child process, in rounds that run every path once right after direct; a path's ratio is its "
         "MB/s over direct's of the same round, min / median / max over the rounds (the goal is judged on the "
-        f"median). Goal: FUSE and the DataLoader (RankBatches, 2 workers) ≥ {GOAL}× direct for samples ≥ 64 KiB. "
+        f"median). Goal: FUSE (a file per sample or per step) and the DataLoader (RankBatches, 2 workers) ≥ {GOAL}× direct "
+        "for samples ≥ 64 KiB. "
         "See the docstring of bench/dataset.py for the paths.", "",
         md_table(HEADERS, cells), "", load_line, "",
         NOTES, "",

@@ -91,15 +91,29 @@ def _samples(method: str, index: Any, files: Any, directory: str) -> Iterator[tu
         dataset = RankIterableDataset(SampleReader(index, decode=False), files.view, len(files.steps))
         loader = tud.DataLoader(dataset, batch_size=None, num_workers=int(method[-1]))
         return ((int(i), d) for i, d in loader)
+    if method in ("fusestep", "stepfiles"):
+        return _step_samples(Path(directory))
     return _fuse_samples(Path(directory))
 
 
 def _fuse_samples(root: Path) -> Iterator[tuple[int, bytes]]:
     for step in sorted(os.listdir(root)):
-        if step.startswith("step-"):
+        if step.startswith("step-") and not step.endswith(".bin"):
             for name in sorted(os.listdir(root / step)):
                 with open(root / step / name, "rb", buffering=0) as f:
                     yield int(name.split("-")[1].split(".")[0]), f.read()
+
+
+def _step_samples(root: Path) -> Iterator[tuple[int, memoryview]]:
+    """A file per step: one open and one read each, its samples views of the bytes read (valid
+    until the next step's read: each is consumed before)."""
+    from tenplex.data.step_file import StepReader
+
+    reader = StepReader()  # one buffer for every step, as a training loop keeps one
+    for name in sorted(os.listdir(root)):
+        if name.startswith("step-") and name.endswith(".bin"):
+            batch = reader.read(root / name)
+            yield from zip(batch.ids, batch.samples)
 
 
 if __name__ == "__main__":

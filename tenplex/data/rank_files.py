@@ -6,11 +6,15 @@ Layout of a view (what `tenplex.runtime.fuse.dataset` mounts at DIR):
     DIR/step-SSSSSS/                   one directory per global step s in [start, stop)
     DIR/step-SSSSSS/PPP-IIII.EXT       the sample at position PPP of the rank's share of step s,
                                        whose sample id is IIII; sorted names = reading order
+    DIR/step-SSSSSS.bin                the same samples as ONE file, a table of their ids and
+                                       offsets first (`tenplex.data.step_file`)
 
 Numbers are zero-padded: steps to 6 digits, positions to the digits of G - 1 (at least 3), ids to
 the digits of N - 1, so that names sort in reading order and depend only on the job (index and
-G), never on W. A path therefore always names the same bytes, in every view that has it: the
-view can change under a reader without any file changing content. EXT and bytes by format:
+G), never on W. A sample file's path therefore always names the same bytes, in every view that
+has it: the view can change under a reader without any such file changing content. A step file
+is the view's (its header names W, the rank and the view's generation), so it is served without
+the page cache. EXT and bytes by format:
 - numpy: the sample's bytes as `.npy` or `.npz` (by the source file's suffix, else its magic);
 - megatron: `.npy`, a synthesized `.npy` header (1-D array of the token dtype) + the sample bytes;
 - tfrecord: `.tfrecord`, the framed record (a valid one-record TFRecord file);
@@ -37,8 +41,10 @@ from tenplex.data.errors import DataError
 from tenplex.data.index import DatasetIndex
 from tenplex.data.partition import RankView, rank_view
 from tenplex.data.state import DataState
+from tenplex.data.step_file import StepFile, data_offset
 
 STATE_FILE = ".state.json"
+STEP_SUFFIX = ".bin"  # DIR/step-SSSSSS.bin: a step file
 VIEW_VERSION = 1
 _SUFFIX = {"megatron": ".npy", "tfrecord": ".tfrecord", "raw": ".bin"}
 _STEP = re.compile(r"step-(\d{6,})")
@@ -86,6 +92,7 @@ class RankFiles:
     stop: int
     generation: int = 0
     _ids: dict[int, list[int]] = attrs.field(factory=dict, init=False, repr=False)  # step -> share, memoized
+    _sizes: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)  # step -> its step file's size
 
     def __attrs_post_init__(self) -> None:
         if self.view.start != self.state.step(self.view.order):
@@ -126,11 +133,27 @@ class RankFiles:
     def step_name(step: int) -> str:
         return f"step-{step:06d}"
 
-    def parse_step(self, name: str) -> int | None:
-        """The step that directory `name` shows, or None if this view has no such directory."""
-        m = _STEP.fullmatch(name)
+    def parse_step(self, name: str, suffix: str = "") -> int | None:
+        """The step that directory `name` shows (with `suffix` ".bin": step file `name`), or None
+        if this view has no such directory (file)."""
+        m = _STEP.fullmatch(name[: len(name) - len(suffix)]) if name.endswith(suffix) else None
         step = int(m[1]) if m else -1
-        return step if m and self.step_name(step) == name and step in self.steps else None
+        return step if m and self.step_name(step) + suffix == name and step in self.steps else None
+
+    def step_file_size(self, step: int) -> int:
+        """`step_file(step).size`, computed once per step without keeping the step's ids (a
+        listing asks it of every step)."""
+        if step not in self._sizes:
+            share = self.share(step)
+            self._sizes[step] = data_offset(len(share)) + int(self.index.length[share].sum())
+        return self._sizes[step]
+
+    def step_file(self, step: int) -> StepFile:
+        """The step file of `step` (in [start, stop)): the rank's share as one file."""
+        ids = self.ids(step)
+        lengths = self.index.length[ids].tolist() if ids else []
+        v = self.view
+        return StepFile(self.generation, step, v.world, v.rank, tuple(ids), tuple(int(k) for k in lengths))
 
     def name(self, position: int, sample_id: int, suffix: str) -> str:
         width = max(3, len(str(self.view.order.global_batch - 1)))

@@ -4,10 +4,14 @@ mount it serves). Plain Python and numpy only, so that it starts fast: no tenple
 Reads one JSON command per line on stdin and answers one JSON line on stdout. Bytes are reported
 as sha256 hex digests; "ENOENT" (etc.) stands for a failed call. Commands:
     {"op": "view", "dir": D}          one whole view, by the generation seqlock (retries races):
-                                      {"state", "files": {"step-S/NAME": [sha, size, loaded]}}
-                                      where `loaded` digests what numpy.load returns (or null)
+                                      {"state", "files": {"step-S/NAME": [sha, size, loaded]},
+                                      "steps": {"step-S.bin": STEP}} where `loaded` digests what
+                                      numpy.load returns (or null)
     {"op": "snapshot", "dir": D}      one attempt, no retry: {"before", "after" (generations),
-                                      "dirs": {step: [names]}, "files": {"step-S/NAME": sha}}
+                                      "dirs": {step: [names]}, "files": {"step-S/NAME": sha},
+                                      "steps": {"step-S.bin": STEP}}
+A step file (STEP) is parsed here by the layout that docs/dataset.md documents, not by tenplex:
+[generation, step, world, rank, [[id, sha], ...]], or "EBADMSG" where it breaks the layout.
     {"op": "race", "dir": D, "count": N}   N snapshots back to back
     {"op": "open", "path": P}         keep P open; {"op": "read_open"} digests it from offset 0
     {"op": "opendir", "path": P}      keep directory P open; {"op": "listdir_open"} lists it
@@ -61,13 +65,28 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def step_file(path: str) -> list:
+    """[generation, step, world, rank, [[id, sha], ...]] of the step file at `path`."""
+    data = read_bytes(path)
+    if len(data) < 64 or data[:8] != b"TPLXSTEP":
+        raise OSError(errno.EBADMSG, path)
+    version, gen, step, world, rank, n, start = np.frombuffer(data, "<u8", 7, 8).tolist()
+    rows = np.frombuffer(data, "<u8", 3 * n, 64).reshape(n, 3).tolist()
+    ends = [start, *(o + k for _, o, k in rows)]
+    if version != 1 or start % 4096 or any(data[64 + 24 * n : start]) or [o for _, o, _ in rows] != ends[:-1] or ends[-1] != len(data):
+        raise OSError(errno.EBADMSG, path)
+    return [gen, step, world, rank, [[i, digest(data[o : o + k])] for i, o, k in rows]]
+
+
 def snapshot(root: str) -> dict:
     before = attempt(generation, root)
+    names = sorted(attempt(os.listdir, root))
     dirs = {d: attempt(lambda d=d: sorted(os.listdir(os.path.join(root, d))))
-            for d in sorted(attempt(os.listdir, root)) if d != STATE}  # fmt: skip
+            for d in names if d != STATE and not d.endswith(".bin")}  # fmt: skip
     files = {f"{d}/{n}": attempt(lambda p: digest(read_bytes(p)), os.path.join(root, d, n))
              for d, names in dirs.items() if isinstance(names, list) for n in names}  # fmt: skip
-    return {"before": before, "after": attempt(generation, root), "dirs": dirs, "files": files}
+    steps = {d: attempt(step_file, os.path.join(root, d)) for d in names if d.endswith(".bin")}
+    return {"before": before, "after": attempt(generation, root), "dirs": dirs, "files": files, "steps": steps}
 
 
 def view(root: str) -> dict:
@@ -81,7 +100,7 @@ def view(root: str) -> dict:
                 files[rel] = [digest(data), len(data), loaded_digest(path)]
             state = json.loads(read_bytes(os.path.join(root, STATE)))
             if state["generation"] == snap["before"]:
-                return {"state": state, "files": files}
+                return {"state": state, "files": files, "steps": snap["steps"]}
     raise RuntimeError("no consistent view in 100 attempts")
 
 

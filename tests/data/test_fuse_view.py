@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule
+from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule, step_file
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import fuse_unavailable_reason, is_mounted, mount, read_view
 from tenplex.runtime.fuse.dataset.view import DIRECT_IO_FROM
@@ -105,6 +105,23 @@ def expected(files: RankFiles) -> dict[str, list]:
     return out
 
 
+def expected_steps(files: RankFiles) -> dict[str, list]:
+    """What the reader must parse from `files`' step files: {"step-S.bin": [generation, step,
+    world, rank, [[id, sha], ...]]} (`fuse_reader.step_file`)."""
+    reader, v = SampleReader(files.index), files.view
+    return {f"{files.step_name(s)}.bin": [files.generation, s, v.world, v.rank, [[i, digest(reader.read(i))] for i in files.ids(s)]]
+            for s in files.steps}  # fmt: skip
+
+
+def per_sample(got: dict) -> dict[str, list]:
+    """The step files' [id, sha] lists as the per-sample files of the same read show them."""
+    out: dict[str, list] = {}
+    for rel in sorted(got["files"]):
+        step, name = rel.split("/")
+        out.setdefault(f"{step}.bin", []).append([int(name.split("-")[1].split(".")[0]), got["files"][rel][0]])
+    return out
+
+
 def ids_of(files: dict[str, list]) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for rel in sorted(files):
@@ -132,6 +149,8 @@ def test_p8_the_fuse_log_is_the_oracle_and_the_direct_read(dataset, view, child,
             files = view.switch(state.at_step(order, a), world, rank, steps=b - a)
             got = child(op="view", dir=view.directory)
             assert got["state"] == files.state_doc() and got["files"] == expected(files)
+            assert got["steps"] == expected_steps(files)  # a file per step: the same (id, bytes), in order
+            assert {k: v[4] for k, v in got["steps"].items() if v[4]} == per_sample(got)
             assert ids_of(got["files"]) == {s: ids for _, s, r, ids in want if a <= s < b and r == rank and ids}
 
 
@@ -147,6 +166,28 @@ def test_p8_prefetched_fuse_reads(dataset, child, tmp_path):
         assert child(op="view", dir=v.directory)["files"] == expected(files)
         stats = p.stats()
     assert stats.peak_bytes <= 4096 and stats.mismatched == 0 and stats.hits + stats.waits > 0
+
+
+def test_step_files_are_the_sample_files_and_the_python_loader(dataset, child, tmp_path):
+    """P8 for a file per step: every step file of rank 0 of 3 (G = 12, tail "partial": the last
+    step has 4 samples, 2 of them this rank's) holds, bit for bit, the per-sample files' bytes
+    and the sequence that the Python loader (`RankBatches`) yields, read with one open and one
+    read each (`step_file.read`); the samples of a step lie apart in two source files."""
+    torch_data = pytest.importorskip("tenplex.data.torch_data")
+    state = DataState.start(dataset, 11, 12, "partial")
+    with mount(dataset, state, 3, 0, tmp_path) as v:
+        got = child(op="view", dir=v.directory)
+        ours = {s: step_file.read(Path(v.directory) / f"{v.files.step_name(s)}.bin") for s in v.files.steps}
+        files = v.files
+    assert got["steps"] == expected_steps(files) and {k: x[4] for k, x in got["steps"].items()} == per_sample(got)
+    loader = torch_data.RankBatches(SampleReader(dataset, decode=False), files.view, len(files.steps), workers=0)
+    batches = [(b.step, b.ids.tolist(), [bytes(x) for x in b.samples]) for b in loader]
+    assert batches == [(s, b.ids, [bytes(x) for x in b.samples]) for s, b in ours.items()]
+    assert [len(b[1]) for b in batches] == [4, 4, 4, 2]  # the odd tail: 4 samples over 3 ranks
+    for _, ids, _ in batches:  # each step's samples lie apart in the sources: its replies are gathered
+        f, o, n = (a.tolist() for a in dataset.ranges(ids))
+        assert any((f[k], o[k] + n[k]) != (f[k + 1], o[k + 1]) for k in range(len(ids) - 1))
+    assert any(len({int(dataset.file_id[i]) for i in ids}) == 2 for _, ids, _ in batches)  # one step, two files
 
 
 def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, view, child):
@@ -172,6 +213,7 @@ def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, vi
     finally:
         done.set()
         switcher.join()
+    step_files = [expected_steps(RankFiles.build(dataset, s, w, r, n)) for s, w, r, n in layouts]
     listings = [{rel.split("/")[0]: sorted(r.split("/")[1] for r in w if r.split("/")[0] == rel.split("/")[0]) for rel in w} for w in want]  # fmt: skip
     shas = {rel: v[0] for w in want for rel, v in w.items()}
     consistent = 0
@@ -179,10 +221,14 @@ def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, vi
         if snap["before"] == snap["after"] and isinstance(snap["before"], int):
             consistent += 1
             assert snap["files"] == {r: v[0] for r, v in want[published[snap["before"]]].items()}
+            k = published[snap["before"]]
+            assert snap["steps"] == {n: [snap["before"], *v[1:]] for n, v in step_files[k].items()}
         for step, names in snap["dirs"].items():  # every listing is one view's, never a mix
             assert names == "ENOENT" or any(lst.get(step) == names for lst in listings), (step, names)
         for rel, sha in snap["files"].items():  # every file read is the sample its name says
             assert sha == "ENOENT" or sha == shas[rel], rel
+        for name, got in snap["steps"].items():  # every step file is one whole view's, naming it
+            assert got == "ENOENT" or got[1:] == step_files[published[got[0]]][name][1:], name
     assert consistent > 0 and len(published) > 10
 
 
@@ -221,18 +267,23 @@ def test_megatron_samples_are_npy_files(tmp_path, child, direct_io_from):
     with mount(
         index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1, direct_io_from=direct_io_from
     ) as v:
-        files = child(op="view", dir=v.directory)["files"]
+        got = child(op="view", dir=v.directory)
     reader = SampleReader(index)
     want = {
         f"step-000000/{v.files.name(k, i, '.npy')}": loaded_digest(reader[i])
         for k, i in enumerate(v.files.share(0).tolist())
     }
-    assert {rel: f[2] for rel, f in files.items()} == want
+    assert {rel: f[2] for rel, f in got["files"].items()} == want
+    ids = v.files.ids(0)
+    _, offsets, lengths = (a.tolist() for a in index.ranges(ids))
+    raw = [[i, digest(tokens.tobytes()[o : o + n])] for i, o, n in zip(ids, offsets, lengths)]
+    assert got["steps"]["step-000000.bin"][4] == raw  # a step file holds the tokens, no .npy headers
 
 
 def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
     """Samples over `DIRECT_IO_FROM` and over one request (`splice.MAX_READ`) read whole, with
-    direct I/O (several READs and the one that finds EOF); the smallest through the page cache."""
+    direct I/O (several READs and the one that finds EOF); the smallest through the page cache;
+    their step file, of several requests each gathered from pieces of samples, reads whole."""
     sizes = [splice.MAX_READ + 4099, DIRECT_IO_FROM, DIRECT_IO_FROM - 1]
     data = np.random.default_rng(5).integers(0, 256, sum(sizes), dtype=np.uint8).tobytes()
     (tmp_path / "big.bin").write_bytes(data)
@@ -241,7 +292,8 @@ def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
     )
     (tmp_path / "mnt").mkdir()
     with mount(index, DataState.start(index, 0, 3), 1, 0, tmp_path / "mnt", steps=1) as v:
-        files = child(op="view", dir=v.directory)["files"]
+        got = child(op="view", dir=v.directory)
+        files = got["files"]
         fhs = [v.ops.open(f"/step-000000/{v.files.name(k, i, '.bin')}", os.O_RDONLY)
                for k, i in enumerate(v.files.share(0).tolist())]  # fmt: skip
         flags = {v.ops.getattr("", fh)["st_size"]: v.ops.open_flags(fh) for fh in fhs}
@@ -251,6 +303,7 @@ def test_large_samples_bypass_the_page_cache_and_read_whole(tmp_path, child):
         for k, i in enumerate(v.files.share(0).tolist())
     }
     assert flags == {sizes[0]: (True, False), sizes[1]: (True, False), sizes[2]: (False, True)}
+    assert got["steps"] == expected_steps(v.files)  # one step file of 3 requests, their pieces gathered
 
 
 # ---- tenplex dataset mount ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader
+from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader, step_file
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import ViewFS
 from tests.data.helpers import write_raw_samples
@@ -25,9 +25,10 @@ def parts(tmp_path):
 
 
 def paths(ops: ViewFS, files: RankFiles) -> list[str]:
+    """The sample files' paths (in the step directories, not the step files)."""
     return [
         f"/{d}/{n}"
-        for d in ops.readdir("/", ops.opendir("/"))[3:]
+        for d in ops.readdir("/", ops.opendir("/"))[3::2]
         for n in ops.readdir(f"/{d}", ops.opendir(f"/{d}"))[2:]
     ]
 
@@ -41,7 +42,8 @@ def test_listing_reading_and_a_switch(parts):
     old = RankFiles.build(index, state, 2, 0, 2)
     ops = ViewFS(old, reader)
     root = ops.opendir("/")
-    assert ops.readdir("/", root) == [".", "..", ".state.json", "step-000000", "step-000001"]
+    listing = [".", "..", ".state.json", "step-000000", "step-000000.bin", "step-000001", "step-000001.bin"]
+    assert ops.readdir("/", root) == listing
     files = paths(ops, old)
     assert len(files) == 8 and all(
         read(ops, ops.open(p, os.O_RDONLY)) == reader.read(int(p.split("-")[-1][:-4])) for p in files
@@ -49,8 +51,8 @@ def test_listing_reading_and_a_switch(parts):
     fh = ops.open(files[0], os.O_RDONLY)
     new = RankFiles.build(index, state.commit(state.order_for(index), 1), 4, 3, 2, generation=1)
     ops.publish(new)
-    assert ops.readdir("/", root) == [".", "..", ".state.json", "step-000000", "step-000001"]  # pinned
-    assert [e[:9] for e in ops.readdir("/", ops.opendir("/"))[2:]] == [".state.js", "step-0000", "step-0000"]
+    assert ops.readdir("/", root) == listing  # pinned
+    assert [e[:9] for e in ops.readdir("/", ops.opendir("/"))[2:]] == [".state.js", *["step-0000"] * 4]
     assert read(ops, fh, 3, 1) == reader.read(int(files[0].split("-")[-1][:-4]))[1:4]  # an open file keeps its bytes
     assert ops.getattr(files[0], fh)["st_size"] == index.length[int(files[0].split("-")[-1][:-4])]
     gone = [p for p in files if p not in paths(ops, new)]
@@ -65,6 +67,8 @@ def test_listing_reading_and_a_switch(parts):
     ("path", "flags", "code"),
     [("/step-000000", os.O_RDONLY, errno.EISDIR), ("/.state.json", os.O_WRONLY, errno.EROFS),
      ("/step-000009", os.O_RDONLY, errno.ENOENT), ("/step-000000/000-99.bin", os.O_RDONLY, errno.ENOENT),
+     ("/step-000009.bin", os.O_RDONLY, errno.ENOENT), ("/step-0.bin", os.O_RDONLY, errno.ENOENT),
+     ("/step-000000.bin/x", os.O_RDONLY, errno.ENOENT), ("/step-000000.bin", os.O_WRONLY, errno.EROFS),
      ("/nothing", os.O_RDONLY, errno.ENOENT)],
 )  # fmt: skip
 def test_errors_are_errno_values(parts, path, flags, code):
@@ -104,10 +108,11 @@ def test_a_vanished_source_file_is_eio(parts, tmp_path):
     ops = ViewFS(
         RankFiles.build(index, state, 1, 0, 1), SampleReader(index.with_root(str(tmp_path / "gone")), decode=False)
     )
-    path = paths(ops, ops.files)[0]
-    with pytest.raises(OSError) as e:
-        read(ops, ops.open(path, os.O_RDONLY))
-    assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
+    for path in (paths(ops, ops.files)[0], "/step-000000.bin"):
+        fh = ops.open(path, os.O_RDONLY)
+        with pytest.raises(OSError) as e:
+            read(ops, fh, 1 << 16, 4096 if path == "/step-000000.bin" else 0)  # past a step file's table
+        assert e.value.errno == errno.EIO and "cannot open" in e.value.strerror
 
 
 def test_a_listing_resolves_its_paths_for_the_current_view_only(parts):
@@ -132,3 +137,47 @@ def test_a_listing_resolves_its_paths_for_the_current_view_only(parts):
     with pytest.raises(OSError) as e:
         stale.open(f"/step-000000/{gone[0]}", os.O_RDONLY)
     assert e.value.errno == errno.ENOENT
+
+
+def test_a_step_file_is_the_table_then_the_samples_gathered(parts):
+    """A step file read in any request size equals its table and the step's samples in order
+    (P8), is direct I/O, and keeps its view's bytes across a switch (the name's bytes change)."""
+    index, state, reader = parts
+    files = RankFiles.build(index, state, 2, 1, 3)
+    ops = ViewFS(files, reader)
+    listed = dict(ops.readdir_plus("/", ops.opendir("/")))
+    fh = ops.open("/step-000001.bin", os.O_RDONLY)
+    size = listed["step-000001.bin"]["st_size"]
+    whole = read(ops, fh, size + 100)
+    got = step_file.parse(whole)
+    assert (got.generation, got.step, got.world, got.rank) == (0, 1, 2, 1) and got.ids == files.ids(1)
+    assert [bytes(x) for x in got.samples] == [reader.read(i) for i in files.ids(1)]
+    assert len(whole) == size == ops.getattr("/step-000001.bin")["st_size"] and ops.open_flags(fh) == (True, False)
+    assert all(b"".join(read(ops, fh, n, o) for o in range(0, size, n)) == whole for n in (1, 5, 64, 4096, 4097))
+    ops.publish(RankFiles.build(index, state, 4, 3, 3, generation=1))
+    assert read(ops, fh, size) == whole
+    new = step_file.parse(read(ops, ops.open("/step-000001.bin", os.O_RDONLY), 1 << 16))
+    assert (new.generation, new.world, new.rank, new.ids) == (1, 4, 3, ops.files.ids(1))
+
+
+def test_step_files_read_with_fresh_memory_or_one_kept_buffer(tmp_path):
+    small, big = step_file.StepFile(0, 1, 1, 0, (5,), (3,)), step_file.StepFile(0, 2, 1, 0, (7, 8), (5000, 1))
+    (tmp_path / "a").write_bytes(small.header() + b"abc")
+    (tmp_path / "b").write_bytes(big.header() + (bytes(range(256)) * 20)[:4998] + b"xy!")
+    reader = step_file.StepReader(16)  # too small for either: it grows
+    for path, ids, tails in [("a", [5], [b"abc"]), ("b", [7, 8], [b"xy", b"!"]), ("a", [5], [b"abc"])]:
+        for got in (step_file.read(tmp_path / path), reader.read(tmp_path / path)):
+            assert got.ids == ids and [bytes(x)[-2:] for x in got.samples] == [t[-2:] for t in tails]
+    with pytest.raises(DataError, match=r"/a: not a tenplex step file"):
+        (tmp_path / "a").write_bytes(b"abc")
+        reader.read(tmp_path / "a")
+
+
+def test_parse_refuses_what_is_not_a_step_file():
+    good = step_file.StepFile(0, 2, 1, 0, (5, 6), (3, 4))
+    data = good.header() + b"abcdefg"
+    assert [bytes(x) for x in step_file.parse(data).samples] == [b"abc", b"defg"]
+    for bad, why in [(b"x" + data[1:], "not a tenplex step file"), (data[:8] + b"\2" + data[9:], "version 2"),
+                     (data[:-1], "4103 bytes, but 4102 were read"), (data[:70], "a table of 2 samples does not fit")]:  # fmt: skip
+        with pytest.raises(DataError, match=why):
+            step_file.parse(bad, "f")

@@ -1,5 +1,6 @@
 """One data-parallel rank's upcoming samples as a read-only directory: `view` mounts it and switches
-it at a rescale (`mount`, `FuseView`, `read_view`); `ops` is its file system operations (`ViewFS`)."""
+it at a rescale (`mount`, `FuseView`, `read_view`); `ops` is its file system operations (`ViewFS`),
+`layout` what an open file serves (a sample file, or a step file: `tenplex.data.step_file`)."""
 
 from tenplex.runtime.fuse.dataset.ops import ViewFS
 from tenplex.runtime.fuse.dataset.view import FuseView, fuse_unavailable_reason, is_mounted, mount, read_view

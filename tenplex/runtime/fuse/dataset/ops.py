@@ -1,19 +1,24 @@
 """The FUSE operations of a rank's dataset view (`ViewFS`): the current `RankFiles` as files.
 
-Layout (`tenplex.data.rank_files`): `DIR/.state.json` and `DIR/step-SSSSSS/PPP-IIII.EXT`.
+Layout (`tenplex.data.rank_files`): `DIR/.state.json`, `DIR/step-SSSSSS/PPP-IIII.EXT` (a file
+per sample) and `DIR/step-SSSSSS.bin` (a file per step: a table, then the step's samples;
+`tenplex.data.step_file`).
 
-Reads: a sample file's bytes come straight from its source byte range (`SampleReader.file_range`,
-spliced by the mount from the source file's page cache into the reply: `fuse.splice`), or, with
-a `Prefetcher`, from its cache (`Prefetcher.take` on the file's first read), or, for a source
-behind a URL, read by the reader.
+Reads: an open file is a header (a megatron sample's `.npy` header, a step file's table) and
+samples one after another. Their bytes come straight from their source byte ranges
+(`SampleReader.file_range`, spliced by the mount from the source files' page cache into the
+reply, gathered from wherever a step's samples lie: `fuse.splice`), or, with a `Prefetcher`,
+from its cache (`Prefetcher.take` on a sample's first read), or, for a source behind a URL,
+read by the reader.
 
 Page cache: a sample file of at least `direct_io_from` bytes (`DIRECT_IO_FROM`, 256 KiB) is
 opened with direct I/O: the kernel copies each reply once, into the reader's buffer, instead of
 into fresh page-cache pages and from there again (half the time of a 1 MiB read here; such a
 file cannot be mmap'ed shared, MAP_PRIVATE works: libfuse 3.14 cannot ask for
 FUSE_DIRECT_IO_ALLOW_MMAP). A smaller file goes through the page cache, which the kernel keeps
-across opens (a path names the same bytes in every view), and knows its end there (one READ
-where direct I/O needs another for EOF).
+across opens (a sample file's path names the same bytes in every view), and knows its end there
+(one READ where direct I/O needs another for EOF). Step files always use direct I/O: the same
+name holds another view's table after a switch.
 
 Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
 `publish`; every operation reads it once, so each answer comes from one view:
@@ -28,6 +33,7 @@ Invariants: the view is read-only; generations of published views strictly incre
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import itertools
@@ -39,9 +45,10 @@ from typing import Any
 
 from tenplex.data.errors import DataError
 from tenplex.data.prefetch.prefetcher import Prefetcher
-from tenplex.data.rank_files import STATE_FILE, RankFiles, SampleFile
+from tenplex.data.rank_files import STATE_FILE, STEP_SUFFIX, RankFiles, SampleFile
 from tenplex.data.reader import SampleReader
 from tenplex.runtime.fuse import splice
+from tenplex.runtime.fuse.dataset.layout import ZEROS, Layout, Open, step_layout
 
 _MEMO_PATHS = 1 << 16  # resolved paths remembered per view
 DIRECT_IO_FROM = 256 << 10  # sample files of this size and up bypass the page cache (module doc)
@@ -49,22 +56,6 @@ DIRECT_IO_FROM = 256 << 10  # sample files of this size and up bypass the page c
 
 def _enoent(path: str) -> OSError:
     return OSError(errno.ENOENT, f"{os.strerror(errno.ENOENT)}: {path}")
-
-
-class _Open:
-    """An open file: `header` bytes, then `length` bytes of sample `sample_id` (fetched lazily)."""
-
-    __slots__ = ("data", "header", "length", "lock", "position", "sample_id", "step")
-
-    def __init__(self, header: bytes, file: SampleFile | None = None) -> None:
-        self.header, self.data, self.lock = header, None, threading.Lock()
-        self.step, self.position, self.sample_id, self.length = (
-            (file.step, file.position, file.sample_id, file.length) if file else (-1, -1, -1, 0)
-        )
-
-    @property
-    def size(self) -> int:
-        return len(self.header) + self.length
 
 
 class ViewFS:
@@ -77,7 +68,7 @@ class ViewFS:
         self.reader, self.prefetcher, self.direct_io_from = reader, prefetcher, direct_io_from
         self._files = files
         self._lock = threading.Lock()
-        self._handles: dict[int, _Open] = {}
+        self._handles: dict[int, Open] = {}
         self._dirs: dict[int, tuple[RankFiles, int | None]] = {}
         self._suffixes: dict[int, str] = {}
         self._nodes: tuple[RankFiles, dict[str, tuple[str, Any]]] = (files, {})
@@ -111,8 +102,8 @@ class ViewFS:
         return self._suffixes[sample_id]
 
     def _resolve(self, files: RankFiles, path: str) -> tuple[str, Any]:
-        """("root", None), ("state", None), ("step", step) or ("sample", SampleFile) for `path`
-        (remembered for the current view: a lookup, getattr and open each resolve it)."""
+        """("root", None), ("state", None), ("step", step), ("sample", SampleFile) or
+        ("steps", StepFile) for `path` (remembered for the current view: a lookup, getattr and open each resolve it)."""
         memo_files, memo = self._nodes
         if memo_files is not files:
             return self._parse_path(files, path)
@@ -128,6 +119,8 @@ class ViewFS:
         parts = path[1:].split("/")
         if parts == [STATE_FILE]:
             return "state", None
+        if len(parts) == 1 and (step := files.parse_step(parts[0], STEP_SUFFIX)) is not None:
+            return "steps", step_layout(files.step_file(step), self.reader)
         step = files.parse_step(parts[0])
         if step is None or len(parts) > 2:
             raise _enoent(path)
@@ -140,7 +133,7 @@ class ViewFS:
 
     def _entries(self, files: RankFiles, step: int | None) -> list[str]:
         if step is None:
-            return [STATE_FILE, *map(files.step_name, files.steps)]
+            return [STATE_FILE, *(n for s in files.steps for n in (files.step_name(s), files.step_name(s) + STEP_SUFFIX))]
         return files.names(step, [self._suffix(files, i) for i in files.ids(step)])
 
     # -- operations ----------------------------------------------------------------------------
@@ -149,7 +142,7 @@ class ViewFS:
         """Attributes of `path` in the current view; of the open file `fh` (fstat) in its own."""
         handle = self._handles.get(fh) if fh is not None else None
         if handle is not None:
-            return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.size}
+            return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.layout.size}
         files = self._files
         kind, node = self._resolve(files, path)
         if kind in ("root", "step"):
@@ -176,15 +169,16 @@ class ViewFS:
         per file; the mount serves plain listings from it too, so that offsets stay consistent)."""
         files, step = self._dirs[fh]
         directory = {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+        regular = {**self._attrs, "st_mode": stat.S_IFREG | 0o444}
         if step is None:
-            state = {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": len(files.state_bytes())}
+            state = {**regular, "st_size": len(files.state_bytes())}
             return [(".", directory), ("..", directory), (STATE_FILE, state),
-                    *((files.step_name(s), directory) for s in files.steps)]  # fmt: skip
+                    *(e for s in files.steps for e in ((files.step_name(s), directory),
+                      (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": files.step_file_size(s)})))]  # fmt: skip
         names = self._entries(files, step)
         nodes = [files.sample_file(step, p) for p in range(len(names))]
         self._remember(files, path, names, nodes)
-        return [(".", directory), ("..", directory), *((n, {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": f.size})
-                                    for n, f in zip(names, nodes))]  # fmt: skip
+        return [(".", directory), ("..", directory), *((n, {**regular, "st_size": f.size}) for n, f in zip(names, nodes))]
 
     def _remember(self, files: RankFiles, directory: str, names: list[str], nodes: list[SampleFile]) -> None:
         """Resolve a listed step's sample paths ahead (an open then parses nothing), for the current view only."""
@@ -204,17 +198,23 @@ class ViewFS:
         kind, node = self._resolve(files, path)
         if kind in ("root", "step"):
             raise OSError(errno.EISDIR, path)
-        handle = _Open(files.state_bytes()) if kind == "state" else _Open(node.header, node)
+        if kind == "state":
+            handle = Open(Layout(files.state_bytes(), direct=True))
+        elif kind == "steps":
+            handle = Open(node)
+        else:
+            direct = self.direct_io_from is not None and node.size >= self.direct_io_from
+            handle = Open(Layout(node.header, ((node.step, node.position, node.sample_id, node.length),), direct))
         with self._lock:
             fh = next(self._ids)
             self._handles[fh] = handle
         return fh
 
     def open_flags(self, fh: int) -> tuple[bool, bool]:
-        """(direct_io, keep_cache): `.state.json` and sample files of at least `direct_io_from`
-        bytes (None: none) bypass the page cache, smaller sample files keep it (module doc)."""
-        h = self._handles[fh]
-        direct = h.sample_id < 0 or (self.direct_io_from is not None and h.size >= self.direct_io_from)
+        """(direct_io, keep_cache): `.state.json`, step files and sample files of at least
+        `direct_io_from` bytes (None: none) bypass the page cache, smaller sample files keep it
+        (module doc)."""
+        direct = self._handles[fh].layout.direct
         return direct, not direct
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -226,31 +226,46 @@ class ViewFS:
 
     def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> list[splice.Segment]:
         """Bytes [offset, offset + size) of open file `fh` (cut at its end) as `fuse.splice`
-        segments: its header, then the sample's bytes in the prefetcher's cache or its source file."""
+        segments: its header, then the samples' bytes (gathered: a step file's samples lie
+        anywhere in their source files) from the prefetcher's cache or their source files."""
         h = self._handles[fh]
-        end = min(offset + size, h.size)
+        f = h.layout
+        end = min(offset + size, f.size)
         if end <= offset:
             return []
-        n = max(0, min(len(h.header), end) - offset)
-        out: list[splice.Segment] = [h.header[offset : offset + n]] if n else []
-        if offset + n < end:
-            try:
-                out.append(self._sample(h, offset + n - len(h.header), end - offset - n))
-            except DataError as e:
-                raise OSError(errno.EIO, str(e)) from None
+        out: list[splice.Segment] = []
+        if offset < len(f.header):
+            out.append(memoryview(f.header)[offset:end])
+        if (pad := min(end, len(f.header) + f.pad) - max(offset, len(f.header))) > 0:
+            out.append(ZEROS[:pad])
+        at = max(offset, len(f.header) + f.pad)
+        k = max(0, bisect.bisect_right(f.starts, at) - 1)
+        try:
+            while at < end:
+                stop = min(end, f.starts[k] + f.parts[k][3])
+                if stop > at:
+                    out.append(self._sample(h, k, at - f.starts[k], stop - at))
+                at, k = max(at, stop), k + 1
+        except DataError as e:
+            raise OSError(errno.EIO, str(e)) from None
         return out
 
-    def _sample(self, h: _Open, start: int, size: int) -> splice.Segment:
-        if self.prefetcher is not None and h.data is None:
+    def _sample(self, h: Open, k: int, start: int, size: int) -> splice.Segment:
+        """Bytes [start, start + size) of part `k` of `h`."""
+        step, position, sample_id, _ = h.layout.parts[k]
+        if self.prefetcher is not None and k not in h.data:
             with h.lock:
-                if h.data is None:
-                    h.data = self.prefetcher.take(h.step, h.position, h.sample_id)
-        if h.data is not None:
-            return memoryview(h.data)[start : start + size]
-        where = self.reader.file_range(h.sample_id, start, size)
+                if k not in h.data:
+                    h.data[k] = self.prefetcher.take(step, position, sample_id)
+        if k in h.data:
+            return memoryview(h.data[k])[start : start + size]
+        if h.layout.ranges is not None:
+            fd, pos = h.layout.ranges[k]
+            return splice.FileRange(fd, pos + start, size)
+        where = self.reader.file_range(sample_id, start, size)
         if where is None:
             out = bytearray(size)
-            self.reader.read_into(h.sample_id, memoryview(out), start)
+            self.reader.read_into(sample_id, memoryview(out), start)
             return out
         return splice.FileRange(*where)
 

@@ -10,7 +10,8 @@ deadlocks on the GIL, so readers belong in other processes.
 libfuse runs one thread by default (`threads=False`): each request is a Python call, and handing
 the GIL between libfuse's worker threads costs more than it overlaps. A sample file costs three
 requests (OPEN, READ, RELEASE: listings carry the attributes, so no LOOKUP) and its bytes are
-spliced from the source file's page cache (`fuse.splice`). The mount's read-ahead is raised
+spliced from the source file's page cache (`fuse.splice`); a step file (a step's samples in one
+file) costs the same three, with one READ per MiB. The mount's read-ahead is raised
 (`fuse.mount.READ_AHEAD_KB`).
 
 Invariants: `mount` yields a live mount and unmounts it (and stops nothing else) when the block ends.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,8 @@ __all__ = [
     "DIRECT_IO_FROM", "READ_AHEAD_KB", "FuseUnavailable", "FuseView", "fuse_unavailable_reason", "is_mounted", "mount",
     "mount_ops", "read_view", "serve", "unmount",
 ]  # fmt: skip
+
+_STEP_DIR = re.compile(r"step-\d{6,}")  # a step's directory (not its step file)
 
 
 def serve(ops: Any, directory: str, threads: bool = False) -> None:
@@ -105,7 +109,7 @@ def mount(index: DatasetIndex, state: DataState, world: int, rank: int, director
 
 
 def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of one whole view of a mount at `directory`,
+    """(`.state.json`, {"step-SSSSSS/NAME": bytes}) of the sample files of one whole view of a mount at `directory`,
     read with the generation seqlock (module doc), retrying while switches race it.
     Raises DataError after `attempts` tries that each saw a switch."""
     root = Path(directory)
@@ -113,7 +117,7 @@ def read_view(directory: str | os.PathLike, attempts: int = 100) -> tuple[dict[s
         try:
             before = json.loads((root / STATE_FILE).read_bytes())
             files = {f"{d}/{name}": (root / d / name).read_bytes()
-                     for d in sorted(os.listdir(root)) if d != STATE_FILE for name in sorted(os.listdir(root / d))}  # fmt: skip
+                     for d in sorted(os.listdir(root)) if _STEP_DIR.fullmatch(d) for name in sorted(os.listdir(root / d))}  # fmt: skip
             after = json.loads((root / STATE_FILE).read_bytes())
         except (FileNotFoundError, ValueError):
             continue  # a switch removed what the listing named, or cut a state read short

@@ -1,0 +1,55 @@
+"""What an open file of a dataset view serves (`dataset.ops`): a `Layout` is a header, zero
+padding, then samples back to back; a sample file is its `.npy` header (megatron) or nothing,
+then one sample; a step file (`tenplex.data.step_file`) its table, padding to the data offset,
+then the step's samples. `Open` is one open file: its layout and what a prefetcher gave it.
+
+Invariants: a `Layout` is immutable once built (the opens of one view's step file share it);
+`starts[k]` is where part k begins and `size` is the file's size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from tenplex.data.errors import DataError
+from tenplex.data.reader import SampleReader
+from tenplex.data.step_file import ALIGN, StepFile
+
+ZEROS = memoryview(bytes(ALIGN))  # a step file's padding (not kept per step)
+
+
+class Layout:
+    """What an open file serves: `header` bytes, `pad` zero bytes, then the samples `parts`, each
+    (step, position, sample id, length), back to back from `starts`; `ranges`, where known, each
+    part's (fd, offset) in its source file. Immutable: a view's opens of one step file share it."""
+
+    __slots__ = ("direct", "header", "pad", "parts", "ranges", "size", "starts")
+
+    def __init__(self, header: bytes, parts: tuple[tuple[int, int, int, int], ...] = (), direct: bool = False,
+                 pad: int = 0, ranges: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
+        self.header, self.pad, self.parts, self.direct, self.ranges = header, pad, parts, direct, ranges
+        self.starts = list(itertools.accumulate((p[3] for p in parts[:-1]), initial=len(header) + pad))
+        self.size = len(header) + pad + sum(p[3] for p in parts)
+
+
+def step_layout(step_file: StepFile, reader: SampleReader) -> Layout:
+    """A step file's layout: its table (the padding to the data served from `ZEROS`, not kept per
+    step), its samples and, for local sources, their file ranges (found once, not per READ)."""
+    parts = tuple((step_file.step, k, i, n) for k, (i, n) in enumerate(zip(step_file.ids, step_file.lengths)))
+    try:
+        ranges = [reader.file_range(i, 0, 0) for i in step_file.ids]
+    except DataError:  # a source that cannot be opened: its reads find out (EIO)
+        ranges = [None]
+    header = step_file.header()[: step_file.table_size]
+    known = None if any(r is None for r in ranges) else [r[:2] for r in ranges]
+    return Layout(header, parts, True, step_file.data_offset - len(header), known)
+
+
+class Open:
+    """An open file: its `layout`, and the bytes of its samples that a prefetcher gave (fetched lazily)."""
+
+    __slots__ = ("data", "layout", "lock")
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout, self.data, self.lock = layout, {}, threading.Lock()
