@@ -20,7 +20,7 @@ from tenplex.compiler import CompileOptions, FillOp, compile_plan
 from tenplex.ir import loads
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.arrays import arange_tensors, materialize
+from tenplex.runtime.arrays import arange_tensors, materialize, np_dtype, npy_header
 from tenplex.runtime.checkpoint import directory, planned, swap, vectored
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint
@@ -255,7 +255,10 @@ def test_preallocated_files_are_written_over_and_the_output_is_the_same(case, tm
         files.preallocated = False
         pre.stop()
     _assert_oracle(tmp_path / "out", dst, tensors)
-    assert sorted(p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")) == sorted(n for _, n in npy_files(dst, rel))
+    exact = {rel[st.id]: len(npy_header(np_dtype(dst.tensor_map[st.tensor].dtype), st.shape)) + dst.nbytes_of(st)
+             for st in dst.subtensors}  # fmt: skip
+    assert {str(p.relative_to(tmp_path / "out")): p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")} == exact
+    assert all(n <= exact[path] for path, n in npy_files(dst, rel))  # never allocated past a file's end
 
 
 def test_files_are_shared_out_largest_first_to_the_least_loaded_worker():
