@@ -21,7 +21,7 @@ from tenplex.ir import loads
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
 from tenplex.runtime.arrays import arange_tensors, materialize, np_dtype, npy_header
-from tenplex.runtime.checkpoint import directory, planned, swap, vectored
+from tenplex.runtime.checkpoint import directory, npy, planned, swap, vectored
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint
 from tenplex.runtime.checkpoint.npy import map_npy, mapped_file
@@ -104,6 +104,17 @@ def test_map_npy_is_a_read_only_view_of_the_file(tmp_path):
     (tmp_path / "short.npy").write_bytes((tmp_path / "a.npy").read_bytes()[:-4])
     with pytest.raises(CheckpointError, match=r"short\.npy: header claims float32\[6, 10\] \(240 bytes\) but the file holds 236"):
         map_npy(tmp_path / "short.npy", "s", CheckpointError)
+
+
+def test_map_npy_reads_a_header_longer_than_its_first_read_from_the_file(tmp_path):
+    a = np.zeros(3, dtype=[(f"field{i:03d}", "<f4") for i in range(200)])  # a ~5 KiB header (format 1.0)
+    np.save(tmp_path / "long.npy", a)
+    assert (tmp_path / "long.npy").stat().st_size - a.nbytes > npy._HEAD
+    got = map_npy(tmp_path / "long.npy", "l", CheckpointError)
+    assert got.dtype == a.dtype and got.tobytes() == a.tobytes()
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "long.npy").read_bytes()[: npy._HEAD + 10])
+    with pytest.raises(CheckpointError, match=r"cut\.npy: not a readable \.npy file \(c\)"):
+        map_npy(tmp_path / "cut.npy", "c", CheckpointError)
 
 
 def _write_all(files: PlannedFiles, dst: PTC, values: dict, out: Path, workers: int = 1) -> None:
