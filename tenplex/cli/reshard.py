@@ -100,8 +100,9 @@ def _without_gc(fn: Any, *args: Any) -> Any:
 
 
 def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> Any:
-    """OUT's tree made and its files being allocated (`OutDir`) as soon as DST is parsed, before
-    numpy and the compiler are imported (~0.2 s on the core the helper leaves idle), then the reshard."""
+    """OUT's tree made and its files being allocated (`OutDir`) as soon as DST is parsed, so that
+    the helper allocates on the other core while this one imports numpy and the compiler (~0.2
+    s), then the reshard (`--central` as before: no `OutDir`)."""
     from tenplex.runtime.checkpoint.tree import OutDir
 
     dst_ptc = load_state(dst)
@@ -112,6 +113,7 @@ def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central
 
 
 def _reshard(src_dir: str, dst_ptc: Any, out_dir: str, workers: int, central: bool, outdir: Any) -> Any:
+    """`runtime.reshard.reshard`, numpy imported first (one BLAS thread), with a progress bar on a terminal."""
     numpy_with_one_blas_thread()
     from tenplex.runtime.reshard import reshard
 
