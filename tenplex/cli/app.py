@@ -37,12 +37,14 @@ from tenplex.cli.common import (
     configure_logging,
     fail,
     is_verbose,
+    numpy_with_one_blas_thread,
     teardown_skipped,
 )
 from tenplex.ir.errors import PlanVerifyError, TenplexError
 
 # command name -> (module, attribute): a command's module (and what only it needs: the elastic
-# controller, the dataset tools, ...) is imported when that command runs, or for --help
+# controller, the dataset tools, ...) is imported when that command runs, or for --help; numpy
+# first, with one BLAS thread, except for the modules that import it themselves later
 COMMANDS = {
     "compile": ("tenplex.cli.plans", "compile_cmd"), "verify": ("tenplex.cli.plans", "verify"),
     "inspect": ("tenplex.cli.specs", "inspect_cmd"), "spec": ("tenplex.cli.specs", "spec"),
@@ -50,6 +52,7 @@ COMMANDS = {
     "agent": ("tenplex.cli.agent", "agent_cmd"), "dataset": ("tenplex.cli.dataset", "dataset"),
     "job": ("tenplex.cli.job", "job"), "store": ("tenplex.cli.store", "store"),
 }  # fmt: skip
+NUMPY_LATER = {"tenplex.cli.reshard"}  # starts OUT's preallocation helper before it imports numpy
 
 EPILOG = f"""\b
 Exit codes:
@@ -72,6 +75,8 @@ class _Tenplex(click.Group):
         if name not in COMMANDS:
             return None
         module, attr = COMMANDS[name]
+        if module not in NUMPY_LATER:
+            numpy_with_one_blas_thread()
         return getattr(importlib.import_module(module), attr)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -32,7 +33,6 @@ from typing import Any
 
 import click
 
-from tenplex.compiler.emit import human_bytes
 from tenplex.ir.errors import ParseError
 from tenplex.ir.files import read_json, write_atomic
 from tenplex.ir.ptc import PTC
@@ -41,7 +41,8 @@ from tenplex.ir.serialize import ptc_from_json
 
 __all__ = [
     "EXIT_ERROR", "EXIT_INTERNAL", "EXIT_OK", "EXIT_USAGE", "EXIT_VERIFY", "SIZE", "configure_logging", "echo_json",
-    "fail", "frontend", "is_verbose", "load_state", "log", "skip_teardown", "teardown_skipped", "write_output",
+    "fail", "frontend", "is_verbose", "load_state", "log", "numpy_with_one_blas_thread", "skip_teardown",
+    "teardown_skipped", "write_output",
 ]  # fmt: skip
 
 EXIT_OK = 0
@@ -66,6 +67,23 @@ def skip_teardown() -> None:
 
 def teardown_skipped() -> bool:
     return _TEARDOWN["skip"]
+
+
+def numpy_with_one_blas_thread() -> None:
+    """Import numpy with one OpenBLAS thread, unless it is imported or the user set the number.
+
+    OpenBLAS starts a server thread per further core when it loads, and each spins for ~0.1 s
+    waiting for work that no tenplex command gives it in its own process (no BLAS here), ~60 ms
+    CPU of the core that a reshard's writers and helper need (`import numpy`: 0.16-0.18 CPU s,
+    0.10-0.12 with one thread). The variable is set only while numpy loads, so processes
+    started from here (agents, workers, jobs) get the environment they were given."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
 
 
 def _one_line(message: str) -> str:
@@ -218,4 +236,6 @@ def write_output(text: str, output: str | None) -> None:
         write_atomic(output, text)
     except OSError as e:
         raise click.ClickException(f"{output}: cannot write: {e.strerror or e}") from None
+    from tenplex.compiler.emit import human_bytes  # the compiler imports numpy: not at the command's start
+
     log.info("wrote %s (%s)", output, human_bytes(len(text.encode())))

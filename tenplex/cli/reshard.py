@@ -11,13 +11,13 @@ their formats, workers, bytes moved between ranks, seconds, the summary line.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
 import click
 
-from tenplex.cli.common import echo_json, load_state, skip_teardown
-from tenplex.compiler.nogc import without_gc
+from tenplex.cli.common import echo_json, load_state, numpy_with_one_blas_thread, skip_teardown
 
 JSON_FORMAT = "tenplex.reshard/1"
 
@@ -58,7 +58,7 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: 
         raise FormatError("--hf-vocab applies with --hf-arch only")
     src_fmt = src_fmt or detect(src_dir)
     if src_fmt == "tenplex" and fmt in (None, "tenplex") and hf_arch is None:
-        r = _reshard_tenplex(src_dir, dst, out_dir, workers, central)
+        r = _without_gc(_reshard_tenplex, src_dir, dst, out_dir, workers, central)
         if not central:  # its threads and worker processes are joined, OUT is durable: nothing for exit handlers
             skip_teardown()
         doc = {"src": src_dir, "src_format": "tenplex", "out": out_dir, "out_format": "tenplex", "workers": r.workers,
@@ -67,6 +67,7 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: 
     else:
         if central:
             raise FormatError("--central applies to tenplex checkpoint directories only")
+        numpy_with_one_blas_thread()
         done = convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
                        trust_pickles=trust_pickles, hf_arch=hf_arch, hf_vocab=hf_vocab)  # fmt: skip
         doc = done.to_json()
@@ -80,13 +81,44 @@ def _print(doc: dict[str, Any], as_json: bool) -> None:
         click.echo(doc["summary"])
 
 
-@without_gc  # reading DST's PTC allocates ~10^5 objects and no cycles: the collector's scans cost it up to 2x
+def _without_gc(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` without the cyclic collector: reading DST's PTC allocates ~10^5 objects and no
+    cycles, and the collector's scans cost it up to 2x (`tenplex.compiler.nogc`, which imports
+    the compiler and so numpy). Those objects are not scanned afterwards either (see below)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        if enabled:
+            # what was allocated meanwhile goes to the oldest generation unscanned (`freeze`, then
+            # `unfreeze`: two list splices): re-enabled, the collector would otherwise scan all of
+            # it at the next allocation, 5-14 ms just before the result is printed
+            gc.freeze()
+            gc.unfreeze()
+            gc.enable()
+
+
 def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central: bool) -> Any:
-    from tenplex.runtime.reshard import reshard
+    """OUT's tree made and its files being allocated (`OutDir`) as soon as DST is parsed, so that
+    the helper allocates on the other core while this one imports numpy and the compiler (~0.2
+    s), then the reshard (`--central` as before: no `OutDir`)."""
+    from tenplex.runtime.checkpoint.tree import OutDir
 
     dst_ptc = load_state(dst)
+    if central:
+        return _reshard(src_dir, dst_ptc, out_dir, workers, True, None)
+    with OutDir(dst_ptc, out_dir) as outdir:  # committed by the reshard; deleted if anything fails first
+        return _reshard(src_dir, dst_ptc, out_dir, workers, False, outdir)
+
+
+def _reshard(src_dir: str, dst_ptc: Any, out_dir: str, workers: int, central: bool, outdir: Any) -> Any:
+    """`runtime.reshard.reshard`, numpy imported first (one BLAS thread), with a progress bar on a terminal."""
+    numpy_with_one_blas_thread()
+    from tenplex.runtime.reshard import reshard
+
     if not sys.stderr.isatty():  # a bar off a terminal is only a stray blank line before an error (and rich costs an import)
-        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central)
+        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, outdir=outdir)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -98,4 +130,4 @@ def _reshard_tenplex(src_dir: str, dst: str, out_dir: str, workers: int, central
         def on_round(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, on_round=on_round)
+        return reshard(src_dir, dst_ptc, out_dir, workers=workers, central=central, on_round=on_round, outdir=outdir)

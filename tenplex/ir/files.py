@@ -99,28 +99,35 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open(path: str | os.PathLike) -> tuple[int, int]:
-    """(fd, mode) of `path` opened for reading without blocking (a fifo opens at once). Raises OSError."""
+def _open(path: str | os.PathLike) -> tuple[int, os.stat_result]:
+    """(fd, its stat) of `path` opened for reading without blocking (a fifo opens at once). Raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        return fd, os.fstat(fd).st_mode
+        return fd, os.fstat(fd)
     except BaseException:
         os.close(fd)
         raise
 
 
-def open_regular(path: Path, what: str, error: type[TenplexError]) -> BinaryIO:
-    """`path` opened for binary reading; raises `error` when it is missing, unreadable or not a
-    regular file (a fifo is opened non-blocking, so it is refused rather than waited on)."""
+def regular_fd(path: str | os.PathLike, what: str, error: type[TenplexError]) -> tuple[int, int]:
+    """(fd, size) of `path` opened for reading (`O_NONBLOCK`, which a regular file's reads and
+    maps ignore): for readers that `pread` or `mmap` it. Raises `error` as `open_regular` does."""
     try:
-        fd, mode = _open(path)
+        fd, st = _open(path)
     except FileNotFoundError:
         raise error(f"{path}: missing ({what})") from None
     except OSError as e:
         raise error(f"{path}: cannot open ({what}): {e.strerror}") from None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise error(f"{path}: is {file_kind(mode)}, not a regular file ({what})")
+        raise error(f"{path}: is {file_kind(st.st_mode)}, not a regular file ({what})")
+    return fd, st.st_size
+
+
+def open_regular(path: Path, what: str, error: type[TenplexError]) -> BinaryIO:
+    """`path` opened for binary reading; raises `error` when it is missing, unreadable or not a
+    regular file (a fifo is opened non-blocking, so it is refused rather than waited on)."""
+    fd, _ = regular_fd(path, what, error)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
@@ -136,9 +143,10 @@ def read_text(path: str | os.PathLike, error: type[TenplexError] = ParseError, w
     file (and `what` it holds) when it is missing, not a regular file, larger than `limit` or not UTF-8."""
     the = f" the {what}" if what else ""
     try:
-        fd, mode = _open(path)
+        fd, st = _open(path)
     except OSError as e:
         raise error(f"{path}: cannot read{the}: {e.strerror or e}") from None
+    mode = st.st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise error(f"{path}: is {file_kind(mode)}, not a regular file{f' ({what})' if what else ''}")

@@ -140,6 +140,21 @@ class SubTensor:
             if i < j:
                 raise IRError(f"sub-tensor {self.id!r} pieces {i} and {j} overlap locally: {boxes[i]} and {boxes[j]}")
 
+    @classmethod
+    def _of_box(cls, sid: str, tensor: str, path: str, box: Box, fill: float) -> SubTensor:
+        """`SubTensor(sid, tensor, path, box.shape, (Piece(box, local),), fill)` (`local`: the
+        whole local array) from names already checked (strings without NUL bytes): one piece
+        of equal extents inside the array cannot break an invariant, so neither the converters
+        nor the checks run (parsing the `box` entries of a PTC file, `ir.serialize`)."""
+        piece = object.__new__(Piece)
+        _set(piece, "global_box", box)
+        _set(piece, "local_box", Box._trusted((0,) * len(box.shape), box.shape))
+        st = object.__new__(cls)
+        for name, value in (("id", sid), ("tensor", tensor), ("path", path), ("shape", box.shape),
+                            ("pieces", (piece,)), ("fill", fill)):  # fmt: skip
+            _set(st, name, value)
+        return st
+
     @property
     def local_box(self) -> Box:
         return Box._trusted((0,) * len(self.shape), self.shape)  # shape: non-negative ints (`_shape`)
@@ -157,3 +172,6 @@ class SubTensor:
         for p in self.pieces:
             rest = [part for box in rest for part in box.subtract(p.local_box)]
         return rest
+
+
+_set = object.__setattr__  # frozen attrs classes: how their own __init__ sets a field

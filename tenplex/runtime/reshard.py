@@ -47,15 +47,13 @@ from tenplex.ir.topology import Device, Topology
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import (
     CheckpointError,
-    checkpoint_dir,
-    make_tree,
     read_checkpoint,
     relative_paths,
     write_checkpoint,
     write_checkpoint_dir,
 )
 from tenplex.runtime.checkpoint.planned import PlannedFiles
-from tenplex.runtime.checkpoint.prealloc import Preallocation, npy_files
+from tenplex.runtime.checkpoint.tree import OutDir
 
 
 @attrs.frozen
@@ -102,16 +100,20 @@ def _with(ptc: PTC, alloc: Allocation, topo: Topology) -> PTC:
 @without_gc  # its objects (two PTCs, a plan) hold no cycles; the collector's scans of them cost ~5%
 def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *, workers: int = 1,
             central: bool = False, timeout: float = 30.0, round_timeout: float = 600.0,
-            on_round: Callable[[int, int], None] | None = None) -> ReshardResult:  # fmt: skip
+            on_round: Callable[[int, int], None] | None = None, outdir: OutDir | None = None) -> ReshardResult:  # fmt: skip
     """Reshard the checkpoint in `src_dir` to `dst`'s layout into `out_dir` (complete or absent).
-    `on_round(done, total)` is called after each round (progress).
+    `on_round(done, total)` is called after each round (progress). `outdir`: an entered
+    `OutDir(dst, out_dir)` (not `central`) that the caller started ahead (`tenplex reshard`
+    does, before importing numpy); it is committed here, and left to the caller's block on an error.
 
     Raises CheckpointError (bad src, existing out_dir), CompileError, ExecutionError."""
-    start = time.monotonic()
+    start = time.monotonic() if outdir is None else outdir.started_at
     out = Path(out_dir)
-    if out.exists():
+    if outdir is not None and (central or outdir.out != out or outdir.dst is not dst):
+        raise ValueError("outdir: an OutDir of this dst and out_dir, for a reshard that is not central")
+    if outdir is None and out.exists():
         raise CheckpointError(f"{out}: already exists (refusing to overwrite)")
-    run = _central if central else _direct
+    run = _central if central else functools.partial(_direct, outdir=outdir)
     steps = run(src_dir, dst, out, workers, timeout, round_timeout, on_round)
     plans = tuple(plan for plan, _, _ in steps)
     return ReshardResult(str(out), workers, central, plans, sum(p.stats.host_bytes + p.stats.network_bytes for p in plans),
@@ -119,22 +121,20 @@ def reshard(src_dir: str | os.PathLike, dst: PTC, out_dir: str | os.PathLike, *,
 
 
 def _direct(src_dir: str | os.PathLike, dst: PTC, out: Path, workers: int, timeout: float, round_timeout: float,
-            on_round: Callable[[int, int], None] | None) -> list[Step]:  # fmt: skip
-    """Peer to peer: OUT's tree made and its files allocated (`Preallocation`) while the src is
-    read and the plan compiled for one host, then each dst file written once from the mapped src."""
-    with checkpoint_dir(out) as tmp:
-        tree = make_tree(dst, tmp)
-        pre = Preallocation(tmp, npy_files(dst, tree))  # stops its helper itself if a signal ends its start
-        try:
-            orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
-            src, dst_h = rehome(orig_src, dst, 1)
-            steps = _steps(src, dst_h, False)
-            plan = steps[0][0]
-            files = PlannedFiles(plan, src, dst_h, {(sid, _first(src, sid)): a for sid, a in arrays.items()})
-            files.preallocated = pre.started
-            write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), tmp, tree)
-        finally:
-            pre.stop()
+            on_round: Callable[[int, int], None] | None, outdir: OutDir | None = None) -> list[Step]:  # fmt: skip
+    """Peer to peer: OUT's tree made and its files allocated (`OutDir`, here or by the caller
+    ahead) while the src is read and the plan compiled for one host, then each dst file written
+    once from the mapped src."""
+    with contextlib.ExitStack() as stack:
+        o = outdir if outdir is not None else stack.enter_context(OutDir(dst, out))
+        orig_src, arrays, values = read_checkpoint(src_dir, mapped=True)
+        src, dst_h = rehome(orig_src, dst, 1)
+        steps = _steps(src, dst_h, False)
+        plan = steps[0][0]
+        files = PlannedFiles(plan, src, dst_h, {(sid, _first(src, sid)): a for sid, a in arrays.items()})
+        files.preallocated = o.pre.started
+        write_checkpoint(dst, _writer(files, workers, on_round), plan_values(plan, values), o.tmp, o.tree)
+        o.commit()
     return steps
 
 

@@ -343,6 +343,34 @@ def test_parse_of_print_is_identity(ptc):
     assert json.loads(text) == ptc_to_json(ptc)
 
 
+@given(ptcs(complete=False))
+def test_box_entries_parse_as_the_checked_path_parses_them(ptc):
+    """`box` entries in their plain form skip the per-field checks (`_box_subtensor`): the same
+    sub-tensors (fields, pieces, hash) as parsing each field with its checks."""
+    root = ptc_to_json(ptc)
+    fast = ptc_from_json(copy.deepcopy(root))
+    fast_path = serialize_module._box_subtensor
+    serialize_module._box_subtensor = lambda sid, node: None  # hypothesis runs it many times: no monkeypatch fixture
+    try:
+        checked = ptc_from_json(copy.deepcopy(root))
+    finally:
+        serialize_module._box_subtensor = fast_path
+    assert fast == checked
+    for a, b in zip(fast.subtensors, checked.subtensors):
+        assert (a, a.pieces, a.fill, hash(a)) == (b, b.pieces, b.fill, hash(b))
+
+
+def test_box_entries_not_plainly_valid_take_the_checked_path():
+    """Anything unusual in a `box` entry is left to the checks, which name the field."""
+    plain = {"tensor": "w", "path": "model/w", "box": [[0, 4], [0, 4]]}
+    assert serialize_module._box_subtensor("w/tp0", plain) is not None
+    odd = [{**plain, "box": [[0, 4], [4, 0]]}, {**plain, "box": [[0, True], [0, 4]]}, {**plain, "box": [[0, 4, 5]]},
+           {**plain, "path": "a\0b"}, {**plain, "fill": True}, {**plain, "extra": 1}, {**plain, "tensor": 3}]  # fmt: skip
+    for node in odd:
+        assert serialize_module._box_subtensor("w/tp0", node) is None
+    assert serialize_module._box_subtensor("w\0", plain) is None
+
+
 @given(ptcs())
 def test_canonical_text_is_independent_of_key_order(ptc):
     root = ptc_to_json(ptc)

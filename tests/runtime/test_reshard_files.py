@@ -20,8 +20,8 @@ from tenplex.compiler import CompileOptions, FillOp, compile_plan
 from tenplex.ir import loads
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.arrays import arange_tensors, materialize
-from tenplex.runtime.checkpoint import directory, planned, swap, vectored
+from tenplex.runtime.arrays import arange_tensors, materialize, np_dtype, npy_header
+from tenplex.runtime.checkpoint import directory, npy, planned, swap, vectored
 from tenplex.runtime.checkpoint.apply import plan_values
 from tenplex.runtime.checkpoint.directory import CheckpointError, read_checkpoint, relative_paths, write_checkpoint
 from tenplex.runtime.checkpoint.npy import map_npy, mapped_file
@@ -104,6 +104,17 @@ def test_map_npy_is_a_read_only_view_of_the_file(tmp_path):
     (tmp_path / "short.npy").write_bytes((tmp_path / "a.npy").read_bytes()[:-4])
     with pytest.raises(CheckpointError, match=r"short\.npy: header claims float32\[6, 10\] \(240 bytes\) but the file holds 236"):
         map_npy(tmp_path / "short.npy", "s", CheckpointError)
+
+
+def test_map_npy_reads_a_header_longer_than_its_first_read_from_the_file(tmp_path):
+    a = np.zeros(3, dtype=[(f"field{i:03d}", "<f4") for i in range(200)])  # a ~5 KiB header (format 1.0)
+    np.save(tmp_path / "long.npy", a)
+    assert (tmp_path / "long.npy").stat().st_size - a.nbytes > npy._HEAD
+    got = map_npy(tmp_path / "long.npy", "l", CheckpointError)
+    assert got.dtype == a.dtype and got.tobytes() == a.tobytes()
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "long.npy").read_bytes()[: npy._HEAD + 10])
+    with pytest.raises(CheckpointError, match=r"cut\.npy: not a readable \.npy file \(c\)"):
+        map_npy(tmp_path / "cut.npy", "c", CheckpointError)
 
 
 def _write_all(files: PlannedFiles, dst: PTC, values: dict, out: Path, workers: int = 1) -> None:
@@ -255,7 +266,10 @@ def test_preallocated_files_are_written_over_and_the_output_is_the_same(case, tm
         files.preallocated = False
         pre.stop()
     _assert_oracle(tmp_path / "out", dst, tensors)
-    assert sorted(p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")) == sorted(n for _, n in npy_files(dst, rel))
+    exact = {rel[st.id]: len(npy_header(np_dtype(dst.tensor_map[st.tensor].dtype), st.shape)) + dst.nbytes_of(st)
+             for st in dst.subtensors}  # fmt: skip
+    assert {str(p.relative_to(tmp_path / "out")): p.stat().st_size for p in (tmp_path / "out").rglob("*.npy")} == exact
+    assert all(n <= exact[path] for path, n in npy_files(dst, rel))  # never allocated past a file's end
 
 
 def test_files_are_shared_out_largest_first_to_the_least_loaded_worker():

@@ -28,66 +28,33 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import atomic_dir, check_relative, confined, read_json, write_failure
+from tenplex.ir.files import confined, read_json
 from tenplex.ir.ptc import PTC
 from tenplex.ir.serialize import dumps, ptc_from_json
 from tenplex.runtime.arrays import np_dtype
 from tenplex.runtime.checkpoint.npy import as_dtype, load_npy, map_npy, write_npy
 from tenplex.runtime.checkpoint.planned import PlannedFiles, pwrite_all
 from tenplex.runtime.checkpoint.pool import THREADS, run_all
-from tenplex.runtime.checkpoint.swap import sync_dir, sync_tree
+from tenplex.runtime.checkpoint.tree import (
+    PTC_FILE,
+    VALUES_FILE,
+    CheckpointError,
+    WriteError,
+    checkpoint_dir,
+    make_tree,
+    relative_paths,
+)
 
 __all__ = ["PTC_FILE", "VALUES_FILE", "CheckpointError", "WriteError", "checkpoint_dir", "make_tree", "read_checkpoint",
            "relative_paths", "write_checkpoint", "write_checkpoint_dir", "write_file", "write_files"]  # fmt: skip
-
-PTC_FILE = "ptc.json"
-VALUES_FILE = "values.json"
-
-
-class CheckpointError(TenplexError):
-    """A checkpoint directory that cannot be read or written."""
-
-
-def relative_paths(ptc: PTC) -> dict[str, str]:
-    """Sub-tensor id -> file path relative to the directory (see the module docstring).
-
-    Raises CheckpointError naming the partition or sub-tensor whose id or path is unsafe, clashes
-    with the values file, or names the same file as another sub-tensor."""
-    out: dict[str, str] = {}
-    owner: dict[str, str] = {}  # file -> what is stored in it, in words
-    for part in ptc.partitions:
-        check_relative(part.id, "partition id", CheckpointError)
-        owner[f"{part.id}/{VALUES_FILE}"] = f"the values of partition {part.id!r}"
-        for sid in part.subtensors:
-            path = check_relative(ptc.subtensor_map[sid].path, f"sub-tensor {sid!r} path", CheckpointError)
-            if path == VALUES_FILE.removesuffix(".json"):
-                raise CheckpointError(
-                    f"partition {part.id!r}: sub-tensor {sid!r} path {path!r} clashes with {VALUES_FILE}"
-                )
-            rel = f"{part.id}/{path}.npy"
-            if rel in owner:
-                raise CheckpointError(f"partition {part.id!r}: {owner[rel]} and sub-tensor {sid!r} share path {rel!r}")
-            owner[rel], out[sid] = f"sub-tensor {sid!r}", rel
-    _check_no_file_is_a_directory(owner)
-    return out
-
-
-def _check_no_file_is_a_directory(owner: dict[str, str]) -> None:
-    dirs = {rel.rsplit("/", k)[0]: rel for rel in owner for k in range(1, rel.count("/") + 1)}
-    for rel, who in owner.items():
-        if rel in dirs:
-            raise CheckpointError(f"{who} names file {rel!r}, which {dirs[rel]!r} needs as a directory")
-
 
 def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, values: Mapping[str, Mapping[str, Any]],
                      out_dir: str | os.PathLike, tree: Mapping[str, str] | None = None) -> None:  # fmt: skip
@@ -118,34 +85,6 @@ def write_checkpoint(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFiles, 
     else:
         ordered = {st.id: files[st.id] for st in ptc.subtensors}
         write_files(out, ordered, write, meanwhile=write_texts, exclusive=not preallocated)
-
-
-def make_tree(ptc: PTC, out: Path) -> dict[str, str]:
-    """Create `out` and every directory its files need; returns `relative_paths(ptc)`. Raises
-    CheckpointError (`relative_paths`), WriteError naming the directory that cannot be made."""
-    files = relative_paths(ptc)
-    values = [f"{p.id}/{VALUES_FILE}" for p in ptc.partitions if p.values]  # the partitions with a values file
-    dirs: set[str] = set()
-    for rel in [*files.values(), *values]:
-        while (rel := rel.rpartition("/")[0]) and rel not in dirs:  # each directory and those above it, once
-            dirs.add(rel)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise WriteError(out, e) from None
-    for rel in sorted(dirs):  # a directory sorts before those in it (its path is their prefix)
-        _mkdir(out, rel)
-    return files
-
-
-def _mkdir(out: Path, rel: str) -> None:
-    """Directory `out / rel` made (its parent exists); one that exists is no error. Raises WriteError."""
-    path = os.path.join(out, rel)
-    try:
-        os.mkdir(path)
-    except OSError as e:
-        if not (isinstance(e, FileExistsError) and os.path.isdir(path)):
-            raise WriteError(out / rel, e) from None
 
 
 def write_files(out: Path, files: Mapping[str, str], write: Callable[[str, int], object], threads: int = THREADS,
@@ -206,17 +145,6 @@ def _value_texts(ptc: PTC, values: Mapping[str, Mapping[str, Any]]) -> dict[str,
     return out
 
 
-class WriteError(CheckpointError):
-    """An I/O error while writing `path`; `write_checkpoint_dir` names it as the file of OUT."""
-
-    def __init__(self, path: Path, err: OSError):
-        super().__init__(str(write_failure(path, err, CheckpointError)))
-        self.path, self.err = path, err
-
-    def __reduce__(self) -> tuple:  # a worker process sends it to the writer (`checkpoint.workers`)
-        return WriteError, (self.path, self.err)
-
-
 def _checked_array(ptc: PTC, arrays: Mapping[str, np.ndarray], st: Any) -> np.ndarray:
     if st.id not in arrays:
         raise CheckpointError(f"no array for sub-tensor {st.id!r}")
@@ -267,25 +195,3 @@ def write_checkpoint_dir(ptc: PTC, arrays: Mapping[str, np.ndarray] | PlannedFil
     """`write_checkpoint` into a `checkpoint_dir(out)`: `out` is complete or absent, also after a crash."""
     with checkpoint_dir(out) as tmp:
         write_checkpoint(ptc, arrays, values, tmp)
-
-
-@contextlib.contextmanager
-def checkpoint_dir(out: Path) -> Iterator[Path]:
-    """A new temporary directory beside `out` to write into; when the block succeeds it is made
-    durable and renamed to `out` (the rename made durable too), when it fails it is deleted:
-    `out` is complete or absent, also after a crash (`swap.sync_tree`). A WriteError in the
-    block is raised as the CheckpointError naming the file of `out` (and its errno)."""
-    with atomic_dir(out, CheckpointError) as tmp:
-        try:
-            yield tmp
-            try:
-                sync_tree(tmp)
-            except OSError as e:
-                raise WriteError(tmp, e) from None
-        except WriteError as e:
-            shown = out / e.path.relative_to(tmp) if e.path.is_relative_to(tmp) else e.path
-            raise write_failure(shown, e.err, CheckpointError) from None
-    try:
-        sync_dir(out.parent)
-    except OSError as e:
-        raise write_failure(out.parent, e, CheckpointError) from None

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import io
 import math
 import mmap
 import os
@@ -38,7 +39,7 @@ import ml_dtypes  # noqa: F401 (registers the NAMED dtypes with numpy, so header
 import numpy as np
 
 from tenplex.ir.errors import TenplexError
-from tenplex.ir.files import one_line, open_regular
+from tenplex.ir.files import one_line, open_regular, regular_fd
 from tenplex.ir.npy_header import read_npy_header
 from tenplex.runtime.arrays import EXTRA_DTYPES, npy_descr, npy_header
 
@@ -61,7 +62,7 @@ def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
 def load_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
     """The array in `.npy` file `path` (see the module docstring)."""
     with open_regular(path, what, error) as f:
-        _checked_header(f, path, what, error)
+        _checked_header(f, os.fstat(f.fileno()).st_size, path, what, error)
         f.seek(0)
         try:
             return _fmt.read_array(f, allow_pickle=False)
@@ -74,15 +75,18 @@ def map_npy(path: Path, what: str, error: type[TenplexError]) -> np.ndarray:
     read until used, and a copy out of it reads only the pages it touches (`mapped_file` finds
     the file again). Checked as `load_npy` checks (the header must fit the file); the file must
     not shrink while the view is in use."""
-    with open_regular(path, what, error) as f:
-        shape, fortran, dtype = _checked_header(f, path, what, error)
-        offset, count = f.tell(), math.prod(shape)
+    fd, size = regular_fd(path, what, error)
+    try:
+        shape, fortran, dtype, offset = _header_at(fd, size, path, what, error)
+        count = math.prod(shape)
         if count == 0:
             return np.empty(shape, dtype)
         try:
-            mapped = _Mapped(f.fileno(), 0, prot=mmap.PROT_READ)
+            mapped = _Mapped(fd, 0, prot=mmap.PROT_READ)
         except OSError as e:
             raise error(f"{path}: cannot map ({what}): {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     flat = np.frombuffer(mapped, dtype, count, offset)
     mapped.path, mapped.address = path, flat.ctypes.data - offset
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
@@ -107,10 +111,26 @@ def mapped_file(a: np.ndarray) -> tuple[Path, int] | None:
     return mapped.path, a.ctypes.data - mapped.address
 
 
-def _checked_header(f: BinaryIO, path: Path, what: str, error: type[TenplexError]) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, fortran order, dtype) of the header at `f`, leaving `f` at the data; raises
-    `error` unless the file holds numbers and at least the bytes the header claims."""
-    size = os.fstat(f.fileno()).st_size
+_HEAD = 4096  # bytes read at once for a header: numpy's are 128 for a checkpoint's shapes
+
+
+def _header_at(fd: int, size: int, path: Path, what: str, error: type[TenplexError]) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran order, dtype, data offset) of the `.npy` file open at `fd` (`size`
+    bytes), as `_checked_header` checks them: from one `pread` where the header fits in it
+    (no file object, no seeks: ~25 us less a file), else from a file object as `load_npy` reads."""
+    head = os.pread(fd, _HEAD, 0)
+    n = {b"\x93NUMPY\x01\x00": 10, b"\x93NUMPY\x02\x00": 12}.get(head[:8], len(head) + 1)  # the length field's end
+    if n <= len(head) and n + int.from_bytes(head[8:n], "little") <= len(head):
+        f: BinaryIO = io.BytesIO(head)
+        return (*_checked_header(f, size, path, what, error), f.tell())
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return (*_checked_header(f, size, path, what, error), f.tell())
+
+
+def _checked_header(f: BinaryIO, size: int, path: Path, what: str, error: type[TenplexError]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the header at `f` (the start of a file of `size` bytes),
+    leaving `f` at the data; raises `error` unless the file holds numbers and at least the
+    bytes the header claims."""
     try:
         shape, fortran, dtype = read_npy_header(f)
     except ValueError as e:

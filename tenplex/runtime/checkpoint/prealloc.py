@@ -5,8 +5,9 @@ cost of writing a checkpoint into /dev/shm (measured: writing 1 GiB of `.npy` fi
 `posix_fallocate`d before took 0.44-0.49 CPU s against 0.67-0.84 into new ones). So
 `Preallocation(root, files)` starts a small helper process as soon as the dst layout is known
 (a bare `python -I -S`: no import, its list of files on stdin) that creates each file under
-`root` (whose directories exist) and `posix_fallocate`s it at its final size, in the order
-given, while this process reads the src and compiles the plan on the other core. The writers
+`root` (whose directories exist) and `posix_fallocate`s it at the size given (`npy_files`: all
+but the end of its header, whose length needs numpy), in the order given, while this process
+imports numpy and the compiler, reads the src and compiles the plan on the other core. The writers
 then open the files without `O_EXCL` (`PlannedFiles.preallocated`): whoever comes first
 creates a file, and one the writers reach first is only written (`fallocate` never changes
 data, nor the size of a file already that large).
@@ -17,7 +18,7 @@ as before. `stop()` kills the helper if it still runs and reaps it; the caller s
 the tree is made durable or deleted.
 
 Invariants: the helper only ever creates or extends the files it was given, under `root`, at
-most to their final size (`O_NOFOLLOW`: a name that is a symlink is refused); it never writes a byte.
+most to the size given (`npy_files`: never more than the file will hold) (`O_NOFOLLOW`: a name that is a symlink is refused); it never writes a byte.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from pathlib import Path
 
 from tenplex._signals import handling
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.arrays import np_dtype
-from tenplex.runtime.checkpoint.npy import npy_header
 
 __all__ = ["Preallocation", "npy_files"]
 
@@ -70,14 +69,17 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(s)  # its handler, put back, runs (and may raise) before this returns
 
 
+NPY_HEADER_MIN = 64  # bytes: every `.npy` header is longer (magic, version, length, the dict, aligned to 64)
+
+
 def npy_files(ptc: PTC, rel: dict[str, str]) -> list[tuple[str, int]]:
-    """(relative path, size in bytes) of each sub-tensor's `.npy` file (`rel`: its path), in
-    the reverse of the order `checkpoint.directory.write_checkpoint` writes them."""
-    out = []
-    for st in reversed(ptc.subtensors):
-        dtype = np_dtype(ptc.tensor_map[st.tensor].dtype)
-        out.append((rel[st.id], len(npy_header(dtype, st.shape)) + st.volume * dtype.itemsize))
-    return out
+    """(relative path, bytes to allocate) of each sub-tensor's `.npy` file (`rel`: its path), in
+    the reverse of the order `checkpoint.directory.write_checkpoint` writes them: its data and
+    `NPY_HEADER_MIN`, never more than the file will hold (its header's exact length needs
+    numpy, which `tenplex reshard` has not imported yet when it starts the helper; the last
+    page of a file is then left to the writer)."""
+    itemsizes = ptc.itemsizes
+    return [(rel[st.id], NPY_HEADER_MIN + st.volume * itemsizes[st.tensor]) for st in reversed(ptc.subtensors)]
 
 
 class Preallocation:
