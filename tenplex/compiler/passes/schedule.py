@@ -60,7 +60,8 @@ def _network_rounds(hosts, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     rank = np.empty(len(hosts), I64)
     rank[np.argsort(np.array(hosts, dtype=object), kind="stable")] = np.arange(len(hosts))
     a, b = rank[src], rank[dst]
-    order = keysort.lexsort((np.arange(len(nbytes)), -nbytes, b, a))  # per pair: largest first, then by id
+    size_rank = keysort.unique_first(-nbytes)[2]  # sizes by rank, largest first: the keys pack into one sort
+    order = keysort.lexsort((size_rank, b, a))  # per pair: largest first, then by id (the sort is stable)
     key = a[order] * len(hosts) + b[order]
     starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
     ends = np.stack((a[order], b[order]), axis=1)  # each message's hosts, in queue order
