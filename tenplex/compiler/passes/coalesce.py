@@ -73,9 +73,16 @@ def _pack(rows: np.ndarray, group: np.ndarray, nbytes: np.ndarray, limit: int) -
     counts = lens[runs]  # copies per group, in group order
     group_end = np.repeat(np.cumsum(counts), counts)
     stop = np.searchsorted(cum, cum[:-1] + limit, side="right") - 1  # a message from i ends before stop
-    stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end).tolist()
-    starts, i = [], 0
-    while i < n:
-        starts.append(i)
-        i = stop[i]
-    return order, np.diff(np.array(starts + [n], I64))
+    stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end)
+    # `stop` never falls, so where a message from i - 1 would end at i, every message before
+    # ends by i: i starts one whatever came before. Only runs between such copies are walked.
+    sure = np.flatnonzero(np.concatenate(([True], stop[:-1] == np.arange(1, n))))
+    then = np.append(sure[1:], n)
+    inner = []
+    for a, b in zip(sure[then - sure > 1].tolist(), then[then - sure > 1].tolist()):
+        i = int(stop[a])
+        while i < b:
+            inner.append(i)
+            i = int(stop[i])
+    starts = np.sort(np.concatenate((sure, np.array(inner, I64))))
+    return order, np.diff(np.append(starts, n))
