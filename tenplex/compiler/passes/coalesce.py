@@ -62,20 +62,27 @@ def _pack(rows: np.ndarray, group: np.ndarray, nbytes: np.ndarray, limit: int) -
     alone): (the rows in message order, the copies per message)."""
     if not len(rows):
         return rows, np.zeros(0, I64)
-    _, first, inverse = keysort.unique_first(group)
-    rank = np.empty(len(first), I64)
-    rank[keysort.argsort(first)] = np.arange(len(first))
-    by_group = keysort.argsort(rank[inverse])
-    order = rows[by_group]
+    by = keysort.argsort(group)  # by group, in op order within each
+    heads = keysort.starts(group[by])
+    lens = np.diff(np.append(heads, len(by)))
+    runs = keysort.argsort(by[heads])  # groups by their first copy: one sort of the groups, not of the copies
+    order = rows[by[keysort.ranges(heads[runs], lens[runs])]]
     sizes = nbytes[order]
     cum = np.concatenate(([0], np.cumsum(sizes)))
     n = len(order)
-    counts = np.bincount(rank[inverse], minlength=len(first))  # copies per group, in group order
+    counts = lens[runs]  # copies per group, in group order
     group_end = np.repeat(np.cumsum(counts), counts)
     stop = np.searchsorted(cum, cum[:-1] + limit, side="right") - 1  # a message from i ends before stop
-    stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end).tolist()
-    starts, i = [], 0
-    while i < n:
-        starts.append(i)
-        i = stop[i]
-    return order, np.diff(np.array(starts + [n], I64))
+    stop = np.minimum(np.maximum(stop, np.arange(1, n + 1)), group_end)
+    # `stop` never falls, so where a message from i - 1 would end at i, every message before
+    # ends by i: i starts one whatever came before. Only runs between such copies are walked.
+    sure = np.flatnonzero(np.concatenate(([True], stop[:-1] == np.arange(1, n))))
+    then = np.append(sure[1:], n)
+    inner = []
+    for a, b in zip(sure[then - sure > 1].tolist(), then[then - sure > 1].tolist()):
+        i = int(stop[a])
+        while i < b:
+            inner.append(i)
+            i = int(stop[i])
+    starts = np.sort(np.concatenate((sure, np.array(inner, I64))))
+    return order, np.diff(np.append(starts, n))

@@ -9,7 +9,9 @@ apart, in their order. There, consecutive atoms of one set and one size s (DP re
 stage hold most atoms, largest first, so runs are long) take the k smallest *slots*
 (count + j·s, rank) over the set's hosts and j >= 0, in that order: after each choice the
 chosen host's count grows by s, so the next smallest is never below the last, and the choices
-are the slots in sorted order."""
+are the slots in sorted order. A slot's *level* is count // s + j; within a level the hosts
+that have reached it come by (count % s, rank), so from the highest host's level on a run
+repeats one cycle of its hosts, and a run costs its levels below that, not its atoms."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import numpy as np
 from tenplex.compiler import keysort
 
 I64 = np.int64
-SHORT_RUN = 8  # runs up to this long are chosen in Python: numpy costs more per call
 
 
 def least_sent_hosts(which: np.ndarray, sets: Sequence[Sequence[int]], nbytes: np.ndarray, n: int) -> np.ndarray:
@@ -34,18 +35,16 @@ def least_sent_hosts(which: np.ndarray, sets: Sequence[Sequence[int]], nbytes: n
     number: dict[tuple[int, ...], int] = {}
     same = [number.setdefault(tuple(s), len(number)) for s in sets]
     which = np.array(same, I64)[which]  # equal host sets are one set
-    members = [np.array(key, I64) for key in number]
+    members = list(number)
     component = _components(members, n)[which]
     order = keysort.lexsort((np.arange(len(which)), component))  # per component, in atom order
     w, sizes = which[order], nbytes[order]
     cuts = np.flatnonzero((w[1:] != w[:-1]) | (sizes[1:] != sizes[:-1])) + 1
-    starts, stops = np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(which)])).tolist()
-    counts = np.zeros(n, I64)
-    host = np.empty(len(which), I64)
-    for a, b in zip(starts, stops):
-        hosts = members[int(w[a])]
-        chosen, counts[hosts] = _run(counts[hosts], int(sizes[a]), b - a)
-        host[a:b] = hosts[chosen]
+    starts, stops = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(which)]))
+    counts = [0] * n
+    host: list[int] = []
+    for a, b, k, s in zip(starts.tolist(), stops.tolist(), w[starts].tolist(), sizes[starts].tolist()):
+        host += _run(counts, members[k], s, b - a)
     out = np.empty(len(which), I64)
     out[order] = host
     return out
@@ -71,7 +70,7 @@ class HolderHosts:
         self.members = [hosts[a:b] for a, b in zip(runs[:-1], runs[1:])]
 
 
-def _components(members: list[np.ndarray], n: int) -> np.ndarray:
+def _components(members: Sequence[Sequence[int]], n: int) -> np.ndarray:
     """Per set (host numbers), the smallest set number of the sets it shares hosts with,
     transitively."""
     parent = list(range(len(members)))
@@ -84,7 +83,7 @@ def _components(members: list[np.ndarray], n: int) -> np.ndarray:
 
     owner = [-1] * n
     for j, hosts in enumerate(members):
-        for h in hosts.tolist():
+        for h in hosts:
             if owner[h] < 0:
                 owner[h] = j
             else:
@@ -93,20 +92,21 @@ def _components(members: list[np.ndarray], n: int) -> np.ndarray:
     return np.array([find(j) for j in range(len(members))], I64)
 
 
-def _run(counts: np.ndarray, s: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(host positions chosen, counts after) for k atoms of s bytes over hosts with `counts`
-    (in rank order): the k smallest (count + j*s, position) slots, in order."""
-    m = len(counts)
-    if k <= SHORT_RUN:
-        c = counts.tolist()
-        out = []
-        for _ in range(k):
-            h = min(range(m), key=c.__getitem__)  # the first of the least: rank order
-            out.append(h)
-            c[h] += s
-        return np.array(out, I64), np.array(c, I64)
-    j = min(k, k // m + int(counts.max() - counts.min()) // s + 2)  # enough slots per host
-    slots = (counts[:, None] + s * np.arange(j)[None, :]).ravel()
-    host = np.repeat(np.arange(m), j)
-    chosen = host[keysort.lexsort((host, slots))[:k]]
-    return chosen, counts + s * np.bincount(chosen, minlength=m)
+def _run(counts: list[int], hosts: Sequence[int], s: int, k: int) -> list[int]:
+    """The hosts chosen for k atoms of s bytes over `hosts` (ascending: rank order), whose
+    `counts` are updated: the k smallest (count + j*s, host) slots, in order, by levels."""
+    level = {h: counts[h] // s for h in hosts}
+    cycle = sorted(hosts, key=lambda h: (counts[h] % s, h))
+    low, top = min(level.values()), max(level.values())
+    out: list[int] = []
+    for at in range(low, min(top, low + k)):  # each level below the top one adds a host at least
+        out += [h for h in cycle if level[h] <= at]
+        if len(out) >= k:
+            del out[k:]
+            break
+    for h in out:
+        counts[h] += s
+    rounds, rest = divmod(k - len(out), len(cycle))  # whole cycles, then the first `rest` hosts
+    for j, h in enumerate(cycle):
+        counts[h] += (rounds + (j < rest)) * s
+    return out + cycle * rounds + cycle[:rest]

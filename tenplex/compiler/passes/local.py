@@ -130,11 +130,22 @@ def _remote(needs, of, devs, far, host_of, hosts, state, per_need) -> Far:
 def _keys(lens: np.ndarray, ints: np.ndarray, ndev: int, host_of: np.ndarray, nhosts: int):
     """Sorted keys set * ndev + device of the first holder per device of each holder set
     (`lens[i]` rows of `ints` each, in turn: device, sub-tensor id, piece; each set sorted, so
-    the first per device wins; with its ints) and sorted keys set * nhosts + host."""
+    the first per device wins; with its ints) and sorted keys set * nhosts + host. Sets in
+    turn, each sorted by device, give both keys in order already (hosts where device numbers
+    rise with them, as a topology numbers them), so they are sorted only when they are not."""
     dev = ints[:, 0]
     group = np.repeat(np.arange(len(lens)), lens)
-    keys, first, _ = keysort.unique_first(group * ndev + dev)
-    return keys, ints[first], keysort.unique(group * nhosts + host_of[dev])
+    on_dev, on_host = group * ndev + dev, group * nhosts + host_of[dev]
+    if _ascending(on_dev):
+        first = keysort.starts(on_dev)
+        keys = on_dev[first]
+    else:
+        keys, first, _ = keysort.unique_first(on_dev)
+    return keys, ints[first], on_host[keysort.starts(on_host)] if _ascending(on_host) else keysort.unique(on_host)
+
+
+def _ascending(keys: np.ndarray) -> bool:
+    return bool((keys[1:] >= keys[:-1]).all())
 
 
 def _with_host_class(state, needs, of, devs, near: np.ndarray, here: np.ndarray, rows: np.ndarray) -> np.ndarray:

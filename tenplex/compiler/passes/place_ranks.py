@@ -207,25 +207,34 @@ def _shared_bytes(src: PTC, dst: PTC, pieces: Pieces) -> dict[str, dict[str, int
     """dst partition -> {src partition: bytes of the dst partition that it holds}. Overlaps
     are found between distinct boxes (replicas of a box share one), once per layout (tensors
     alike have the same dst and src boxes). Each overlap adds its bytes to every (dst, src)
-    partition pair of its two boxes; tensors alike have the same partition runs, so the bytes
-    are summed per pair of runs first (integers: any order gives the same sums) and spread
-    over the partitions once per distinct pair of runs, in order of first appearance (so each
-    dict gets its keys in the order the overlaps first reach them)."""
-    layouts: dict[tuple, list[tuple[int, int, int]]] = {}
-    by_a, by_b = _partitions_by_box(pieces.dst, pieces.boxes), _partitions_by_box(pieces.src, pieces.boxes)
+    partition pair of its two boxes. Tensors with the same runs on both sides (`_runs`: a
+    stage's weights and optimizer states of one shape) have the same overlaps, so their
+    itemsizes are summed per pair of runs first and each overlap's bytes added once per pair
+    (integers: any order gives the same sums); the bytes are summed per pair of partition
+    runs and spread over the partitions once per distinct pair, keys in order of first
+    appearance tensor by tensor (so each dict gets its keys in the order the overlaps first
+    reach them)."""
+    of_a, runs_a = _runs(pieces.dst, pieces.boxes)
+    of_b, runs_b = _runs(pieces.src, pieces.boxes)
+    layouts: dict[tuple, list[tuple[int, int, int]]] = {}  # box numbers of both -> overlaps
+    alike: dict[tuple[int, int], list] = {}  # runs of both -> [(run pair, volume) per overlap, summed itemsize]
     per_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
     for meta in dst.tensors:
-        a, b = by_a[meta.name], by_b.get(meta.name, {})
-        key = (tuple(a), tuple(b))
-        runs_a, runs_b = list(a.values()), list(b.values())
-        overlaps = layouts.get(key)
-        if overlaps is None:
-            boxes_a, boxes_b = [r[0] for r in runs_a], [r[0] for r in runs_b]
-            overlaps = layouts[key] = [(i, j, boxes_a[i].overlap_volume(boxes_b[j])) for i, j in overlapping_pairs(boxes_a, boxes_b)]
-        size = dst.itemsize(meta.name)
-        for i, j, volume in overlaps:
-            pair = (runs_a[i][1], runs_b[j][1])
-            per_runs[pair] = per_runs.get(pair, 0) + volume * size
+        k = (of_a[meta.name], of_b.get(meta.name, -1))
+        entry = alike.get(k)
+        if entry is None:
+            (codes_a, a), (codes_b, b) = runs_a[k[0]], runs_b[k[1]] if k[1] >= 0 else ((), [])
+            overlaps = layouts.get((codes_a, codes_b))
+            if overlaps is None:
+                boxes_a, boxes_b = [r[0] for r in a], [r[0] for r in b]
+                overlaps = layouts[codes_a, codes_b] = [(i, j, boxes_a[i].overlap_volume(boxes_b[j])) for i, j in overlapping_pairs(boxes_a, boxes_b)]
+            entry = alike[k] = [[((a[i][1], b[j][1]), volume) for i, j, volume in overlaps], 0]
+            for pair, _ in entry[0]:
+                per_runs.setdefault(pair, 0)
+        entry[1] += dst.itemsize(meta.name)
+    for overlaps, size in alike.values():
+        for pair, volume in overlaps:
+            per_runs[pair] += volume * size
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for (parts_a, parts_b), nbytes in per_runs.items():
         for p in parts_a:
@@ -235,18 +244,26 @@ def _shared_bytes(src: PTC, dst: PTC, pieces: Pieces) -> dict[str, dict[str, int
     return out
 
 
-def _partitions_by_box(pieces: PTCPieces, boxes: list[Box]) -> dict[str, dict[int, tuple[Box, tuple[str, ...]]]]:
-    """tensor -> {number of a global box: (the box, the partition of each piece with that box
-    (repeated per piece))}, boxes in sub-tensor order (`Pieces`: read once)."""
-    out: dict[str, dict[int, tuple[Box, tuple[str, ...]]]] = {}
+def _runs(pieces: PTCPieces, boxes: list[Box]) -> tuple[dict[str, int], list[tuple[tuple[int, ...], list[tuple[Box, tuple[str, ...]]]]]]:
+    """(tensor -> the number of its runs; per number the global box numbers and per box (in
+    sub-tensor order) the box and the partition of each piece with that box, repeated per
+    piece). Tensors with equal partitions and codes per sub-tensor (`Pieces`: read once)
+    share a number, so each distinct layout is walked once."""
+    number: dict[tuple, int] = {}
+    of: dict[str, int] = {}
+    out: list[tuple[tuple[int, ...], list[tuple[Box, tuple[str, ...]]]]] = []
     for tensor, (_, pids, codes) in pieces.tensors.items():
-        runs: dict[int, list] = {}
-        for pid, cs in zip(pids, codes):
-            for k in cs:
-                run = runs.get(k)
-                if run is None:
-                    runs[k] = [pid]
-                else:
-                    run.append(pid)
-        out[tensor] = {k: (boxes[k], tuple(run)) for k, run in runs.items()}
-    return out
+        k = number.get((pids, codes))
+        if k is None:
+            k = number[pids, codes] = len(out)
+            runs: dict[int, list] = {}
+            for pid, cs in zip(pids, codes):
+                for c in cs:
+                    run = runs.get(c)
+                    if run is None:
+                        runs[c] = [pid]
+                    else:
+                        run.append(pid)
+            out.append((tuple(runs), [(boxes[c], tuple(run)) for c, run in runs.items()]))
+        of[tensor] = k
+    return of, out

@@ -60,7 +60,8 @@ def _network_rounds(hosts, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     rank = np.empty(len(hosts), I64)
     rank[np.argsort(np.array(hosts, dtype=object), kind="stable")] = np.arange(len(hosts))
     a, b = rank[src], rank[dst]
-    order = keysort.lexsort((np.arange(len(nbytes)), -nbytes, b, a))  # per pair: largest first, then by id
+    size_rank = keysort.unique_first(-nbytes)[2]  # sizes by rank, largest first: the keys pack into one sort
+    order = keysort.lexsort((size_rank, b, a))  # per pair: largest first, then by id (the sort is stable)
     key = a[order] * len(hosts) + b[order]
     starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
     ends = np.stack((a[order], b[order]), axis=1)  # each message's hosts, in queue order
@@ -71,7 +72,7 @@ def _network_rounds(hosts, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
 def _fill(nbytes: np.ndarray, starts: list[int], ends: np.ndarray, budget: int, half: int, names: int) -> np.ndarray:
     """The round of each message (`nbytes` and host `ends` in queue order: pair i's queue starts
     at `starts[i]`, largest first, and runs to the next pair's), round by round (see
-    `_network_rounds`); `left` is recounted by numpy once per round."""
+    `_network_rounds`); `left` is lowered once per round by what each host sent and received."""
     sizes = nbytes.tolist()
     pairs = ends[starts]
     queues = _Queues(sizes, starts, pairs[:, 0].tolist(), pairs[:, 1].tolist())
@@ -81,10 +82,13 @@ def _fill(nbytes: np.ndarray, starts: list[int], ends: np.ndarray, budget: int, 
     live, more = np.arange(len(starts)), np.ones(len(starts), bool)
     r = 0
     while len(live):
-        placed, gone = queues.round(_by_priority(live, pairs, left), budget, half, names)
-        done = np.array(placed, I64)
-        rounds[done] = r
-        np.subtract.at(left, ends[done], nbytes[done, None])
+        alive = _by_priority(live, pairs, left)
+        if 2 * half <= budget:  # the budget never binds: `_Queues.round_halves`
+            placed, gone, used = queues.round_halves(alive, half, names)
+        else:
+            placed, gone, used = queues.round(alive, budget, half, names)
+        rounds[np.array(placed, I64)] = r
+        left -= np.array(used, I64)
         more[gone] = False
         live = live[more[live]]
         r += 1
@@ -99,9 +103,9 @@ class _Queues:
         self.sizes, self.src, self.dst = sizes, src, dst
         self.pos, self.head, self.stops = list(starts), [sizes[i] for i in starts], starts[1:] + [len(sizes)]
 
-    def round(self, alive: list[int], budget: int, half: int, names: int) -> tuple[list[int], list[int]]:
+    def round(self, alive: list[int], budget: int, half: int, names: int) -> tuple[list[int], list[int], list[int]]:
         """Fill one round from the pairs `alive` in priority order: (the messages placed, the
-        pairs emptied). A visit that does not fit is most of the work (2.3M of 2.9M at 4096
+        pairs emptied, the bytes each host sent and received). A visit that does not fit is most of the work (2.3M of 2.9M at 4096
         GPUs), so it is two list reads and two comparisons against each host's room to send
         and to receive (the least of what the budget and its half leave), kept up to date as
         messages are placed."""
@@ -140,7 +144,41 @@ class _Queues:
                 send_room[d] = a if a < room else room
                 receive_room[d] = b if b < room else room
             alive = still
-        return placed, gone
+        return placed, gone, used
+
+    def round_halves(self, alive: list[int], half: int, names: int) -> tuple[list[int], list[int], list[int]]:
+        """`round` where two halves fit in the budget (`2 * half <= budget`: the default
+        options, every network message at most half the budget). Then the budget never binds:
+        a host's sends and receives each stay within `half`, so together within the budget,
+        and `budget - used` is never below `half - sent` (nor `half - received`). Each room
+        is the half less what that direction has taken: a placed message lowers two counts
+        where `round` updates ten."""
+        sizes, src, dst, pos, head, stops = self.sizes, self.src, self.dst, self.pos, self.head, self.stops
+        send_room, receive_room = [half] * names, [half] * names
+        placed: list[int] = []
+        gone: list[int] = []
+        while alive:
+            still = []
+            for i in alive:
+                size = head[i]
+                s = src[i]
+                if size > send_room[s]:
+                    continue
+                d = dst[i]
+                if size > receive_room[d]:
+                    continue
+                send_room[s] -= size
+                receive_room[d] -= size
+                k = pos[i]
+                placed.append(k)
+                pos[i] = k = k + 1
+                if k < stops[i]:
+                    head[i] = sizes[k]
+                    still.append(i)
+                else:
+                    gone.append(i)
+            alive = still
+        return placed, gone, [2 * half - a - b for a, b in zip(send_room, receive_room)]
 
 
 def _by_priority(live: np.ndarray, ends: np.ndarray, left: np.ndarray | list[int]) -> list[int]:
