@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenplex.compiler.cost import host_lower_bounds
-from tenplex.compiler.passes.least_sent import least_sent_hosts
+from tenplex.compiler.passes.choice.hosts import least_sent_hosts
 from tenplex.compiler.passes.schedule import _network_rounds
 from tenplex.compiler.plan import Message
 from tests.problems import problems

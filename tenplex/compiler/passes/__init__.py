@@ -2,5 +2,6 @@
 
 `place_ranks` (optional: permute dst ranks to keep data in place) -> `lower` (diff onto an op
 graph) -> `select_sources` (locality first, then the least-loaded NIC) -> `coalesce` (copies into
-messages) -> `schedule` (messages into rounds within the memory budget).
+messages) -> `schedule` (messages into rounds within the memory budget). `choice/`: the
+least-sent host and least-loaded device choices that `select_sources` makes.
 """

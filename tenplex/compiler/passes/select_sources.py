@@ -27,9 +27,9 @@ from tenplex.compiler import keysort
 from tenplex.compiler.diff import ValueNeed
 from tenplex.compiler.holders import holder_rows
 from tenplex.compiler.ops import Holder, Need, ValueOp
-from tenplex.compiler.passes import least_loaded
 from tenplex.compiler.passes.atoms import Atoms, Far
-from tenplex.compiler.passes.least_sent import HolderHosts, least_sent_hosts
+from tenplex.compiler.passes.choice import devices as least_loaded
+from tenplex.compiler.passes.choice.hosts import HolderHosts, least_sent_hosts
 from tenplex.compiler.passes.local import local_copies
 from tenplex.compiler.program import Program
 from tenplex.compiler.table import I64, OpTable, pad

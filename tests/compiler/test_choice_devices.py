@@ -1,11 +1,11 @@
-"""`least_loaded.by_steps` (hosts' atoms taken in steps) against the choice one atom at a time."""
+"""`choice.devices.by_steps` (hosts' atoms taken in steps) against the choice one atom at a time."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tenplex.compiler.passes import least_loaded
+from tenplex.compiler.passes.choice import devices as least_loaded
 
 
 def _one_at_a_time(which, bounds, devices, before, sizes, sent):
