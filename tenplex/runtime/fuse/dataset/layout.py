@@ -39,10 +39,10 @@ def step_layout(step_file: StepFile, reader: SampleReader) -> Layout:
     parts = tuple((step_file.step, k, i, n) for k, (i, n) in enumerate(zip(step_file.ids, step_file.lengths)))
     try:
         ranges = [reader.file_range(i, 0, 0) for i in step_file.ids]
+        known = None if None in ranges else [r[:2] for r in ranges]  # None: a source behind a URL
     except DataError:  # a source that cannot be opened: its reads find out (EIO)
-        ranges = [None]
+        known = None
     header = step_file.header()[: step_file.table_size]
-    known = None if any(r is None for r in ranges) else [r[:2] for r in ranges]
     return Layout(header, parts, True, step_file.data_offset - len(header), known)
 
 
