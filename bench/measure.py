@@ -44,8 +44,8 @@ def _compile_unchecked(src: PTC, dst: PTC, options: CompileOptions) -> Plan | No
     """compile_plan without its final check_plan, via the compiler's internals; None when
     those internals are not there (then the caller subtracts check time from compile_plan)."""
     try:
-        from tenplex._gc import without_gc
         from tenplex.compiler.compile import Program, default_passes, freeze, run_passes
+        from tenplex.compiler.nogc import without_gc
 
         # the collector paused for the whole of it, as in compile_plan: paused only pass by pass,
         # it ran ~300 collections (0.04-0.1 CPU s at 1024 GPUs) that compile_plan never runs

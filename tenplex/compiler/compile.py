@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tenplex._gc import without_gc
 from tenplex.compiler import keysort
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
 from tenplex.compiler.passes.lower import Lower

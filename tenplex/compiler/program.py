@@ -12,9 +12,9 @@ from typing import Protocol
 import attrs
 import numpy as np
 
-from tenplex._gc import without_gc
 from tenplex.compiler.diff import Diff
 from tenplex.compiler.graph import OpGraph
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.pieces import Pieces
 from tenplex.compiler.plan import CompileOptions
 from tenplex.compiler.table import MessageTable, OpTable

@@ -38,9 +38,9 @@ from typing import Any
 
 import attrs
 
-from tenplex._gc import without_gc
 from tenplex.compiler import CompileOptions, Plan, compile_plan
 from tenplex.compiler.central import compile_central
+from tenplex.compiler.nogc import without_gc
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
 from tenplex.ir.topology import Device, Topology

@@ -28,7 +28,7 @@ names the first broken thing, so the errors are the same as with the exact check
 
 from __future__ import annotations
 
-from tenplex._gc import without_gc
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.plan import Plan
 from tenplex.compiler.verify.columns import accepts
 from tenplex.compiler.verify.exact import _Checker, _with_allocation, check_plan_exact, same_json

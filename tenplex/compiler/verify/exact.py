@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from tenplex._gc import without_gc
 from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds, predict_seconds, round_loads
+from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import CopyOp, FillOp, ValueOp
 from tenplex.compiler.plan import Plan
 from tenplex.ir.box import Box
