@@ -106,11 +106,11 @@ class PlannedFiles:
         where = self._mapped.get(key, False)
         if where is False:
             where = self._mapped[key] = mapped_file(a) if a.flags.c_contiguous else None
-        if where is not None:
-            k = run_of(a.shape, self.src.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box)
-            if k is not None and copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
-                return
-        self._copy(source_region(op, self.src, self.dst, self.src_arrays, {}), fd, at)
+        k = None if where is None else run_of(a.shape, self.src.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box)
+        if k is None:
+            self._copy(source_region(op, self.src, self.dst, self.src_arrays, {}), fd, at)
+        elif not copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
+            pwrite_all(fd, _bytes(source_region(op, self.src, self.dst, self.src_arrays, {})), at)  # one run: as it lies
 
     def _write_views(self, sid: str, st: SubTensor, dtype: np.dtype, header: bytes, ops: list, fd: int) -> None:
         """`write` through numpy views of the regions: runs in file order where each is one run
