@@ -13,7 +13,10 @@ mapped in this process) where the src region is one run of a mapped file, else w
 e.g. a column block); a fill run is written from a buffer of its value. A sub-tensor with a region
 that is not one run in the dst array (the dst is a column block) is assembled in the scratch
 buffer and written with one `pwrite`. Scratch buffers are per thread and reused, so their pages
-are faulted in once.
+are faulted in once. Where each region is one run of the dst array, the offsets come from the
+boxes (`arrays.run_of`, `arrays.box_run`: integers, no numpy view), and so does a copy's src
+offset where its src region is one run of a mapped file; only the other copies (column blocks)
+and files make views (`_write_views`: the same bytes, in the same places).
 
 Invariants:
 - every byte of a dst file is written once: ops whose regions do not add up to the array raise
