@@ -77,6 +77,41 @@ def region(array: np.ndarray, piece: Piece, box: Box) -> np.ndarray:
     return piece_view(array, piece)[at + (Ellipsis,)]
 
 
+def run_of(shape: tuple[int, ...], piece: Piece, box: Box) -> int | None:
+    """The element offset of global region `box` (inside the piece) in a C-ordered local array
+    of `shape` where the region is one run of it, else None: `region(array, piece, box)` in
+    integers, no view made (`checkpoint.planned` places a file's runs with it). Raises
+    ExecutionError as `region` does. An empty region is left to `region` (None)."""
+    origin = piece.global_box
+    if not origin.contains(box):
+        raise ExecutionError(f"region {box} is outside piece {origin}")
+    if piece.flat:  # the local side is the 1-D run local_box of the global box's C order
+        base, dims, start = piece.local_box.start[0], origin.shape, [a - o for a, o in zip(box.start, origin.start)]
+    else:
+        base, dims, start = 0, shape, [a - o + lo for a, o, lo in zip(box.start, origin.start, piece.local_box.start)]
+    return _run(dims, start, box.shape, base)
+
+
+def box_run(shape: tuple[int, ...], box: Box) -> int | None:
+    """The element offset of local `box` in a C-ordered array of `shape` where `view(array, box)`
+    is one run of it, else None (also for an empty box or one not inside the array)."""
+    if len(box.start) != len(shape) or any(a < 0 or b > n for a, b, n in zip(box.start, box.stop, shape)):
+        return None
+    return _run(shape, box.start, box.shape, 0)
+
+
+def _run(dims: tuple[int, ...] | list[int], start: list[int] | tuple[int, ...], extents: tuple[int, ...], base: int) -> int | None:
+    """`base` + the C-order offset of `start` in `dims` where the block of `extents` there is
+    one run (every dimension before a partial one has extent 1), else None (also when empty)."""
+    offset, wide = 0, False
+    for n, a, e in zip(dims, start, extents):
+        if e == 0 or (wide and e != n):
+            return None
+        wide = wide or e != 1
+        offset = offset * n + a
+    return base + offset
+
+
 def empty_local(ptc: PTC, st: SubTensor) -> np.ndarray:
     return np.empty(st.shape, dtype=np_dtype(ptc.tensor_map[st.tensor].dtype))
 

@@ -39,7 +39,6 @@ from typing import Any
 import attrs
 
 from tenplex.compiler import CompileOptions, Plan, compile_plan
-from tenplex.compiler.central import compile_central
 from tenplex.compiler.nogc import without_gc
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC, Allocation
@@ -190,6 +189,8 @@ def _steps(src: PTC, dst: PTC, central: bool) -> list[Step]:
     central baseline's gather then scatter."""
     if not central:
         return [(compile_plan(src, dst, CompileOptions(place_ranks=False)), src, dst)]
+    from tenplex.compiler.central import compile_central  # the baseline's only: not imported for a reshard
+
     c = compile_central(src, dst, src.topology.host_of(src.allocation.devices[0]))
     return [(c.gather, src, c.mid), (c.scatter, c.mid, dst)]
 

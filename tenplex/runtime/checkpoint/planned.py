@@ -13,7 +13,10 @@ mapped in this process) where the src region is one run of a mapped file, else w
 e.g. a column block); a fill run is written from a buffer of its value. A sub-tensor with a region
 that is not one run in the dst array (the dst is a column block) is assembled in the scratch
 buffer and written with one `pwrite`. Scratch buffers are per thread and reused, so their pages
-are faulted in once.
+are faulted in once. Where each region is one run of the dst array, the offsets come from the
+boxes (`arrays.run_of`, `arrays.box_run`: integers, no numpy view), and so does a copy's src
+offset where its src region is one run of a mapped file; only the other copies (column blocks)
+and files make views (`_write_views`: the same bytes, in the same places).
 
 Invariants:
 - every byte of a dst file is written once: ops whose regions do not add up to the array raise
@@ -35,7 +38,8 @@ import numpy as np
 from tenplex.compiler import CopyOp, FillOp, Plan
 from tenplex.ir.errors import ExecutionError
 from tenplex.ir.ptc import PTC
-from tenplex.runtime.arrays import np_dtype, view
+from tenplex.ir.tensor import SubTensor
+from tenplex.runtime.arrays import box_run, np_dtype, run_of, view
 from tenplex.runtime.checkpoint.apply import apply_ops, ops_by_dst
 from tenplex.runtime.checkpoint.npy import mapped_file, npy_header, pwrite_all
 from tenplex.runtime.checkpoint.vectored import runs, write_runs
@@ -54,6 +58,7 @@ class PlannedFiles:
         self.dst = dst.with_allocation(plan.allocation)
         self.ops = ops_by_dst(plan, self.dst)
         self.local = threading.local()
+        self._mapped: dict = {}  # src (sub-tensor, device) -> (file, offset) of its mapped array, or None
 
     def write(self, sid: str, fd: int) -> None:
         """Write dst sub-tensor `sid`'s `.npy` file (header and data) into `fd` (empty, writable).
@@ -62,8 +67,58 @@ class PlannedFiles:
         st = self.dst.subtensor_map[sid]
         dtype = np_dtype(self.dst.tensor_map[st.tensor].dtype)
         header = npy_header(dtype, st.shape)
-        target = self._buffer("scratch", st.volume * dtype.itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
         ops = self.ops.get(sid, [])
+        offsets = self._offsets(st.shape, ops)
+        if offsets is None:  # a region that is not one run of the file, or an empty one: numpy views
+            self._write_views(sid, st, dtype, header, ops, fd)
+            return
+        size = sum(op.box.volume for op in ops) * dtype.itemsize
+        if size != st.volume * dtype.itemsize:
+            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {size} of {st.volume * dtype.itemsize} bytes")
+        pwrite_all(fd, header, 0)
+        for at, i in sorted(zip(offsets, range(len(ops)))):  # in file order
+            op = ops[i]
+            if isinstance(op, FillOp):
+                pwrite_all(fd, _bytes(np.full(op.box.volume, op.value, dtype)), len(header) + at * dtype.itemsize)
+            else:
+                self._copy_op(op, fd, len(header) + at * dtype.itemsize)
+
+    def _offsets(self, shape: tuple[int, ...], ops: list[CopyOp | FillOp]) -> list[int] | None:
+        """Each op's region's element offset in the dst array, where every region is one run
+        of it (`arrays.run_of`, no view made), else None."""
+        out = []
+        pieces = None
+        for op in ops:
+            if isinstance(op, FillOp):
+                at = box_run(shape, op.box)
+            elif op.src_side != "src":
+                return None
+            else:
+                pieces = pieces or self.dst.subtensor_map[op.dst_subtensor].pieces
+                at = run_of(shape, pieces[op.dst_piece], op.box)
+            if at is None:
+                return None
+            out.append(at)
+        return out
+
+    def _copy_op(self, op: CopyOp, fd: int, at: int) -> None:
+        """The copy's bytes at `at`: file to file in the kernel where its src region is one run
+        of a mapped src file (offsets from the boxes), else from a view of the src (`_copy`)."""
+        key = (op.src_subtensor, op.src_device)
+        a = self.src_arrays[key]
+        where = self._mapped.get(key, False)
+        if where is False:
+            where = self._mapped[key] = mapped_file(a) if a.flags.c_contiguous else None
+        k = None if where is None else run_of(a.shape, self.src.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box)
+        if k is None:
+            self._copy(source_region(op, self.src, self.dst, self.src_arrays, {}), fd, at)
+        elif not copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
+            pwrite_all(fd, _bytes(source_region(op, self.src, self.dst, self.src_arrays, {})), at)  # one run: as it lies
+
+    def _write_views(self, sid: str, st: SubTensor, dtype: np.dtype, header: bytes, ops: list, fd: int) -> None:
+        """`write` through numpy views of the regions: runs in file order where each is one run
+        of the dst array, else the array assembled in the scratch buffer and written at once."""
+        target = self._buffer("scratch", st.volume * dtype.itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
         regions = [self._region(op, target) for op in ops]
         if sum(r.nbytes for r in regions) != target.nbytes:
             raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(r.nbytes for r in regions)} of {target.nbytes} bytes")
