@@ -32,13 +32,14 @@ Codes = tuple[int, ...]  # a sub-tensor's piece boxes by number, in piece order
 @attrs.frozen
 class PTCPieces:
     """One PTC's sub-tensors by tensor (their ids, partition ids and codes, in sub-tensor
-    order), by partition ((tensor, codes) rows), and their ids in the PTC's order (`ids`),
-    with each tensor's sub-tensors' positions in it (`numbers`)."""
+    order), by partition ((tensor, codes) rows), and their ids and partition ids in the PTC's
+    order (`ids`, `pids`), with each tensor's sub-tensors' positions in it (`numbers`)."""
 
     tensors: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[Codes, ...]]]
     partitions: dict[str, list[tuple[str, Codes]]]
     ids: tuple[str, ...] = ()
     numbers: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    pids: tuple[str, ...] = ()  # each sub-tensor's partition id, in the PTC's order
 
 
 @attrs.frozen
@@ -106,4 +107,5 @@ def _read(ptc: PTC, number: dict[tuple, int], boxes: list[Box]) -> PTCPieces:
         {pid: list(rows) for pid, (rows,) in by_partition.items()},
         tuple(ids),
         {t: js for t, (*_, js) in by_tensor.items()},
+        tuple(pids),
     )

@@ -114,12 +114,11 @@ def _peer_groups(dst: PTC, host: dict[int, str], pieces: PTCPieces) -> dict[int,
     for pid, devs in dst.allocation.items:
         for d in devs:
             on_host[host[d]][pid].append(d)
-    layouts = _layouts(pieces)
     groups: dict[tuple[str, ...], list[list[str]]] = {}
     for parts in on_host.values():
         key = tuple(sorted(parts))
         if key not in groups:
-            groups[key] = _conflicting(key, layouts)
+            groups[key] = _conflicting(key, pieces.partitions)
         for group in groups[key]:
             first, *rest = [d for pid in group for d in parts[pid]]
             for d in rest:
@@ -127,25 +126,23 @@ def _peer_groups(dst: PTC, host: dict[int, str], pieces: PTCPieces) -> dict[int,
     return {d: find(d) for d in host}
 
 
-def _layouts(pieces: PTCPieces) -> dict[str, dict[str, set[Codes]]]:
-    """partition -> tensor -> the piece layouts (codes: tuples of global box numbers) it holds."""
-    out: dict[str, dict[str, set[Codes]]] = {}
-    for pid, rows in pieces.partitions.items():
-        mine = out[pid] = defaultdict(set)
-        for tensor, codes in rows:
-            mine[tensor].add(codes)
-    return out
-
-
-def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[Codes]]]) -> list[list[str]]:
+def _conflicting(parts: tuple[str, ...], rows: dict[str, list[tuple[str, Codes]]]) -> list[list[str]]:
     """Groups of `parts` (partitions on one host) whose devices are peers: a tensor that they
-    hold in two or more layouts joins all its holders, transitively."""
-    by_tensor: dict[str, tuple[set[Codes], list[str]]] = {}
+    hold in two or more layouts (codes: tuples of global box numbers) joins all its holders,
+    transitively. `rows`: each partition's (tensor, codes), read once here: a tensor is in two
+    or more layouts iff a row's codes differ from its first row's, and its holders are the
+    partitions in order of their first row of it (a partition's rows are visited together)."""
+    by_tensor: dict[str, list] = {}  # tensor -> [its first codes, whether another differs, holders]
     for pid in parts:
-        for tensor, ids in layouts[pid].items():
-            seen, holders = by_tensor.setdefault(tensor, (set(), []))
-            seen |= ids
-            holders.append(pid)
+        for tensor, codes in rows[pid]:
+            t = by_tensor.get(tensor)
+            if t is None:
+                by_tensor[tensor] = [codes, False, [pid]]
+                continue
+            if codes != t[0]:
+                t[1] = True
+            if t[2][-1] != pid:
+                t[2].append(pid)
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -153,8 +150,8 @@ def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[Codes]
             x = parent[x]
         return x
 
-    for seen, holders in by_tensor.values():
-        if len(seen) > 1:
+    for _, several, holders in by_tensor.values():
+        if several:
             root = find(holders[0])
             for pid in holders[1:]:
                 if find(pid) != root:
