@@ -56,13 +56,18 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
 def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str) -> dict[str, frozenset[int]]:
     """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (of
     `ptc`, the `side` of `held.pieces` where given)."""
-    out: dict[str, set[int]] = defaultdict(set)
     if held.pieces is not None:
         rows = getattr(held.pieces, side).partitions  # (tensor, codes) per partition
+        found: dict[str, list[int]] = {}  # the codes in lists, made sets once per tensor
         for pid in partitions:
             for tensor, codes in rows[pid]:
-                out[tensor].update(codes)
-        return {t: frozenset(b) for t, b in out.items()}
+                got = found.get(tensor)
+                if got is None:
+                    found[tensor] = list(codes)
+                else:
+                    got += codes
+        return {t: frozenset(b) for t, b in found.items()}
+    out: dict[str, set[int]] = defaultdict(set)
     subtensors, number, boxes = ptc.subtensor_map, held.number, held.boxes
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
