@@ -7,6 +7,9 @@ randomness; the same inputs give byte-identical plan JSON.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from operator import attrgetter
+
 import numpy as np
 
 from tenplex.compiler import keysort
@@ -24,6 +27,8 @@ from tenplex.compiler.table import PlanMessages, PlanOps
 from tenplex.compiler.verify import check_plan
 from tenplex.compiler.verify.tables import group_sum
 from tenplex.ir.ptc import PTC
+
+_ID = attrgetter("id")
 
 
 def default_passes(options: CompileOptions) -> list[Pass]:
@@ -58,7 +63,7 @@ def _stats(program: Program) -> Stats:
     byte counts, local ones copy by copy; `check_plan` recounts them."""
     t, m, dst = program.table, program.messages, program.dst
     size = dst.itemsizes
-    fill = sum(op.box.volume * size[dst.subtensor_map[op.dst_subtensor].tensor] for _, op in t.others if isinstance(op, FillOp))
+    fill = sum(op.box.volume * size[_tensor_of(dst, op.dst_subtensor)] for _, op in t.others if isinstance(op, FillOp))
     nbytes = t.volume * np.array([size[name] for name in t.tensors], np.int64)[t.tensor]
     row = np.full(t.n, -1, np.int64)
     row[t.copy_at] = np.arange(len(t.copy_at))
@@ -83,6 +88,16 @@ def _stats(program: Program) -> Stats:
         lower_bound_seconds=lower_bound_seconds(per_host, program.topology),
         rounds=len(keysort.unique(m.round)),
     )
+
+
+def _tensor_of(ptc: PTC, sid: str) -> str:
+    """The tensor of sub-tensor `sid`, by bisection (a PTC keeps its sub-tensors sorted by id):
+    the few fills need no map of all 37k sub-tensors (~0.01 CPU s at 1024 GPUs)."""
+    sts = ptc.subtensors
+    i = bisect_left(sts, sid, key=_ID)
+    if i == len(sts) or sts[i].id != sid:
+        return ptc.subtensor_map[sid].tensor  # raises KeyError as the map did
+    return sts[i].tensor
 
 
 def _predicted(uk: np.ndarray, sums: np.ndarray, w: int, bw: tuple) -> float:

@@ -56,13 +56,18 @@ def _partitions_by_host(allocation, host: dict[int, str]) -> dict[str, frozenset
 def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str) -> dict[str, frozenset[int]]:
     """tensor -> numbers of the global boxes that the sub-tensors of `partitions` hold (of
     `ptc`, the `side` of `held.pieces` where given)."""
-    out: dict[str, set[int]] = defaultdict(set)
     if held.pieces is not None:
         rows = getattr(held.pieces, side).partitions  # (tensor, codes) per partition
+        found: dict[str, list[int]] = {}  # the codes in lists, made sets once per tensor
         for pid in partitions:
             for tensor, codes in rows[pid]:
-                out[tensor].update(codes)
-        return {t: frozenset(b) for t, b in out.items()}
+                got = found.get(tensor)
+                if got is None:
+                    found[tensor] = list(codes)
+                else:
+                    got += codes
+        return {t: frozenset(b) for t, b in found.items()}
+    out: dict[str, set[int]] = defaultdict(set)
     subtensors, number, boxes = ptc.subtensor_map, held.number, held.boxes
     for pid in partitions:
         for sid in ptc.partition_map[pid].subtensors:
@@ -71,13 +76,23 @@ def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str
     return {t: frozenset(b) for t, b in out.items()}
 
 
+def _host_of(src: PTC, dst: PTC) -> dict[int, str]:
+    """Device -> host over both topologies, for lookups: their union's devices without
+    building (and sorting) a `Topology`; where they disagree, the union raises its IRError."""
+    out = {d.id: d.host for d in src.topology.devices}
+    for d in dst.topology.devices:
+        if out.setdefault(d.id, d.host) != d.host:
+            src.topology.union(dst.topology)
+    return out
+
+
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
     """Per dst host: bytes it must receive over the network (at least). A host's figure depends
     only on the dst partitions it gets and the src partitions it has, so hosts alike in both
     (DP replicas of one stage) are computed once. `held` (filled here) may be passed to
     share that work between calls on the same src and dst."""
     allocation = allocation or dst.allocation
-    host = {d.id: d.host for d in src.topology.union(dst.topology).devices}
+    host = _host_of(src, dst)
     held = Held() if held is None else held
     src_on = _partitions_by_host(src.allocation, host)
     out: dict[str, int] = {}

@@ -19,7 +19,7 @@ import attrs
 
 from tenplex.compiler.holders import HolderSets
 from tenplex.compiler.need_table import NeedTable
-from tenplex.compiler.ops import FillOp, Holder, Need, as_holder, trusted_need
+from tenplex.compiler.ops import FillOp, Holder, Need, as_holder, trusted_needs
 from tenplex.compiler.pieces import Pieces
 from tenplex.ir.box import Box, subtract_all
 from tenplex.ir.errors import CompileError
@@ -51,16 +51,18 @@ def diff(src: PTC, dst: PTC, pieces: Pieces | None = None) -> Diff:
     """`pieces`: both PTCs' piece boxes by number (`Pieces.read(src, dst)` when not given)."""
     needs: list[Need] = []
     layouts: dict[tuple, list] = {}
-    kinds = _Kinds(src, dst, pieces or Pieces.read(src, dst))
+    pieces = pieces or Pieces.read(src, dst)
+    kinds = _Kinds(src, dst, pieces)
     for meta in dst.tensors:
         _check_tensor(src, meta)
         needs.extend(kinds.needs(meta.name, layouts))
+    devices_of = dst.allocation.mapping  # by the partitions of `pieces` (no `partition_of` of dst)
     fills = [
         FillOp(d, st.id, box, st.fill)
-        for st in dst.subtensors
+        for st, pid in zip(dst.subtensors, pieces.dst.pids)
         if not _whole(st)
         for box in st.fill_boxes()
-        for d in dst.devices_of_subtensor(st.id)
+        for d in devices_of[pid]
     ]
     return Diff(tuple(needs), tuple(fills), tuple(_value_needs(src, dst)), kinds.kind_of, kinds.table)
 
@@ -103,14 +105,18 @@ class _Kinds:
         key = (tuple(map(self.src_parts.__getitem__, spids)), scodes, ddevs, dcodes)
         template = self.templates.get(key)
         if template is None:
-            out = _tensor_needs(self.src, self.dst, tensor, layouts)
+            # the sub-tensors by their positions (`Pieces`), with the devices of `key`: no
+            # `by_tensor` or `partition_of` of either PTC (74k sub-tensors read for 170 kinds)
+            src_sts = map(self.src.subtensors.__getitem__, self.src_numbers.get(tensor, ()))
+            dst_sts = map(self.dst.subtensors.__getitem__, self.dst_numbers[tensor])
+            out = _tensor_needs(self.src, self.dst, tensor, layouts, (list(zip(src_sts, key[0])), list(zip(dst_sts, ddevs))))
             rows, sets = _template(out, src_ids, dst_ids)
             template = self.templates[key] = (len(self.templates), rows, self.holders.add_template(sets), len(sets))
             self.table.add_kind(rows, ddevs, template[2])
         self.kind_of[tensor], rows, first, count = template
         self.table.add_tensor(template[0], self.dst_numbers[tensor])
         holders = self.holders.put(first, count, self.src_numbers.get(tensor, ()))
-        return [trusted_need(tensor, box, ddevs[k], dst_ids[k], j, holders[h]) for k, j, box, h in rows]
+        return trusted_needs(tensor, rows, ddevs, dst_ids, holders)
 
 
 def _template(needs: list[Need], src_ids: tuple[str, ...], dst_ids: tuple[str, ...]) -> tuple[list, list]:
@@ -136,16 +142,20 @@ def _check_tensor(src: PTC, meta) -> None:
         raise CompileError(f"tensor {meta.name!r} is {have.dtype}{list(have.shape)} in src but {meta.dtype}{list(meta.shape)} in dst")
 
 
-def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -> list[Need]:
+def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list], rows: tuple[list, list] | None = None) -> list[Need]:
     """Needs of every dst piece of `tensor`, in dst piece order. Work is per distinct box, not
     per piece: replicas of a box (a norm held by every TP rank) meet the same src pieces, so
     they share their fragments and holder tuples. Tensors alike (a weight, its optimizer
     states, the same weight of other layers) have the same dst and src boxes, so where the
     src boxes meeting a dst box are disjoint, the clipped boxes are found once per layout
-    (`layouts`, shared by the tensors of one diff)."""
-    held = _holders_by_box(src, tensor)
+    (`layouts`, shared by the tensors of one diff). `rows`: the src and the dst sub-tensors
+    of `tensor` in PTC order, each with its devices (read from the PTCs when not given)."""
+    if rows is None:
+        rows = ([(st, src.devices_of_subtensor(st.id)) for st in src.by_tensor.get(tensor, ())],
+                [(st, dst.devices_of_subtensor(st.id)) for st in dst.by_tensor[tensor]])  # fmt: skip
+    held = _holders_by_box(rows[0])
     src_boxes = list(held)
-    dst_items = [(st, j, p.global_box) for st in dst.by_tensor[tensor] for j, p in enumerate(st.pieces)]
+    dst_items = [(st, devices, j, p.global_box) for st, devices in rows[1] for j, p in enumerate(st.pieces)]
     boxes = list(dict.fromkeys(box for *_, box in dst_items))
     key = (tuple(boxes), tuple(src_boxes))
     layout = layouts.get(key)
@@ -159,12 +169,11 @@ def _tensor_needs(src: PTC, dst: PTC, tensor: str, layouts: dict[tuple, list]) -
         else:
             parts[box] = [(c, held[src_boxes[k]]) for c, k in clips], covered
     out = []
-    for st, j, box in dst_items:
+    for st, devices, j, box in dst_items:
         fragments, covered = parts[box]
         if covered != box.volume:
             gap = _first_gap(box, [f for f, _ in fragments])
             raise CompileError(f"dst sub-tensor {st.id!r} needs region {gap} of tensor {tensor!r}, which no src sub-tensor holds")
-        devices = dst.devices_of_subtensor(st.id)
         out.extend(Need(tensor, f, devices, st.id, j, hs) for f, hs in fragments)
     return out
 
@@ -186,13 +195,13 @@ def _clipped(boxes: list[Box], src_boxes: list[Box]) -> list[tuple[list, int | N
     return out
 
 
-def _holders_by_box(src: PTC, tensor: str) -> dict[Box, tuple[Holder, ...]]:
-    """Distinct src global boxes of `tensor` (in order of first appearance), each with every
-    (device, sub-tensor, piece) holding exactly that box, sorted. All src pieces with one box
-    meet the same dst pieces, so one tuple serves every dst piece."""
+def _holders_by_box(src_rows: list) -> dict[Box, tuple[Holder, ...]]:
+    """Distinct src global boxes of a tensor's sub-tensors (`src_rows`: each with its devices;
+    boxes in order of first appearance), each with every (device, sub-tensor, piece) holding
+    exactly that box, sorted. All src pieces with one box meet the same dst pieces, so one
+    tuple serves every dst piece."""
     fresh: dict[Box, list[Holder]] = defaultdict(list)
-    for st in src.by_tensor.get(tensor, ()):
-        devices = src.devices_of_subtensor(st.id)
+    for st, devices in src_rows:
         for i, p in enumerate(st.pieces):
             if not p.global_box.empty:  # meets no dst piece
                 fresh[p.global_box].extend(map(as_holder, zip(devices, repeat(st.id), repeat(i))))

@@ -175,3 +175,20 @@ def trusted_need(tensor: str, box: Box, dst_devices: tuple[int, ...], dst_subten
     dp(op, dst_piece)
     h(op, holders)
     return op
+
+
+def trusted_needs(tensor: str, rows, dst_devices, dst_subtensors, holders) -> list[Need]:
+    """`trusted_need` of each template row (dst position k, piece j, box, holder tuple number h):
+    one loop with the setters bound once, not a call per need (~0.015 of ~0.045 CPU s for 37k)."""
+    new, out = object.__new__, []
+    t, b, dd, ds, dp, hs = _NEED_SET
+    for k, j, box, h in rows:
+        op = new(Need)
+        t(op, tensor)
+        b(op, box)
+        dd(op, dst_devices[k])
+        ds(op, dst_subtensors[k])
+        dp(op, j)
+        hs(op, holders[h])
+        out.append(op)
+    return out

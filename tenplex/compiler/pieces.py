@@ -15,8 +15,13 @@ allocation, so a PTC's `with_allocation` copy has the same pieces.
 
 from __future__ import annotations
 
-import attrs
+from collections.abc import Sequence
+from operator import itemgetter
 
+import attrs
+import numpy as np
+
+from tenplex.compiler import keysort
 from tenplex.ir.box import Box
 from tenplex.ir.ptc import PTC
 from tenplex.ir.tensor import SubTensor
@@ -27,13 +32,14 @@ Codes = tuple[int, ...]  # a sub-tensor's piece boxes by number, in piece order
 @attrs.frozen
 class PTCPieces:
     """One PTC's sub-tensors by tensor (their ids, partition ids and codes, in sub-tensor
-    order), by partition ((tensor, codes) rows), and their ids in the PTC's order (`ids`),
-    with each tensor's sub-tensors' positions in it (`numbers`)."""
+    order), by partition ((tensor, codes) rows), and their ids and partition ids in the PTC's
+    order (`ids`, `pids`), with each tensor's sub-tensors' positions in it (`numbers`)."""
 
     tensors: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[Codes, ...]]]
     partitions: dict[str, list[tuple[str, Codes]]]
     ids: tuple[str, ...] = ()
     numbers: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    pids: tuple[str, ...] = ()  # each sub-tensor's partition id, in the PTC's order
 
 
 @attrs.frozen
@@ -52,34 +58,54 @@ class Pieces:
 def codes_of(st: SubTensor, number: dict[tuple, int], boxes: list[Box]) -> Codes:
     """The numbers of `st`'s piece boxes, numbering a box not seen before (appended to `boxes`).
     Keyed by coordinates: hashed in C, where a `Box` calls Python."""
-    out = []
-    for p in st.pieces:
-        g = p.global_box
-        k = number.get((g.start, g.stop))
-        if k is None:
-            k = number[g.start, g.stop] = len(boxes)
-            boxes.append(g)
-        out.append(k)
-    return tuple(out)
+    return tuple([_number(p.global_box, number, boxes) for p in st.pieces])
+
+
+def _number(g: Box, number: dict[tuple, int], boxes: list[Box]) -> int:
+    k = number.get((g.start, g.stop))
+    if k is None:
+        k = number[g.start, g.stop] = len(boxes)
+        boxes.append(g)
+    return k
+
+
+def _grouped(keys: list[str], names: list[str], columns: tuple[Sequence, ...]) -> dict[str, list[tuple]]:
+    """name -> each column's rows whose key is that name, in row order (every name of `names`,
+    in their order; each key is one of them): one stable sort of the keys' numbers, then slices."""
+    index = {name: i for i, name in enumerate(names)}
+    k = np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))
+    order = keysort.argsort(k).tolist()
+    bounds = np.cumsum(np.bincount(k, minlength=len(names))).tolist()
+    pick = itemgetter(*order) if len(order) > 1 else lambda c: tuple(c[i] for i in order)
+    cols = [pick(c) for c in columns]
+    out, a = {}, 0
+    for name, b in zip(names, bounds):
+        out[name] = [c[a:b] for c in cols]
+        a = b
+    return out
 
 
 def _read(ptc: PTC, number: dict[tuple, int], boxes: list[Box]) -> PTCPieces:
-    ids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
-    pids: dict[str, list[str]] = {t.name: [] for t in ptc.tensors}
-    codes: dict[str, list[Codes]] = {t.name: [] for t in ptc.tensors}
-    numbers: dict[str, list[int]] = {t.name: [] for t in ptc.tensors}
-    partitions: dict[str, list[tuple[str, Codes]]] = {p.id: [] for p in ptc.partitions}
-    partition_of = ptc.partition_of
-    everyone = []
-    for j, st in enumerate(ptc.subtensors):
-        c = codes_of(st, number, boxes)
-        sid, tensor = st.id, st.tensor
-        pid = partition_of[sid]
-        everyone.append(sid)
-        ids[tensor].append(sid)
-        numbers[tensor].append(j)
-        pids[tensor].append(pid)
-        codes[tensor].append(c)
-        partitions[pid].append((tensor, c))
-    tensors = {t: (tuple(ids[t]), tuple(pids[t]), tuple(codes[t])) for t in pids}
-    return PTCPieces(tensors, partitions, tuple(everyone), {t: tuple(ns) for t, ns in numbers.items()})
+    """Column by column: the frontends share one pieces tuple between the sub-tensors of one
+    layout (72 of 37k at 175B), so codes are worked out once per tuple (by `id`: the PTC keeps
+    them alive), and the per-tensor and per-partition rows are gathered by one sort each."""
+    sts = ptc.subtensors
+    ids = [st.id for st in sts]
+    tensor_of = [st.tensor for st in sts]
+    memo: dict[int, Codes] = {}
+    codes = []
+    for ps in [st.pieces for st in sts]:
+        c = memo.get(id(ps))
+        if c is None:
+            c = memo[id(ps)] = tuple([_number(p.global_box, number, boxes) for p in ps])
+        codes.append(c)
+    pids = list(map(ptc.partition_of.__getitem__, ids))
+    by_tensor = _grouped(tensor_of, [t.name for t in ptc.tensors], (ids, pids, codes, range(len(ids))))
+    by_partition = _grouped(pids, [p.id for p in ptc.partitions], (list(zip(tensor_of, codes)),))
+    return PTCPieces(
+        {t: (a, b, c) for t, (a, b, c, _) in by_tensor.items()},
+        {pid: list(rows) for pid, (rows,) in by_partition.items()},
+        tuple(ids),
+        {t: js for t, (*_, js) in by_tensor.items()},
+        tuple(pids),
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from functools import cached_property
+from operator import attrgetter
 
 import attrs
 
@@ -54,8 +55,14 @@ class Links:
         return float(getattr(self, link.value))
 
 
+_ORDER = attrgetter("id", "host")  # Device's own order (attrs compares its fields' tuple), read in C
+
+
 def _devices(values: object) -> tuple[Device, ...]:
-    return tuple(sorted(values))  # type: ignore[arg-type]
+    values = list(values)  # type: ignore[call-overload]
+    if all(type(v) is Device for v in values):  # 1024 devices: ~10k compares, each a Python call of attrs'
+        return tuple(sorted(values, key=_ORDER))
+    return tuple(sorted(values))
 
 
 @attrs.frozen

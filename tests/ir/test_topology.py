@@ -63,3 +63,18 @@ def test_devices_are_sorted_and_hosts_ordered_by_first_device():
 def test_union_keeps_both_device_sets():
     u = topo("h0", "h0").union(Topology((Device(1, "h0"), Device(5, "h9"))))
     assert [(d.id, d.host) for d in u.devices] == [(0, "h0"), (1, "h0"), (5, "h9")]
+
+
+def test_devices_sort_by_key_as_by_their_own_order():
+    """`Topology` sorts plain `Device`s by (id, host) read in C: the order of Device's own
+    comparison, ties kept in input order (a sort of anything else falls back to `<`)."""
+    import random
+
+    from tenplex.ir.topology import _devices
+
+    rng = random.Random(3)
+    for _ in range(50):
+        devices = [Device(rng.randrange(6), rng.choice("abc")) for _ in range(rng.randrange(12))]
+        assert _devices(devices) == tuple(sorted(devices))
+        assert [id(d) for d in _devices(devices)] == [id(d) for d in sorted(devices)]
+    assert _devices(iter([Device(2, "b"), Device(1, "a")])) == (Device(1, "a"), Device(2, "b"))

@@ -49,10 +49,11 @@ class PlaceRanks:
         for hosts in same_size.values():
             to_host |= _place_blocks(hosts, by_host, w, peers)
         device_map: dict[int, int] = {}
+        solved: dict[tuple, list[int]] = {}  # hosts alike (DP replicas) have equal weights: 5 of 97 at 1024 GPUs
         for h, ds in by_host.items():
             mine = sorted(s for s, t in to_host.items() if t == h)
             targets = sorted(ds)
-            cols = _assign(np.array([[w.on_device(s, e) for e in targets] for s in mine], dtype=float))
+            cols = _assign(w.on_devices(mine, targets), solved)
             device_map |= {s: targets[c] for s, c in zip(mine, cols)}
         moved = Allocation({pid: tuple(device_map[d] for d in devs) for pid, devs in dst.allocation.items})
         held = Held(pieces)  # shared by both calls
@@ -73,6 +74,17 @@ class _Weights:
         self.src_hosts = {q: {topo.host_of(e) for e in devs} for q, devs in src.allocation.items}
         self.src_on = src.allocation.by_device  # src device -> its partitions
         self.by_parts: dict[frozenset[str], dict[str, int]] = {}
+        self.matrices: dict[tuple, np.ndarray] = {}
+
+    def on_devices(self, slots: list[int], devices: list[int]) -> np.ndarray:
+        """`on_device` of each slot (rows) and device (columns), as floats. Cached by the slots'
+        partitions and the devices' src partitions, all it depends on: hosts alike (DP
+        replicas of a stage) hold the same ones."""
+        key = (tuple(self.slots[s] for s in slots), tuple(self.src_on.get(e, ()) for e in devices))
+        out = self.matrices.get(key)
+        if out is None:
+            out = self.matrices[key] = np.array([[self.on_device(s, e) for e in devices] for s in slots], dtype=float)
+        return out
 
     def on_device(self, slot: int, device: int) -> int:
         """Bytes of the slot's partitions that `device` holds in src (looked up per src
@@ -114,12 +126,11 @@ def _peer_groups(dst: PTC, host: dict[int, str], pieces: PTCPieces) -> dict[int,
     for pid, devs in dst.allocation.items:
         for d in devs:
             on_host[host[d]][pid].append(d)
-    layouts = _layouts(pieces)
     groups: dict[tuple[str, ...], list[list[str]]] = {}
     for parts in on_host.values():
         key = tuple(sorted(parts))
         if key not in groups:
-            groups[key] = _conflicting(key, layouts)
+            groups[key] = _conflicting(key, pieces.partitions)
         for group in groups[key]:
             first, *rest = [d for pid in group for d in parts[pid]]
             for d in rest:
@@ -127,25 +138,23 @@ def _peer_groups(dst: PTC, host: dict[int, str], pieces: PTCPieces) -> dict[int,
     return {d: find(d) for d in host}
 
 
-def _layouts(pieces: PTCPieces) -> dict[str, dict[str, set[Codes]]]:
-    """partition -> tensor -> the piece layouts (codes: tuples of global box numbers) it holds."""
-    out: dict[str, dict[str, set[Codes]]] = {}
-    for pid, rows in pieces.partitions.items():
-        mine = out[pid] = defaultdict(set)
-        for tensor, codes in rows:
-            mine[tensor].add(codes)
-    return out
-
-
-def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[Codes]]]) -> list[list[str]]:
+def _conflicting(parts: tuple[str, ...], rows: dict[str, list[tuple[str, Codes]]]) -> list[list[str]]:
     """Groups of `parts` (partitions on one host) whose devices are peers: a tensor that they
-    hold in two or more layouts joins all its holders, transitively."""
-    by_tensor: dict[str, tuple[set[Codes], list[str]]] = {}
+    hold in two or more layouts (codes: tuples of global box numbers) joins all its holders,
+    transitively. `rows`: each partition's (tensor, codes), read once here: a tensor is in two
+    or more layouts iff a row's codes differ from its first row's, and its holders are the
+    partitions in order of their first row of it (a partition's rows are visited together)."""
+    by_tensor: dict[str, list] = {}  # tensor -> [its first codes, whether another differs, holders]
     for pid in parts:
-        for tensor, ids in layouts[pid].items():
-            seen, holders = by_tensor.setdefault(tensor, (set(), []))
-            seen |= ids
-            holders.append(pid)
+        for tensor, codes in rows[pid]:
+            t = by_tensor.get(tensor)
+            if t is None:
+                by_tensor[tensor] = [codes, False, [pid]]
+                continue
+            if codes != t[0]:
+                t[1] = True
+            if t[2][-1] != pid:
+                t[2].append(pid)
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -153,8 +162,8 @@ def _conflicting(parts: tuple[str, ...], layouts: dict[str, dict[str, set[Codes]
             x = parent[x]
         return x
 
-    for seen, holders in by_tensor.values():
-        if len(seen) > 1:
+    for _, several, holders in by_tensor.values():
+        if several:
             root = find(holders[0])
             for pid in holders[1:]:
                 if find(pid) != root:
@@ -193,10 +202,16 @@ def _place_blocks(hosts: list[str], by_host: dict[str, list[int]], w: _Weights, 
     return best[1] if best else {}
 
 
-def _assign(weights: np.ndarray) -> list[int]:
-    """Max-weight perfect assignment rows -> columns; the identity wins ties."""
+def _assign(weights: np.ndarray, solved: dict[tuple, list[int]] | None = None) -> list[int]:
+    """Max-weight perfect assignment rows -> columns; the identity wins ties. `solved`: the
+    answers to weights seen before, by value (the solver is deterministic)."""
     if weights.size == 0:
         return []
+    if solved is not None:
+        key = (weights.shape, weights.tobytes())
+        if key not in solved:
+            solved[key] = _assign(weights)
+        return solved[key]
     scale = max(1.0, float(weights.max()) / 1e9)  # keep the tie-break bonus above float precision
     bonus = 0.5 / len(weights)
     rows, cols = linear_sum_assignment(weights / scale + bonus * np.eye(len(weights)), maximize=True)
