@@ -76,23 +76,13 @@ def _boxes_by_tensor(ptc: PTC, partitions: frozenset[str], held: Held, side: str
     return {t: frozenset(b) for t, b in out.items()}
 
 
-def _host_of(src: PTC, dst: PTC) -> dict[int, str]:
-    """Device -> host over both topologies, for lookups: their union's devices without
-    building (and sorting) a `Topology`; where they disagree, the union raises its IRError."""
-    out = {d.id: d.host for d in src.topology.devices}
-    for d in dst.topology.devices:
-        if out.setdefault(d.id, d.host) != d.host:
-            src.topology.union(dst.topology)
-    return out
-
-
 def host_lower_bounds(src: PTC, dst: PTC, allocation=None, held: Held | None = None) -> dict[str, int]:
     """Per dst host: bytes it must receive over the network (at least). A host's figure depends
     only on the dst partitions it gets and the src partitions it has, so hosts alike in both
     (DP replicas of one stage) are computed once. `held` (filled here) may be passed to
     share that work between calls on the same src and dst."""
     allocation = allocation or dst.allocation
-    host = _host_of(src, dst)
+    host = src.topology.hosts_with(dst.topology)
     held = Held() if held is None else held
     src_on = _partitions_by_host(src.allocation, host)
     out: dict[str, int] = {}

@@ -104,10 +104,15 @@ class Topology:
             return LinkClass.HOST
         return LinkClass.NETWORK
 
-    def union(self, other: Topology) -> Topology:
-        """Both device sets; a device in both must be on the same host."""
+    def hosts_with(self, other: Topology) -> dict[int, str]:
+        """Device -> host over both device sets (what `union` holds, without building and
+        sorting a Topology); a device in both must be on the same host."""
         merged = dict(self._host_of)
         for d in other.devices:
             if merged.setdefault(d.id, d.host) != d.host:
                 raise IRError(f"device {d.id} is on host {merged[d.id]!r} in src but {d.host!r} in dst")
-        return Topology(tuple(Device(i, h) for i, h in merged.items()), self.links)
+        return merged
+
+    def union(self, other: Topology) -> Topology:
+        """Both device sets; a device in both must be on the same host."""
+        return Topology(tuple(Device(i, h) for i, h in self.hosts_with(other).items()), self.links)

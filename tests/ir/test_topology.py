@@ -65,6 +65,13 @@ def test_union_keeps_both_device_sets():
     assert [(d.id, d.host) for d in u.devices] == [(0, "h0"), (1, "h0"), (5, "h9")]
 
 
+def test_hosts_with_is_the_unions_host_map_and_refuses_what_it_refuses():
+    a, b = topo("h0", "h0"), Topology((Device(1, "h0"), Device(5, "h9")))
+    assert a.hosts_with(b) == {d.id: d.host for d in a.union(b).devices} == {0: "h0", 1: "h0", 5: "h9"}
+    with pytest.raises(IRError, match="device 1 is on host 'h0' in src but 'h1' in dst"):
+        a.hosts_with(Topology((Device(1, "h1"),)))
+
+
 def test_devices_sort_by_key_as_by_their_own_order():
     """`Topology` sorts plain `Device`s by (id, host) read in C: the order of Device's own
     comparison, ties kept in input order (a sort of anything else falls back to `<`)."""
