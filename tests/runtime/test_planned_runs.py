@@ -85,3 +85,25 @@ def test_runs_of_mapped_src_files_are_copied_without_a_view(case, tmp_path, monk
     whole = [op for op in ops if run_of(files.src_arrays[(op.src_subtensor, op.src_device)].shape,
                                         files.src.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box) is not None]  # fmt: skip
     assert whole and len(viewed) == len(ops) - len(whole)
+
+
+def test_an_empty_fill_leaves_its_file_to_the_runs(case, tmp_path, monkeypatch):  # noqa: F811
+    """An empty region (a fill of nothing) is placed from its view, and the file's other regions
+    still go file to file: one path writes every file. (It used to send the whole file to a
+    second path, which made a numpy view of each src region and sorted its regions by (offset,
+    op): an empty fill at the offset of a copy raised TypeError there.)"""
+    root, tensors, dst, files, values = case
+    sid = next(s for s, ops in files.ops.items() if len(ops) == 1 and not isinstance(ops[0], planned.FillOp)
+               and run_of(files.dst.subtensor_map[s].shape, files.dst.subtensor_map[s].pieces[ops[0].dst_piece], ops[0].box) == 0)  # fmt: skip
+    copy = files.ops[sid][0]
+    shape = files.dst.subtensor_map[sid].shape
+    empty = planned.FillOp(copy.dst_device, sid, Box((0,) * len(shape), (0, *shape[1:])), 7)
+    viewed, real = [], planned.source_region
+    monkeypatch.setattr(planned, "source_region", lambda op, *a: viewed.append(op) or real(op, *a))
+    files.ops[sid] = [empty, copy]
+    try:
+        _write_all(files, dst, values, tmp_path / "out")
+    finally:
+        files.ops[sid] = [copy]
+    _assert_oracle(tmp_path / "out", dst, tensors)
+    assert copy not in viewed

@@ -15,8 +15,10 @@ that is not one run in the dst array (the dst is a column block) is assembled in
 buffer and written with one `pwrite`. Scratch buffers are per thread and reused, so their pages
 are faulted in once. Where each region is one run of the dst array, the offsets come from the
 boxes (`arrays.run_of`, `arrays.box_run`: integers, no numpy view), and so does a copy's src
-offset where its src region is one run of a mapped file; only the other copies (column blocks)
-and files make views (`_write_views`: the same bytes, in the same places).
+offset where its src region is one run of a mapped file; only the other regions (empty ones,
+column blocks of the src or of the dst) make views (`_spans`: the same bytes, in the same
+places). One path writes every file: runs in file order where every region is one run of the
+dst array, else the array assembled.
 
 Invariants:
 - every byte of a dst file is written once: ops whose regions do not add up to the array raise
@@ -68,38 +70,47 @@ class PlannedFiles:
         dtype = np_dtype(self.dst.tensor_map[st.tensor].dtype)
         header = npy_header(dtype, st.shape)
         ops = self.ops.get(sid, [])
-        offsets = self._offsets(st.shape, ops)
-        if offsets is None:  # a region that is not one run of the file, or an empty one: numpy views
-            self._write_views(sid, st, dtype, header, ops, fd)
-            return
-        size = sum(op.box.volume for op in ops) * dtype.itemsize
-        if size != st.volume * dtype.itemsize:
-            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {size} of {st.volume * dtype.itemsize} bytes")
+        offsets, sizes, target = self._spans(st, dtype, ops)
+        if sum(sizes) != st.volume * dtype.itemsize:
+            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(sizes)} of {st.volume * dtype.itemsize} bytes")
         pwrite_all(fd, header, 0)
+        if None in offsets:  # a region that is not one run of the array (a column block): assembled, written at once
+            apply_ops(ops, self.src, self.dst, self.src_arrays, target)
+            pwrite_all(fd, _bytes(target), len(header))
+            return
         for at, i in sorted(zip(offsets, range(len(ops)))):  # in file order
             op = ops[i]
             if isinstance(op, FillOp):
-                pwrite_all(fd, _bytes(np.full(op.box.volume, op.value, dtype)), len(header) + at * dtype.itemsize)
+                pwrite_all(fd, _bytes(np.full(sizes[i] // dtype.itemsize, op.value, dtype)), len(header) + at)
             else:
-                self._copy_op(op, fd, len(header) + at * dtype.itemsize)
+                self._copy_op(op, fd, len(header) + at)
 
-    def _offsets(self, shape: tuple[int, ...], ops: list[CopyOp | FillOp]) -> list[int] | None:
-        """Each op's region's element offset in the dst array, where every region is one run
-        of it (`arrays.run_of`, no view made), else None."""
-        out = []
-        pieces = None
+    def _spans(self, st: SubTensor, dtype: np.dtype, ops: list[CopyOp | FillOp]) -> tuple[list, list[int], np.ndarray | None]:
+        """(each op's region's byte offset in the array, its bytes, the scratch array or None).
+        The offset comes from the boxes where the region is one run of the array (`arrays.run_of`,
+        `arrays.box_run`: no view made), else from its numpy view in the scratch buffer (made
+        then: an empty region, one outside the array); it is None where that view is not one
+        run, or where the op reads dst state (a forward): the array is then assembled there."""
+        offsets: list[int | None] = []
+        sizes: list[int] = []
+        target = None
+        itemsize = dtype.itemsize
         for op in ops:
             if isinstance(op, FillOp):
-                at = box_run(shape, op.box)
-            elif op.src_side != "src":
-                return None
+                at = box_run(st.shape, op.box)
             else:
-                pieces = pieces or self.dst.subtensor_map[op.dst_subtensor].pieces
-                at = run_of(shape, pieces[op.dst_piece], op.box)
-            if at is None:
-                return None
-            out.append(at)
-        return out
+                at = run_of(st.shape, st.pieces[op.dst_piece], op.box) if op.src_side == "src" else None
+            if at is not None:
+                offsets.append(at * itemsize)
+                sizes.append(op.box.volume * itemsize)
+                continue
+            if target is None:
+                target = self._buffer("scratch", st.volume * itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
+            r = self._region(op, target)
+            one_run = r.flags.c_contiguous and (isinstance(op, FillOp) or op.src_side == "src")
+            offsets.append(r.ctypes.data - target.ctypes.data if one_run else None)
+            sizes.append(r.nbytes)
+        return offsets, sizes, target
 
     def _copy_op(self, op: CopyOp, fd: int, at: int) -> None:
         """The copy's bytes at `at`: file to file in the kernel where its src region is one run
@@ -115,35 +126,10 @@ class PlannedFiles:
         elif not copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
             pwrite_all(fd, _bytes(source_region(op, self.src, self.dst, self.src_arrays, {})), at)  # one run: as it lies
 
-    def _write_views(self, sid: str, st: SubTensor, dtype: np.dtype, header: bytes, ops: list, fd: int) -> None:
-        """`write` through numpy views of the regions: runs in file order where each is one run
-        of the dst array, else the array assembled in the scratch buffer and written at once."""
-        target = self._buffer("scratch", st.volume * dtype.itemsize).view(dtype).reshape(st.shape)  # views only, until assembled
-        regions = [self._region(op, target) for op in ops]
-        if sum(r.nbytes for r in regions) != target.nbytes:
-            raise ExecutionError(f"dst sub-tensor {sid!r}: its ops write {sum(r.nbytes for r in regions)} of {target.nbytes} bytes")
-        pwrite_all(fd, header, 0)
-        if all(r.flags.c_contiguous for r in regions):
-            base = target.ctypes.data
-            for at, op in sorted((r.ctypes.data - base, op) for r, op in zip(regions, ops)):  # in file order
-                self._write_op(op, target, fd, len(header) + at)
-        else:
-            apply_ops(ops, self.src, self.dst, self.src_arrays, target)
-            pwrite_all(fd, _bytes(target), len(header))
-
     def _region(self, op: CopyOp | FillOp, target: np.ndarray) -> np.ndarray:
         if isinstance(op, FillOp):
             return view(target, op.box)
         return target_region(op, self.dst, {(op.dst_subtensor, op.dst_device): target})
-
-    def _write_op(self, op: CopyOp | FillOp, target: np.ndarray, fd: int, at: int) -> None:
-        """Write the op's region, one run of bytes of the dst array, at `at` in the file."""
-        if isinstance(op, FillOp):
-            region = view(target, op.box)
-            pwrite_all(fd, _bytes(np.full(region.shape, op.value, region.dtype)), at)
-        else:
-            dst_arrays = {(op.dst_subtensor, op.dst_device): target}
-            self._copy(source_region(op, self.src, self.dst, self.src_arrays, dst_arrays), fd, at)
 
     def _copy(self, a: np.ndarray, fd: int, at: int) -> None:
         """`a`'s bytes at `at`: file to file in the kernel where `a` is one run of a mapped file."""
