@@ -182,13 +182,17 @@ def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
     subtensors = [_subtensor(doc, n, v) for n, v in sections["subtensors"].items()]
     partitions = [_partition(doc, n, v) for n, v in sections["partitions"].items()]
     allocation = _allocation(doc, root["allocation"])
-    _check_references(doc, tensors, subtensors, partitions, allocation, topology)
-    return doc.build("document", lambda: PTC(tuple(tensors), tuple(subtensors), tuple(partitions), allocation, topology))
+    try:
+        return PTC(tuple(tensors), tuple(subtensors), tuple(partitions), allocation, topology)
+    except (IRError, TypeError) as e:  # the PTC's verifier found it: named at its field where a reference is wrong
+        _check_references(doc, tensors, subtensors, partitions, allocation, topology)
+        raise doc.fail("document", str(e)) from None
 
 
 def _check_references(doc: JsonDoc, tensors, subtensors, partitions, allocation, topology) -> None:
-    """Dangling and double references, reported at the field that makes them (the PTC's own
-    verifier says the same in prose, for PTCs built in code)."""
+    """Dangling and double references, reported at the field that makes them. The PTC's own
+    verifier finds each of them (in prose, for PTCs built in code), so a document is checked
+    here only once that verifier has refused it: a valid one is checked once, not twice."""
     shapes, boxes = {t.name: t.shape for t in tensors}, {t.name: t.box for t in tensors}
     for st in subtensors:
         w = f"subtensors[{st.id!r}]"
