@@ -52,7 +52,7 @@ MAX_WORKERS = 256  # agent processes on one machine; each costs a Python process
 def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: str | None, workers: int,
                 central: bool, trust_pickles: bool, hf_arch: str | None, hf_vocab: int | None, as_json: bool) -> None:  # fmt: skip
     """Reshard the checkpoint SRC_DIR (tenplex, Megatron-LM or PyTorch DCP) to DST's layout."""
-    from tenplex.frameworks.formats import FormatError, convert, detect
+    from tenplex.frameworks.formats.kinds import FormatError, detect
 
     if hf_vocab is not None and hf_arch is None:
         raise FormatError("--hf-vocab applies with --hf-arch only")
@@ -68,6 +68,8 @@ def reshard_cmd(src_dir: str, dst: str, out_dir: str, src_fmt: str | None, fmt: 
         if central:
             raise FormatError("--central applies to tenplex checkpoint directories only")
         numpy_with_one_blas_thread()
+        from tenplex.frameworks.formats.conversion import convert  # other formats only
+
         done = convert(src_dir, dst, out_dir, load_state, src_fmt=src_fmt, fmt=fmt, workers=workers,
                        trust_pickles=trust_pickles, hf_arch=hf_arch, hf_vocab=hf_vocab)  # fmt: skip
         doc = done.to_json()

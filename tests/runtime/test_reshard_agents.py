@@ -155,9 +155,11 @@ def test_a_worker_that_dies_leaves_no_out_and_the_src_intact(case, tmp_path, cen
     assert not [p for p in multiprocessing.active_children() if p.name.startswith(("tenplex-agent-", "tenplex-worker-"))]
 
 
-# --workers 2 forks its agents (no imports) and moves bytes between them without UCX (cma)
-LIGHT = {1: ["networkx", "scipy", "argparse", "importlib.metadata", "torch", "rich", "aiohttp", "ucxx"],
-         2: ["scipy", "ucxx", "torch"]}  # fmt: skip
+# --workers 2 forks its agents (no imports) and moves bytes between them without UCX (cma); a
+# tenplex directory needs only `formats.detect`, not the other formats' conversions
+FORMATS = ["tenplex.frameworks.formats.conversion", "tenplex.frameworks.formats.findings"]
+LIGHT = {1: ["networkx", "scipy", "argparse", "importlib.metadata", "torch", "rich", "aiohttp", "ucxx", *FORMATS],
+         2: ["scipy", "ucxx", "torch", *FORMATS]}  # fmt: skip
 
 
 @pytest.mark.multiprocess

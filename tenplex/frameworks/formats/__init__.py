@@ -39,8 +39,11 @@ source, the dst layout, reshard and write), `findings` (plain words for `inspect
 (Megatron <-> Hugging Face models: `export`, `start`).
 """
 
-from tenplex.frameworks.formats.conversion import Converted, convert, dst_ptc, read
-from tenplex.frameworks.formats.findings import inspect, inspect_report
-from tenplex.frameworks.formats.kinds import FORMATS, FormatError, detect
+from tenplex._lazy import lazy
 
-__all__ = ["FORMATS", "Converted", "FormatError", "convert", "detect", "dst_ptc", "inspect", "inspect_report", "read"]
+# lazily (`tenplex._lazy`), as the other framework packages: `tenplex reshard` of a tenplex
+# directory needs `detect` alone, not the conversions' module
+__getattr__, __all__ = lazy(__name__, {
+    "Converted": "conversion", "convert": "conversion", "dst_ptc": "conversion", "read": "conversion",
+    "inspect": "findings", "inspect_report": "findings", "FORMATS": "kinds", "FormatError": "kinds", "detect": "kinds",
+})  # fmt: skip
