@@ -13,7 +13,7 @@ from operator import attrgetter
 import numpy as np
 
 from tenplex.compiler import keysort
-from tenplex.compiler.cost import host_lower_bounds, lower_bound_seconds
+from tenplex.compiler.cost import Held, host_lower_bounds, lower_bound_seconds
 from tenplex.compiler.nogc import without_gc
 from tenplex.compiler.ops import FillOp
 from tenplex.compiler.passes.coalesce import Coalesce
@@ -77,7 +77,9 @@ def _stats(program: Program) -> Stats:
                            (rounds * 4 + link) * w + t.dst_dev[local]))  # fmt: skip
     uk, sums = group_sum(keys, np.concatenate((m.bytes[net], m.bytes[net], nbytes[local])))
     links = program.topology.links
-    per_host = program.lower_bounds if program.lower_bounds is not None else host_lower_bounds(program.src, dst)
+    per_host = program.lower_bounds
+    if per_host is None:  # no rank placement: the bounds from the piece boxes `Program.start` read (`Held`)
+        per_host = host_lower_bounds(program.src, dst, held=Held(program.pieces))
     return Stats(
         device_bytes=int(nbytes[local[link == 2]].sum()),
         host_bytes=int(nbytes[local[link == 3]].sum()),
