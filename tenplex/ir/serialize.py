@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
 from tenplex.ir.box import Box
@@ -190,9 +191,8 @@ def ptc_from_json(root: Any, source: str = "<ptc>") -> PTC:
 
 
 def _check_references(doc: JsonDoc, tensors, subtensors, partitions, allocation, topology) -> None:
-    """Dangling and double references, reported at the field that makes them. The PTC's own
-    verifier finds each of them (in prose, for PTCs built in code), so a document is checked
-    here only once that verifier has refused it: a valid one is checked once, not twice."""
+    """Dangling and double references, named at their field; run only once the PTC's verifier
+    (which finds each of them, in prose) has refused the document: a valid one is checked once."""
     shapes, boxes = {t.name: t.shape for t in tensors}, {t.name: t.box for t in tensors}
     for st in subtensors:
         w = f"subtensors[{st.id!r}]"
@@ -255,20 +255,25 @@ def ptc_to_json(ptc: PTC) -> dict:
     return out
 
 
+_LEAF = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode  # `json.dumps` with these options
+
+
+def _leaf(value: Any) -> str:
+    """`_LEAF(value)`, a string (every key) as `JSONEncoder.encode` writes it: no encoder per leaf."""
+    return encode_basestring(value) if type(value) is str else _LEAF(value)
+
+
 def canonical_text(root: dict) -> str:
     """JSON text with one line per top-level scalar and per entry of a top-level map or list,
     so that diffs of PTCs and plans are readable line by line."""
-
-    def leaf(value: Any) -> str:
-        return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
-
+    leaf = _leaf
     lines = []
     for key, value in root.items():
         if isinstance(value, dict) and value:
-            body = ",\n".join(f"  {leaf(k)}: {leaf(v)}" for k, v in value.items())
+            body = ",\n".join([f"  {leaf(k)}: {leaf(v)}" for k, v in value.items()])
             lines.append(f" {leaf(key)}: {{\n{body}\n }}")
         elif isinstance(value, list) and value:
-            body = ",\n".join(f"  {leaf(v)}" for v in value)
+            body = ",\n".join([f"  {leaf(v)}" for v in value])
             lines.append(f" {leaf(key)}: [\n{body}\n ]")
         else:
             lines.append(f" {leaf(key)}: {leaf(value)}")

@@ -8,6 +8,7 @@ import re
 import attrs
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tenplex.ir import ParseError, Value, dumps, load_ptc, loads, ptc_from_json, ptc_to_json, save_ptc
 from tenplex.ir import serialize as serialize_module
@@ -461,3 +462,15 @@ def test_failed_save_leaves_the_target_unchanged(tmp_path, monkeypatch, prepare,
     monkeypatch.undo()
     assert path.read_text() == "previous contents"
     assert os.listdir(tmp_path) == ["ptc.json"]
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3), max_leaves=8)  # fmt: skip
+
+
+@given(_JSON)
+def test_a_leaf_is_printed_as_json_dumps_prints_it(value):
+    """Canonical text's leaves (strings straight to the encoder's string function, anything else
+    through one encoder made once) are `json.dumps`'s, non-ASCII text included."""
+    assert serialize_module._leaf(value) == json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+    assert serialize_module._leaf("ü\x00\"\\/\u2028") == json.dumps("ü\x00\"\\/\u2028", ensure_ascii=False)
