@@ -292,7 +292,6 @@ def test_cross_reference_error_names_the_field(change, field, message):
     assert parse_error(mutated(change)).startswith(f"ptc.json: {field}: ")
 
 
-
 def test_references_are_checked_field_by_field_only_when_the_ptc_refuses_them(monkeypatch):
     """A valid document's references are checked once, by the PTC's verifier; the parser's
     field-naming check runs only after that verifier refused the document (and the test above
@@ -305,6 +304,7 @@ def test_references_are_checked_field_by_field_only_when_the_ptc_refuses_them(mo
     with pytest.raises(ParseError, match=r"^ptc\.json: allocation\['tp9'\]: "):
         ptc_from_json(mutated(setter("allocation", "tp9", [0])), "ptc.json")
     assert len(calls) == 1
+
 
 UNCHECKED_TYPES = [
     pytest.param(setter("tensors", "w", "dtype", ["float32"]), "tensors['w'].dtype", id="dtype_list"),

@@ -114,28 +114,25 @@ class PlannedFiles:
 
     def _copy_op(self, op: CopyOp, fd: int, at: int) -> None:
         """The copy's bytes at `at`: file to file in the kernel where its src region is one run
-        of a mapped src file (offsets from the boxes), else from a view of the src (`_copy`)."""
+        of a mapped src file (offsets from the boxes), else from a view of the src (`_write_view`)."""
         key = (op.src_subtensor, op.src_device)
         a = self.src_arrays[key]
         where = self._mapped.get(key, False)
         if where is False:
             where = self._mapped[key] = mapped_file(a) if a.flags.c_contiguous else None
         k = None if where is None else run_of(a.shape, self.src.subtensor_map[op.src_subtensor].pieces[op.src_piece], op.box)
-        if k is None:
-            self._copy(source_region(op, self.src, self.dst, self.src_arrays, {}), fd, at)
-        elif not copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
-            pwrite_all(fd, _bytes(source_region(op, self.src, self.dst, self.src_arrays, {})), at)  # one run: as it lies
+        if k is None or not copy_range(where[0], where[1] + k * a.itemsize, fd, at, op.box.volume * a.itemsize):
+            self._write_view(source_region(op, self.src, self.dst, self.src_arrays, {}), fd, at)
 
     def _region(self, op: CopyOp | FillOp, target: np.ndarray) -> np.ndarray:
         if isinstance(op, FillOp):
             return view(target, op.box)
         return target_region(op, self.dst, {(op.dst_subtensor, op.dst_device): target})
 
-    def _copy(self, a: np.ndarray, fd: int, at: int) -> None:
-        """`a`'s bytes at `at`: file to file in the kernel where `a` is one run of a mapped file."""
-        where = mapped_file(a) if a.flags.c_contiguous else None
-        if where is not None and copy_range(*where, fd, at, a.nbytes):
-            return
+    def _write_view(self, a: np.ndarray, fd: int, at: int) -> None:
+        """`a`'s bytes at `at` from the view itself (the kernel copies a run of a mapped src file
+        in `_copy_op`, which calls this for what it cannot: column blocks, unmapped or empty
+        regions, files the kernel cannot copy between)."""
         spans = None if a.flags.c_contiguous else runs(a)
         if spans is not None:  # a column block: its rows handed to the kernel as they lie
             write_runs(fd, *spans, at)
