@@ -19,8 +19,13 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
 - FUSE, a file per step: the same mount, the child reads every `step-SSSSSS.bin` (the rank's
   samples of a step after a table of their ids and offsets) with one open and one read
   (`tenplex.data.step_file.read`), each sample a view of what it read;
-- anchor "the view's step files on tmpfs": those step files copied to tmpfs, read the same way.
-Goals (issue 16): FUSE (either layout) and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
+- anchor "the view's step files on tmpfs": those step files copied to tmpfs, read the same way;
+- FUSE, ranges + sources: the same mount, the child reads `ranges.bin` (where the view's samples
+  lie) once, then each sample with one `preadv` from `sources/FFFFFF`, its source file as the
+  view shows it (`tenplex.data.ranges_file.RangesReader`); as root the view is served in the
+  kernel's protocol and the sources are passed through (FUSE passthrough): no READ reaches the
+  server.
+Goals (issue 16): FUSE (any layout) and RankBatches with 2 workers ≥ 0.8× direct for samples ≥ 64 KiB, judged on
 the median of the per-round ratios (rounds run every path once, right after direct). 4 KiB samples
 are for information.
 
@@ -48,9 +53,10 @@ METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB
            ("batches0", "RankBatches, 0 workers"), ("batches2", "RankBatches, 2 workers"),
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
            ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"),
-           ("stepfiles", "anchor: the view's step files on tmpfs"), ("fusestep", "FUSE view, a file per step"))  # fmt: skip
+           ("stepfiles", "anchor: the view's step files on tmpfs"), ("fusestep", "FUSE view, a file per step"),
+           ("fuseranges", "FUSE view, ranges + sources"))  # fmt: skip
 ANCHORS = ("direct", "ring", "ring2", "bound", "files", "stepfiles")
-_MOUNTED = ("fuse", "files", "fusestep", "stepfiles")  # passes that read a fresh mount (or a copy of it)
+_MOUNTED = ("fuse", "files", "fusestep", "stepfiles", "fuseranges")  # passes that read a fresh mount (or a copy of it)
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 
@@ -78,7 +84,10 @@ step files on tmpfs, shows the layout costs a reader nothing measurable: what is
 callback per request. The anchor "direct into a 64 MiB ring" reads the samples in one process into memory that has
 left the CPU cache, as every batch that waits for its step must; direct's `os.pread` gets a
 buffer back warm from the cache each time. The per-sample DataLoader pickles every (id, bytes)
-pair through a pipe."""
+pair through a pipe. Ranges + sources: the reader asks the view once per pass where its samples
+lie (`ranges.bin`: an OPEN and a READ) and opens each source file once; every sample is then a
+`preadv` of a source file that the kernel passes through to the file itself (as root; Linux >= 6.9),
+so no request reaches the server per sample or per step: the view's server is out of the data path."""
 
 
 # ---- the driver ----------------------------------------------------------------------------
@@ -112,7 +121,7 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
 
     index = DatasetIndex.load(index_path)
     with mount(index, DataState.load(state_path), WORLD, RANK, mnt):  # fresh: no cached pages
-        if method in ("fuse", "fusestep"):
+        if method in ("fuse", "fusestep", "fuseranges"):
             return run_json(argv, {}, timeout_s)
         with tempfile.TemporaryDirectory(dir=Path(index_path).parent) as tree:  # tmpfs, as the dataset
             shutil.copytree(mnt, tree, dirs_exist_ok=True)  # not timed: the view's files, as plain files
@@ -215,7 +224,7 @@ def markdown(info: dict[str, Any], cells: list[list[str]], rescale_md: str, load
         f"Rank {RANK} of W = {WORLD}, global batch {GLOBAL_BATCH}, one epoch of a raw dataset on tmpfs; every pass "
         "in a fresh child process, in rounds that run every path once right after direct; a path's ratio is its "
         "MB/s over direct's of the same round, min / median / max over the rounds (the goal is judged on the "
-        f"median). Goal: FUSE (a file per sample or per step) and the DataLoader (RankBatches, 2 workers) ≥ {GOAL}× direct "
+        f"median). Goal: FUSE (a file per sample or per step, or ranges + sources) and the DataLoader (RankBatches, 2 workers) ≥ {GOAL}× direct "
         "for samples ≥ 64 KiB. "
         "See the docstring of bench/dataset.py for the paths.", "",
         md_table(HEADERS, cells), "", load_line, "",

@@ -93,6 +93,8 @@ def _samples(method: str, index: Any, files: Any, directory: str) -> Iterator[tu
         return ((int(i), d) for i, d in loader)
     if method in ("fusestep", "stepfiles"):
         return _step_samples(Path(directory))
+    if method == "fuseranges":
+        return _range_samples(Path(directory))
     return _fuse_samples(Path(directory))
 
 
@@ -113,6 +115,17 @@ def _step_samples(root: Path) -> Iterator[tuple[int, memoryview]]:
     for name in sorted(os.listdir(root)):
         if name.startswith("step-") and name.endswith(".bin"):
             batch = reader.read(root / name)
+            yield from zip(batch.ids, batch.samples)
+
+
+def _range_samples(root: Path) -> Iterator[tuple[int, memoryview]]:
+    """The view's ranges file, read once, then each sample read from its source file through the
+    view (passed through to the source by the kernel where the server can ask for it)."""
+    from tenplex.data.ranges_file import RangesReader
+
+    with RangesReader(root) as reader:  # one buffer for every step, as `_step_samples`
+        for step in reader.ranges.steps:
+            batch = reader.read(step)
             yield from zip(batch.ids, batch.samples)
 
 

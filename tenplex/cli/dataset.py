@@ -13,7 +13,7 @@ step of E epochs (1..MAX_EPOCHS) starting at step 0 or at STATE's next step; lin
 as they are computed, and a reader that stops early (`| head`) ends the command quietly. Counts
 are bounded: W (schedule, --world) by `tenplex.data.partition.MAX_WORLD`, --steps by MAX_STEPS. `mount` serves rank R's next K
 steps (default: the rest of the epoch) as a read-only FUSE directory (`tenplex.runtime.fuse.dataset`:
-a file per sample, and a file per step, docs/dataset.md section 10.4) until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
+a file per sample, a file per step, and the view's ranges over its source files, docs/dataset.md section 10.4) until SIGINT or SIGTERM, printing one line once it is live; SIGHUP re-reads STATE and switches
 the view to its next step (a trainer rewrites STATE at each commit). A `DataError` ends in one line
 `tenplex: error: ...` and exit code 2 (through the `tenplex` group's error handling). `inspect
 --json` prints one document `tenplex.dataset-inspect/1` (docs/cli.md) with the facts of the text,
@@ -195,7 +195,7 @@ def _mount_state(index: DatasetIndex, state_path: str | None, seed: int | None, 
 @click.option("--tail", type=click.Choice(TAILS), default="drop", show_default=True, help="Tail policy.")
 @click.option("--uneven", is_flag=True, help="Allow W that does not divide G (counts differ by <= 1).")
 @click.option("--page-cache", is_flag=True, help="Serve every sample file through the page cache, for readers that "
-              "mmap them shared (default: files of 256 KiB and more use direct I/O, which refuses that; step files always do).")  # fmt: skip
+              "mmap them shared (default: files of 256 KiB and more use direct I/O, which refuses that unless root serves the view; step files always do).")  # fmt: skip
 def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path: str | None, seed: int | None,
               global_batch: int | None, steps: int | None, tail: str, uneven: bool, page_cache: bool) -> None:  # fmt: skip
     """Serve rank R's upcoming samples at DIR (read-only FUSE) until SIGINT/SIGTERM."""

@@ -8,7 +8,8 @@
 - `reader`: sample bytes and decoded values; `torch_data` (imports torch): datasets and samplers;
 - `prefetch/`: a rank's next steps fetched in reading order into a bounded cache, peers first;
 - `rank_files`: a rank's upcoming samples as a tree of files (names, sizes, headers), which
-  `tenplex.runtime.fuse.dataset` mounts as a read-only directory, switched atomically at a rescale.
+  `tenplex.runtime.fuse.dataset` mounts as a read-only directory, switched atomically at a rescale;
+  `step_file` and `ranges_file`: that directory's files of a step, and of where the view's samples lie.
 
 The names below load their module on first use, so `tenplex.cli.dataset` (registered by the
 `tenplex` command) costs no numpy work at start-up. Of the other components, the package imports only `tenplex.ir`.

@@ -8,6 +8,9 @@ Layout of a view (what `tenplex.runtime.fuse.dataset` mounts at DIR):
                                        whose sample id is IIII; sorted names = reading order
     DIR/step-SSSSSS.bin                the same samples as ONE file, a table of their ids and
                                        offsets first (`tenplex.data.step_file`)
+    DIR/ranges.bin                     where every sample of the view lies in the source files
+                                       (`tenplex.data.ranges_file`)
+    DIR/sources/FFFFFF                 source file F of the index, its bytes as they are
 
 Numbers are zero-padded: steps to 6 digits, positions to the digits of G - 1 (at least 3), ids to
 the digits of N - 1, so that names sort in reading order and depend only on the job (index and
@@ -40,11 +43,14 @@ import numpy as np
 from tenplex.data.errors import DataError
 from tenplex.data.index import DatasetIndex
 from tenplex.data.partition import RankView, rank_view
+from tenplex.data.ranges_file import build as build_ranges
+from tenplex.data.ranges_file import source_name
 from tenplex.data.state import DataState
 from tenplex.data.step_file import StepFile, data_offset
 
 STATE_FILE = ".state.json"
 STEP_SUFFIX = ".bin"  # DIR/step-SSSSSS.bin: a step file
+RANGES_FILE = "ranges.bin"  # DIR/ranges.bin: the view's ranges file
 VIEW_VERSION = 1
 _SUFFIX = {"megatron": ".npy", "tfrecord": ".tfrecord", "raw": ".bin"}
 _STEP = re.compile(r"step-(\d{6,})")
@@ -93,6 +99,7 @@ class RankFiles:
     generation: int = 0
     _ids: dict[int, list[int]] = attrs.field(factory=dict, init=False, repr=False)  # step -> share, memoized
     _sizes: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)  # step -> its step file's size
+    _ranges: list[bytes] = attrs.field(factory=list, init=False, repr=False)  # the ranges file, once built
 
     def __attrs_post_init__(self) -> None:
         if self.view.start != self.state.step(self.view.order):
@@ -154,6 +161,22 @@ class RankFiles:
         lengths = self.index.length[ids].tolist() if ids else []
         v = self.view
         return StepFile(self.generation, step, v.world, v.rank, tuple(ids), tuple(int(k) for k in lengths))
+
+    def ranges_bytes(self) -> bytes:
+        """The view's ranges file (`tenplex.data.ranges_file`), built once."""
+        if not self._ranges:
+            shares = [self.share(s) for s in self.steps]
+            ids = np.concatenate(shares) if shares else np.zeros(0, np.int64)
+            rows = np.stack([ids, *self.index.ranges(ids)], axis=1) if len(ids) else np.zeros((0, 4), np.int64)
+            v = self.view
+            self._ranges.append(build_ranges(self.generation, v.world, v.rank, v.start, len(self.index.files),
+                                                  np.array([len(x) for x in shares], np.int64), rows))  # fmt: skip
+        return self._ranges[0]
+
+    def source(self, name: str) -> int | None:
+        """The source file that `DIR/sources/<name>` shows, or None."""
+        f = int(name) if name.isdigit() else -1
+        return f if 0 <= f < len(self.index.files) and source_name(f) == name else None
 
     def name(self, position: int, sample_id: int, suffix: str) -> str:
         width = max(3, len(str(self.view.order.global_batch - 1)))

@@ -128,6 +128,19 @@ class SampleReader:
         count = max(0, length - start) if size is None else max(0, min(size, length - start))
         return handle, offset + start, count
 
+    def source_fd(self, file_id: int) -> int | None:
+        """The open descriptor of local file `file_id` (None: behind a URL); open as long as the reader."""
+        handle = self._handle(file_id)
+        return handle if isinstance(handle, int) else None
+
+    def read_source(self, file_id: int, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of file `file_id`, cut at its end."""
+        handle = self._handle(file_id)
+        if isinstance(handle, int):
+            return os.pread(handle, size, offset)
+        fs, path = handle
+        return fs.cat_file(path, start=offset, end=min(offset + size, self.index.files[file_id].size))
+
     def decode(self, sample_id: int, data: bytes) -> Any:
         """`data` (sample `sample_id`'s bytes) as the index's sample format decodes it."""
         fmt = self.index.sample_format

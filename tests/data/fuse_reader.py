@@ -12,6 +12,9 @@ as sha256 hex digests; "ENOENT" (etc.) stands for a failed call. Commands:
                                       "steps": {"step-S.bin": STEP}}
 A step file (STEP) is parsed here by the layout that docs/dataset.md documents, not by tenplex:
 [generation, step, world, rank, [[id, sha], ...]], or "EBADMSG" where it breaks the layout.
+    {"op": "ranges", "dir": D}        D/ranges.bin parsed here by its documented layout, each
+                                      sample read from D/sources/FFFFFF by its range:
+                                      {"step-S.bin": STEP} (what the step files must hold)
     {"op": "race", "dir": D, "count": N}   N snapshots back to back
     {"op": "open", "path": P}         keep P open; {"op": "read_open"} digests it from offset 0
     {"op": "opendir", "path": P}      keep directory P open; {"op": "listdir_open"} lists it
@@ -78,14 +81,34 @@ def step_file(path: str) -> list:
     return [gen, step, world, rank, [[i, digest(data[o : o + k])] for i, o, k in rows]]
 
 
+def ranges(root: str) -> dict:
+    """{"step-S.bin": STEP} of every step in `root`/ranges.bin, each sample read from its source."""
+    data = read_bytes(os.path.join(root, "ranges.bin"))
+    if len(data) < 80 or data[:8] != b"TPLXRNGS":
+        raise OSError(errno.EBADMSG, root)
+    version, gen, world, rank, first, steps, n, sources, width = np.frombuffer(data, "<u8", 9, 8).tolist()
+    starts = np.frombuffer(data, "<u8", steps + 1, 80).tolist()
+    rows = np.frombuffer(data, "<u8", 4 * n, 80 + 8 * (steps + 1)).reshape(n, 4).tolist()
+    if version != 1 or width != 4 or len(data) != 80 + 8 * (steps + 1) + 32 * n or starts[-1] != n:
+        raise OSError(errno.EBADMSG, root)
+    fds = {f: os.open(os.path.join(root, "sources", f"{f:06d}"), os.O_RDONLY) for f in sorted({r[1] for r in rows})}
+    try:
+        return {f"step-{first + s:06d}.bin": [gen, first + s, world, rank,
+                                              [[i, digest(os.pread(fds[f], k, o))] for i, f, o, k in rows[starts[s] : starts[s + 1]]]]
+                for s in range(steps)}  # fmt: skip
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 def snapshot(root: str) -> dict:
     before = attempt(generation, root)
     names = sorted(attempt(os.listdir, root))
     dirs = {d: attempt(lambda d=d: sorted(os.listdir(os.path.join(root, d))))
-            for d in names if d != STATE and not d.endswith(".bin")}  # fmt: skip
+            for d in names if d.startswith("step-") and not d.endswith(".bin")}  # fmt: skip
     files = {f"{d}/{n}": attempt(lambda p: digest(read_bytes(p)), os.path.join(root, d, n))
              for d, names in dirs.items() if isinstance(names, list) for n in names}  # fmt: skip
-    steps = {d: attempt(step_file, os.path.join(root, d)) for d in names if d.endswith(".bin")}
+    steps = {d: attempt(step_file, os.path.join(root, d)) for d in names if d.startswith("step-") and d.endswith(".bin")}
     return {"before": before, "after": attempt(generation, root), "dirs": dirs, "files": files, "steps": steps}
 
 
@@ -110,6 +133,8 @@ def answer(cmd: dict, kept: dict[str, int]) -> object:
         return view(cmd["dir"])
     if op == "snapshot":
         return snapshot(cmd["dir"])
+    if op == "ranges":
+        return ranges(cmd["dir"])
     if op == "race":
         return [snapshot(cmd["dir"]) for _ in range(cmd["count"])]
     if op in ("open", "opendir"):

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, Schedule, step_file
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import fuse_unavailable_reason, is_mounted, mount, read_view
+from tenplex.runtime.fuse.dataset import view as dataset_view
 from tenplex.runtime.fuse.dataset.view import DIRECT_IO_FROM
 from tests.data import oracle
 from tests.data.helpers import npy_bytes, npz_bytes
@@ -75,6 +76,17 @@ def child():
     yield call
     proc.stdin.close()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True, params=["session", "libfuse"])
+def server(request, monkeypatch) -> str:
+    """Every mount of this process by each server: the kernel protocol (`fuse.session`, what a
+    root process gets by default) and libfuse (the fallback). The CLI's mounts, in processes of
+    their own, get the default."""
+    if request.param != "session" and "cli_mount" in request.node.name:
+        pytest.skip("the CLI mounts with the default server")
+    monkeypatch.setitem(dataset_view.mount.__wrapped__.__kwdefaults__, "lowlevel", request.param == "session")
+    return request.param
 
 
 @pytest.fixture
@@ -188,6 +200,37 @@ def test_step_files_are_the_sample_files_and_the_python_loader(dataset, child, t
         f, o, n = (a.tolist() for a in dataset.ranges(ids))
         assert any((f[k], o[k] + n[k]) != (f[k + 1], o[k + 1]) for k in range(len(ids) - 1))
     assert any(len({int(dataset.file_id[i]) for i in ids}) == 2 for _, ids, _ in batches)  # one step, two files
+
+
+def test_ranges_read_from_the_sources_are_the_step_files(dataset, child, tmp_path):
+    """P8 for ranges + sources: the reader parses `ranges.bin` by its documented layout (no
+    tenplex) and reads each sample from `sources/`; every step has the ids and bytes of its step
+    file, before and after a switch (the table then names the new view)."""
+    with mount(dataset, DataState.start(dataset, 1, 4), 2, 1, tmp_path, steps=3) as v:
+        want = expected_steps(v.files)
+        assert child(op="ranges", dir=str(tmp_path)) == want == child(op="view", dir=str(tmp_path))["steps"]
+        files = v.switch(DataState.start(dataset, 1, 4), 4, 3)
+        assert child(op="ranges", dir=str(tmp_path)) == expected_steps(files) != want
+
+
+def test_the_kernel_reads_the_sources_itself(dataset, child, tmp_path, server):
+    """As root, on a kernel with FUSE passthrough, the kernel-protocol server passes the sources
+    through: reading every sample by the ranges sends the server no READ of a source; libfuse
+    (or no passthrough) serves each read itself."""
+    with mount(dataset, DataState.start(dataset, 1, 4), 2, 1, tmp_path, steps=3) as v:
+        reads: list[int] = []
+        serve = v.ops.read_buf
+
+        def counted(path, size, offset, fh):
+            if v.ops._handles[fh].source is not None:
+                reads.append(size)
+            return serve(path, size, offset, fh)
+
+        v.ops.read_buf = counted
+        assert child(op="ranges", dir=str(tmp_path)) == expected_steps(v.files)
+        if server == "session" and not v.passthrough:
+            pytest.skip("the kernel offers no FUSE passthrough")
+        assert (reads == []) == (server == "session") and v.passthrough == (server == "session")
 
 
 def test_p11_readers_racing_switches_see_one_view_or_detect_the_race(dataset, view, child):
@@ -314,8 +357,10 @@ def _start(*args: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.parametrize("page_cache", [False, True])
 def test_cli_mount_page_cache_lets_readers_mmap_large_samples_shared(tmp_path, page_cache):
-    """A sample of 256 KiB and more is served with direct I/O, which refuses a shared mmap
-    (ENODEV; a private one works); `--page-cache` serves it through the page cache instead."""
+    """A sample of 256 KiB and more is served with direct I/O, which libfuse cannot map shared
+    (ENODEV; a private map works; `--page-cache` serves it through the page cache instead); the
+    kernel-protocol server that a root process gets maps it shared either way
+    (FUSE_DIRECT_IO_ALLOW_MMAP)."""
     blob = npy_bytes(np.arange(DIRECT_IO_FROM // 4, dtype=np.int32))
     (tmp_path / "s.npy-stream").write_bytes(blob)
     DatasetIndex.from_files("numpy", str(tmp_path), [("s.npy-stream", len(blob), [0], [len(blob)])]).save(
@@ -332,7 +377,7 @@ def test_cli_mount_page_cache_lets_readers_mmap_large_samples_shared(tmp_path, p
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     last = DIRECT_IO_FROM // 4 - 1
-    if page_cache:
+    if page_cache or os.geteuid() == 0:
         assert got.stdout == f"c {last}\nr {last}\n", got.stderr
     else:
         assert got.stdout == f"c {last}\n" and "No such device" in got.stderr

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader, step_file
+from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader, ranges_file, step_file
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import ViewFS
 from tests.data.helpers import write_raw_samples
@@ -28,7 +28,7 @@ def paths(ops: ViewFS, files: RankFiles) -> list[str]:
     """The sample files' paths (in the step directories, not the step files)."""
     return [
         f"/{d}/{n}"
-        for d in ops.readdir("/", ops.opendir("/"))[3::2]
+        for d in ops.readdir("/", ops.opendir("/"))[5::2]
         for n in ops.readdir(f"/{d}", ops.opendir(f"/{d}"))[2:]
     ]
 
@@ -42,7 +42,8 @@ def test_listing_reading_and_a_switch(parts):
     old = RankFiles.build(index, state, 2, 0, 2)
     ops = ViewFS(old, reader)
     root = ops.opendir("/")
-    listing = [".", "..", ".state.json", "step-000000", "step-000000.bin", "step-000001", "step-000001.bin"]
+    listing = [".", "..", ".state.json", "ranges.bin", "sources", "step-000000", "step-000000.bin", "step-000001",
+               "step-000001.bin"]  # fmt: skip
     assert ops.readdir("/", root) == listing
     files = paths(ops, old)
     assert len(files) == 8 and all(
@@ -52,7 +53,7 @@ def test_listing_reading_and_a_switch(parts):
     new = RankFiles.build(index, state.commit(state.order_for(index), 1), 4, 3, 2, generation=1)
     ops.publish(new)
     assert ops.readdir("/", root) == listing  # pinned
-    assert [e[:9] for e in ops.readdir("/", ops.opendir("/"))[2:]] == [".state.js", *["step-0000"] * 4]
+    assert [e[:9] for e in ops.readdir("/", ops.opendir("/"))[2:]] == [".state.js", "ranges.bi", "sources", *["step-0000"] * 4]
     assert read(ops, fh, 3, 1) == reader.read(int(files[0].split("-")[-1][:-4]))[1:4]  # an open file keeps its bytes
     assert ops.getattr(files[0], fh)["st_size"] == index.length[int(files[0].split("-")[-1][:-4])]
     gone = [p for p in files if p not in paths(ops, new)]
@@ -69,7 +70,10 @@ def test_listing_reading_and_a_switch(parts):
      ("/step-000009", os.O_RDONLY, errno.ENOENT), ("/step-000000/000-99.bin", os.O_RDONLY, errno.ENOENT),
      ("/step-000009.bin", os.O_RDONLY, errno.ENOENT), ("/step-0.bin", os.O_RDONLY, errno.ENOENT),
      ("/step-000000.bin/x", os.O_RDONLY, errno.ENOENT), ("/step-000000.bin", os.O_WRONLY, errno.EROFS),
-     ("/nothing", os.O_RDONLY, errno.ENOENT)],
+     ("/nothing", os.O_RDONLY, errno.ENOENT), ("/sources", os.O_RDONLY, errno.EISDIR),
+     ("/sources/000001", os.O_RDONLY, errno.ENOENT), ("/sources/0", os.O_RDONLY, errno.ENOENT),
+     ("/sources/000000/x", os.O_RDONLY, errno.ENOENT), ("/ranges.bin", os.O_WRONLY, errno.EROFS),
+     ("/sources/000000", os.O_RDWR, errno.EROFS)],
 )  # fmt: skip
 def test_errors_are_errno_values(parts, path, flags, code):
     index, state, reader = parts
@@ -181,3 +185,35 @@ def test_parse_refuses_what_is_not_a_step_file():
                      (data[:-1], "4103 bytes, but 4102 were read"), (data[:70], "a table of 2 samples does not fit")]:  # fmt: skip
         with pytest.raises(DataError, match=why):
             step_file.parse(bad, "f")
+
+
+def test_ranges_name_every_sample_in_its_source_and_keep_their_view(parts, tmp_path):
+    """`ranges.bin` lists the view's samples step by step in reading order as (id, source,
+    offset, length), each range of `sources/F` holding exactly the sample (P8); a source reads as
+    its file (any request size) and names that file as its backing file (passthrough); an open
+    table keeps its view across a switch, a new open gets the new one."""
+    index, state, reader = parts
+    files = RankFiles.build(index, state, 2, 1, 3)
+    ops = ViewFS(files, reader)
+    root = dict(ops.readdir_plus("/", ops.opendir("/")))
+    assert ops.readdir("/sources", ops.opendir("/sources")) == [".", "..", "000000"]
+    fh = ops.open("/ranges.bin", os.O_RDONLY)
+    whole = read(ops, fh, 1 << 20)
+    assert len(whole) == root["ranges.bin"]["st_size"] == ops.getattr("/ranges.bin")["st_size"]
+    assert ops.open_flags(fh) == (True, False) and ops.backing(fh) is None
+    table = ranges_file.parse(whole)
+    assert (table.generation, table.world, table.rank, table.steps, table.sources) == (0, 2, 1, files.steps, 1)
+    src = ops.open("/sources/000000", os.O_RDONLY)
+    data = (tmp_path / "s.bin").read_bytes()
+    assert ops.getattr("/sources/000000")["st_size"] == len(data) and root["sources"]["st_mode"] & 0o040000
+    assert all(b"".join(read(ops, src, n, o) for o in range(0, len(data), n)) == data for n in (1, 7, 4096))
+    assert os.fstat(ops.backing(src)).st_ino == (tmp_path / "s.bin").stat().st_ino and ops.open_flags(src) == (False, True)
+    for step in files.steps:
+        ids, sources, offsets, lengths = table.step_rows(step).T.tolist()
+        assert ids == files.ids(step) and set(sources) == {0}
+        assert [data[o : o + k] for o, k in zip(offsets, lengths)] == [reader.read(i) for i in ids]
+    ops.publish(RankFiles.build(index, state, 4, 3, 3, generation=1))
+    assert read(ops, fh, 1 << 20) == whole
+    new = ranges_file.parse(read(ops, ops.open("/ranges.bin", os.O_RDONLY), 1 << 20))
+    assert (new.generation, new.world, new.rank) == (1, 4, 3)
+    assert [new.step_rows(s)[:, 0].tolist() for s in new.steps] == [ops.files.ids(s) for s in new.steps]

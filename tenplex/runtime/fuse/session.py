@@ -2,11 +2,12 @@
 without libfuse: what a root process uses to get what libfuse 3.14 cannot ask the kernel for.
 
 - **passthrough** (Linux >= 6.9, CAP_SYS_ADMIN): a file whose operations name a backing file
-  (`ops.backing(fh)`: a descriptor holding exactly its bytes, e.g. a `.npy` image) is opened
-  with `FOPEN_PASSTHROUGH`: the kernel reads and maps that file itself, at tmpfs speed;
-- other reads are answered with one `writev` from the memory the operations name (`fuse.splice`
-  segments; file ranges are read into one buffer first), in requests of up to `splice.MAX_READ`
-  bytes; files of `direct_io_from` bytes and more with direct I/O, still mapped shared;
+  (`ops.backing(fh)`: a descriptor holding exactly its bytes, e.g. a `.npy` image, a step
+  image) is opened with `FOPEN_PASSTHROUGH`: the kernel reads and maps it itself (tmpfs speed);
+- other reads: one `writev` of the memory the operations name (`fuse.splice` segments), or one
+  `splice.send` where they name file ranges (copied once, from the page cache into the reader),
+  in requests of up to `splice.MAX_READ` bytes; from `direct_io_from` bytes with direct I/O,
+  still mapped shared;
 - no FLUSH on close (answered ENOSYS once, the kernel stops sending it), listings carry the
   attributes (READDIRPLUS) and `default_permissions` lets the kernel check modes itself.
 
@@ -61,10 +62,7 @@ class Session:
     def __init__(self, ops: Any, directory: str, *, threads: int = 2, passthrough: bool = True,
                  direct_io_from: int | None = None, fsname: str = "tenplex") -> None:  # fmt: skip
         self.ops, self.directory, self.passthrough, self.direct_io_mmap = ops, directory, False, False
-        self.direct_io_from = direct_io_from
-        self.nodes = Nodes()
-        self._want_passthrough = passthrough
-        self.listings = Listings()
+        self.direct_io_from, self._want_passthrough, self.nodes, self.listings = direct_io_from, passthrough, Nodes(), Listings()
         try:
             self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -75,6 +73,7 @@ class Session:
             os.close(self.fd)
             raise SessionUnavailable(str(e)) from None
         self.backings = Backings(self.fd)
+        self._pipes = splice.Pipes()
         self.threads = [threading.Thread(target=self._serve, name=f"tenplex-fuse-ll:{directory}", daemon=True)
                         for _ in range(threads)]  # fmt: skip
         for t in self.threads:
@@ -194,8 +193,7 @@ class Session:
                     self.ops.release(path, fh)
 
     def _large(self, path: str) -> bool:
-        """Whether `path` is a file of at least `direct_io_from` bytes that direct I/O may serve
-        (the kernel maps such files shared through its page cache: DIRECT_IO_ALLOW_MMAP)."""
+        """Whether `path` has `direct_io_from` bytes or more and direct I/O may serve it (mapped: DIRECT_IO_ALLOW_MMAP)."""
         if self.direct_io_from is None or not self.direct_io_mmap:
             return False
         return self.ops.getattr(path).get("st_size", 0) >= self.direct_io_from
@@ -203,7 +201,10 @@ class Session:
     def _read(self, unique: int, nodeid: int, arg: memoryview) -> None:
         fh, offset, size = k.READ_IN.unpack_from(arg)
         segments = self.ops.read_buf(None, size, offset, fh)
-        if any(isinstance(s, splice.FileRange) for s in segments):  # read here: one buffer
+        if any(isinstance(s, splice.FileRange) for s in segments):  # spliced, else read here: one buffer
+            head = k.OUT_HEADER.pack(k.OUT_HEADER.size + splice.size_of(segments), 0, unique)
+            if splice.send(self._pipes, self.fd, [head, *segments]):
+                return
             buf = (ctypes.c_char * max(splice.size_of(segments), 1))()
             segments = [memoryview(buf)[: splice.copy_into(ctypes.addressof(buf), segments)]]
         self._reply(unique, segments)
@@ -278,18 +279,19 @@ class Session:
             for t in self.threads:
                 t.join(1.0)
         os.close(self.fd)
+        self._pipes.close()
 
 
 @contextlib.contextmanager
 def mount_session(ops: Any, directory: str, *, read_ahead_kb: int | None = READ_AHEAD_KB, what: str = "FUSE view",
-                  passthrough: bool = True, direct_io_from: int | None = None) -> Iterator[Any]:  # fmt: skip
+                  passthrough: bool = True, direct_io_from: int | None = None, fsname: str = "tenplex") -> Iterator[Any]:  # fmt: skip
     """Serve `ops` read-only at `directory` with `fuse.session.Session` (the kernel protocol,
     without libfuse) until the block ends; yield the session once the directory is a live mount
     point. Raises: SessionUnavailable (no /dev/fuse, mount(2) refused: use `mount` instead)."""
     directory = os.path.realpath(directory)
     if is_mounted(directory):
         raise FuseUnavailable(f"cannot mount the {what} at {directory}: already a mount point")
-    session = Session(ops, directory, passthrough=passthrough, direct_io_from=direct_io_from)
+    session = Session(ops, directory, passthrough=passthrough, direct_io_from=direct_io_from, fsname=fsname)
     try:
         if read_ahead_kb is not None:
             set_read_ahead(directory, read_ahead_kb)

@@ -11,7 +11,8 @@ naming the pipe: libfuse splices it into `/dev/fuse` (with `FUSE_CAP_SPLICE_WRIT
 sample) skips the pipe: the `fuse_bufvec` names the file and offset, and libfuse splices from
 the file itself (in C: no Python splice per reply). Where that cannot work (a read under two
 pages, a pipe too small, a refused splice), the bytes are copied into one `malloc`ed buffer
-instead, the one-copy path of earlier versions.
+instead, the one-copy path of earlier versions. `send` is the same without libfuse: a whole
+message (a `fuse.session` reply, its header first) spliced from the pipe into `/dev/fuse`.
 
 Invariants:
 - the bytes replied are exactly the segments' bytes in order (`copy_into` gives the same);
@@ -136,7 +137,7 @@ class Pipes:
         """The read end of this thread's pipe holding the segments' `size` bytes, or None (drained)."""
         r, w, slots = self._pipe()
         if _queued(r):
-            _drain(r)
+            drain(r)
         pages = 0
         spans = []
         for s in segments:
@@ -150,7 +151,7 @@ class Pipes:
                 if length and not _splice(w, s, start, length):
                     raise BlockingIOError
         except OSError:
-            _drain(r)
+            drain(r)
             return None
         return r
 
@@ -192,7 +193,25 @@ def _queued(fd: int) -> int:
     return n.value
 
 
-def _drain(fd: int) -> None:
+def send(pipes: Pipes, dev: int, segments: Sequence[Segment]) -> bool:
+    """Write one whole message of the segments' bytes to `dev` (`/dev/fuse`: a reply, its header
+    first) through this thread's pipe, so the kernel copies file ranges once, from their page
+    cache into the reader's pages; False (nothing sent) where they do not fit the pipe or a
+    splice is refused. An interrupted request (ENOENT: no one waits for it) counts as sent."""
+    size = size_of(segments)
+    r = pipes.fill(segments, size)
+    if r is None:
+        return False
+    try:
+        return os.splice(r, dev, size) == size
+    except OSError as e:
+        return e.errno == errno.ENOENT
+    finally:
+        drain(r)
+
+
+def drain(fd: int) -> None:
+    """Empty the pipe whose read end is `fd` (what a failed reply left in it)."""
     while (n := _queued(fd)) > 0:
         os.read(fd, n)
 

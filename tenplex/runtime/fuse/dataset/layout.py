@@ -1,7 +1,8 @@
 """What an open file of a dataset view serves (`dataset.ops`): a `Layout` is a header, zero
 padding, then samples back to back; a sample file is its `.npy` header (megatron) or nothing,
 then one sample; a step file (`tenplex.data.step_file`) its table, padding to the data offset,
-then the step's samples. `Open` is one open file: its layout and what a prefetcher gave it.
+then the step's samples; a source file its bytes as they are (`source_layout`). `Open` is one
+open file: its layout, what a prefetcher gave it, and the source file it shows, if one.
 
 Invariants: a `Layout` is immutable once built (the opens of one view's step file share it);
 `starts[k]` is where part k begins and `size` is the file's size.
@@ -46,10 +47,17 @@ def step_layout(step_file: StepFile, reader: SampleReader) -> Layout:
     return Layout(header, parts, True, step_file.data_offset - len(header), known)
 
 
+def source_layout(size: int) -> Layout:
+    """The layout of a source file of `size` bytes (its reads name the source itself: `Open.source`)."""
+    return Layout(b"", ((-1, 0, -1, size),))
+
+
 class Open:
-    """An open file: its `layout`, and the bytes of its samples that a prefetcher gave (fetched lazily)."""
+    """An open file: its `layout`, the bytes of its samples that a prefetcher gave (fetched
+    lazily), and for a source file its number in the index and its open descriptor (None: behind
+    a URL)."""
 
-    __slots__ = ("data", "layout", "lock")
+    __slots__ = ("data", "fd", "layout", "lock", "source")
 
-    def __init__(self, layout: Layout) -> None:
-        self.layout, self.data, self.lock = layout, {}, threading.Lock()
+    def __init__(self, layout: Layout, source: int | None = None, fd: int | None = None) -> None:
+        self.layout, self.data, self.lock, self.source, self.fd = layout, {}, threading.Lock(), source, fd

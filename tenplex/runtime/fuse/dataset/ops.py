@@ -1,8 +1,10 @@
 """The FUSE operations of a rank's dataset view (`ViewFS`): the current `RankFiles` as files.
 
 Layout (`tenplex.data.rank_files`): `DIR/.state.json`, `DIR/step-SSSSSS/PPP-IIII.EXT` (a file
-per sample) and `DIR/step-SSSSSS.bin` (a file per step: a table, then the step's samples;
-`tenplex.data.step_file`).
+per sample), `DIR/step-SSSSSS.bin` (a file per step: a table, then the step's samples;
+`tenplex.data.step_file`), `DIR/ranges.bin` (where the view's samples lie in the sources;
+`tenplex.data.ranges_file`) and `DIR/sources/FFFFFF` (the source files as they are: `backing`
+names each, so the kernel-protocol server passes them through and no READ of them comes).
 
 Reads: an open file is a header (a megatron sample's `.npy` header, a step file's table) and
 samples one after another. Their bytes come straight from their source byte ranges
@@ -17,8 +19,9 @@ into fresh page-cache pages and from there again (half the time of a 1 MiB read 
 file cannot be mmap'ed shared, MAP_PRIVATE works: libfuse 3.14 cannot ask for
 FUSE_DIRECT_IO_ALLOW_MMAP). A smaller file goes through the page cache, which the kernel keeps
 across opens (a sample file's path names the same bytes in every view), and knows its end there
-(one READ where direct I/O needs another for EOF). Step files always use direct I/O: the same
-name holds another view's table after a switch.
+(one READ where direct I/O needs another for EOF). Step files and the ranges file always use
+direct I/O: the same name holds another view's table after a switch. Source files keep the page
+cache (they never change).
 
 Switch atomicity: the current view is one immutable `RankFiles`, replaced under a lock by
 `publish`; every operation reads it once, so each answer comes from one view:
@@ -45,17 +48,14 @@ from typing import Any
 
 from tenplex.data.errors import DataError
 from tenplex.data.prefetch.prefetcher import Prefetcher
-from tenplex.data.rank_files import STATE_FILE, STEP_SUFFIX, RankFiles, SampleFile
+from tenplex.data.ranges_file import SOURCES, source_name
+from tenplex.data.rank_files import RANGES_FILE, STATE_FILE, STEP_SUFFIX, RankFiles
 from tenplex.data.reader import SampleReader
 from tenplex.runtime.fuse import splice
-from tenplex.runtime.fuse.dataset.layout import ZEROS, Layout, Open, step_layout
+from tenplex.runtime.fuse.dataset.layout import ZEROS, Layout, Open, source_layout
+from tenplex.runtime.fuse.dataset.names import Names
 
-_MEMO_PATHS = 1 << 16  # resolved paths remembered per view
 DIRECT_IO_FROM = 256 << 10  # sample files of this size and up bypass the page cache (module doc)
-
-
-def _enoent(path: str) -> OSError:
-    return OSError(errno.ENOENT, f"{os.strerror(errno.ENOENT)}: {path}")
 
 
 class ViewFS:
@@ -70,8 +70,7 @@ class ViewFS:
         self._lock = threading.Lock()
         self._handles: dict[int, Open] = {}
         self._dirs: dict[int, tuple[RankFiles, int | None]] = {}
-        self._suffixes: dict[int, str] = {}
-        self._nodes: tuple[RankFiles, dict[str, tuple[str, Any]]] = (files, {})
+        self.names = Names(files, reader)
         self._ids = itertools.count(1)
         now, ids = time.time_ns(), {"st_uid": os.getuid(), "st_gid": os.getgid()}
         self._attrs = {"st_atime": now, "st_mtime": now, "st_ctime": now, **ids, "st_nlink": 1}
@@ -85,56 +84,8 @@ class ViewFS:
         with self._lock:
             if files.generation <= self._files.generation:
                 raise DataError(f"generation: {files.generation} is not after the current {self._files.generation}")
-            self._nodes = (files, {})
+            self.names.reset(files)
             self._files = files
-
-    # -- names -------------------------------------------------------------------------------
-
-    def _suffix(self, files: RankFiles, sample_id: int) -> str:
-        if sample_id not in self._suffixes:
-            head = bytearray(2)
-            if files.needs_head(sample_id):
-                try:
-                    self.reader.read_into(sample_id, memoryview(head))
-                except DataError as e:
-                    raise OSError(errno.EIO, str(e)) from None
-            self._suffixes[sample_id] = files.suffix(sample_id, bytes(head))
-        return self._suffixes[sample_id]
-
-    def _resolve(self, files: RankFiles, path: str) -> tuple[str, Any]:
-        """("root", None), ("state", None), ("step", step), ("sample", SampleFile) or
-        ("steps", StepFile) for `path` (remembered for the current view: a lookup, getattr and open each resolve it)."""
-        memo_files, memo = self._nodes
-        if memo_files is not files:
-            return self._parse_path(files, path)
-        if path not in memo:
-            if len(memo) >= _MEMO_PATHS:
-                memo.clear()
-            memo[path] = self._parse_path(files, path)
-        return memo[path]
-
-    def _parse_path(self, files: RankFiles, path: str) -> tuple[str, Any]:
-        if path == "/":
-            return "root", None
-        parts = path[1:].split("/")
-        if parts == [STATE_FILE]:
-            return "state", None
-        if len(parts) == 1 and (step := files.parse_step(parts[0], STEP_SUFFIX)) is not None:
-            return "steps", step_layout(files.step_file(step), self.reader)
-        step = files.parse_step(parts[0])
-        if step is None or len(parts) > 2:
-            raise _enoent(path)
-        if len(parts) == 1:
-            return "step", step
-        parsed = files.parse(step, parts[1])
-        if parsed is None or parsed[2] != self._suffix(files, parsed[1]):
-            raise _enoent(path)
-        return "sample", files.sample_file(step, parsed[0])
-
-    def _entries(self, files: RankFiles, step: int | None) -> list[str]:
-        if step is None:
-            return [STATE_FILE, *(n for s in files.steps for n in (files.step_name(s), files.step_name(s) + STEP_SUFFIX))]
-        return files.names(step, [self._suffix(files, i) for i in files.ids(step)])
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -144,17 +95,25 @@ class ViewFS:
         if handle is not None:
             return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": handle.layout.size}
         files = self._files
-        kind, node = self._resolve(files, path)
-        if kind in ("root", "step"):
+        kind, node = self.names.resolve(files, path)
+        if kind in ("root", "step", "sources"):
             return {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
-        size = len(files.state_bytes()) if kind == "state" else node.size
+        size = self._size(files, kind, node)
         return {**self._attrs, "st_mode": stat.S_IFREG | 0o444, "st_size": size}
+
+    def _size(self, files: RankFiles, kind: str, node: Any) -> int:
+        if kind == "state":
+            return len(files.state_bytes())
+        if kind == "ranges":
+            return len(files.ranges_bytes())
+        return files.index.files[node].size if kind == "source" else node.size
 
     def opendir(self, path: str) -> int:
         files = self._files
-        kind, step = self._resolve(files, path)
-        if kind not in ("root", "step"):
+        kind, step = self.names.resolve(files, path)
+        if kind not in ("root", "step", "sources"):
             raise OSError(errno.ENOTDIR, path)
+        step = -1 if kind == "sources" else step
         with self._lock:
             fh = next(self._ids)
             self._dirs[fh] = (files, step)
@@ -162,7 +121,7 @@ class ViewFS:
 
     def readdir(self, path: str, fh: int) -> list[str]:
         files, step = self._dirs[fh]
-        return [".", "..", *self._entries(files, step)]
+        return [".", "..", *self.names.entries(files, step)]
 
     def readdir_plus(self, path: str, fh: int) -> list[tuple[str, dict[str, Any]]]:
         """`readdir` with each entry's attributes (with READDIRPLUS the kernel then needs no LOOKUP
@@ -170,21 +129,19 @@ class ViewFS:
         files, step = self._dirs[fh]
         directory = {**self._attrs, "st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
         regular = {**self._attrs, "st_mode": stat.S_IFREG | 0o444}
+        if step == -1:  # DIR/sources
+            return [(".", directory), ("..", directory),
+                    *((source_name(f), {**regular, "st_size": e.size}) for f, e in enumerate(files.index.files))]  # fmt: skip
         if step is None:
             state = {**regular, "st_size": len(files.state_bytes())}
-            return [(".", directory), ("..", directory), (STATE_FILE, state),
+            ranges = {**regular, "st_size": len(files.ranges_bytes())}
+            return [(".", directory), ("..", directory), (STATE_FILE, state), (RANGES_FILE, ranges), (SOURCES, directory),
                     *(e for s in files.steps for e in ((files.step_name(s), directory),
                       (files.step_name(s) + STEP_SUFFIX, {**regular, "st_size": files.step_file_size(s)})))]  # fmt: skip
-        names = self._entries(files, step)
+        names = self.names.entries(files, step)
         nodes = [files.sample_file(step, p) for p in range(len(names))]
-        self._remember(files, path, names, nodes)
+        self.names.remember(files, path, names, nodes)
         return [(".", directory), ("..", directory), *((n, {**regular, "st_size": f.size}) for n, f in zip(names, nodes))]
-
-    def _remember(self, files: RankFiles, directory: str, names: list[str], nodes: list[SampleFile]) -> None:
-        """Resolve a listed step's sample paths ahead (an open then parses nothing), for the current view only."""
-        memo_files, memo = self._nodes
-        if memo_files is files and len(memo) + len(names) <= _MEMO_PATHS:
-            memo.update((f"{directory}/{n}", ("sample", f)) for n, f in zip(names, nodes))
 
     def releasedir(self, path: str, fh: int) -> int:
         with self._lock:
@@ -195,11 +152,13 @@ class ViewFS:
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise OSError(errno.EROFS, path)
         files = self._files
-        kind, node = self._resolve(files, path)
-        if kind in ("root", "step"):
+        kind, node = self.names.resolve(files, path)
+        if kind in ("root", "step", "sources"):
             raise OSError(errno.EISDIR, path)
-        if kind == "state":
-            handle = Open(Layout(files.state_bytes(), direct=True))
+        if kind in ("state", "ranges"):
+            handle = Open(Layout(files.state_bytes() if kind == "state" else files.ranges_bytes(), direct=True))
+        elif kind == "source":
+            handle = Open(source_layout(files.index.files[node].size), node, self._source_fd(node))
         elif kind == "steps":
             handle = Open(node)
         else:
@@ -233,6 +192,13 @@ class ViewFS:
         end = min(offset + size, f.size)
         if end <= offset:
             return []
+        if h.source is not None:  # a source file not passed through (libfuse, or no passthrough here)
+            if h.fd is not None:
+                return [splice.FileRange(h.fd, offset, end - offset)]
+            try:
+                return [self.reader.read_source(h.source, offset, end - offset)]
+            except (DataError, OSError) as e:
+                raise OSError(errno.EIO, f"{SOURCES}/{source_name(h.source)}: {e}") from None
         out: list[splice.Segment] = []
         if offset < len(f.header):
             out.append(memoryview(f.header)[offset:end])
@@ -268,6 +234,16 @@ class ViewFS:
             self.reader.read_into(sample_id, memoryview(out), start)
             return out
         return splice.FileRange(*where)
+
+    def _source_fd(self, source: int) -> int | None:
+        try:
+            return self.reader.source_fd(source)
+        except DataError as e:
+            raise OSError(errno.EIO, str(e)) from None
+
+    def backing(self, fh: int) -> int | None:
+        """The open source file whose bytes file `fh` shows, for passthrough (`fuse.session`), or None."""
+        return self._handles[fh].fd
 
     def release(self, path: str, fh: int) -> int:
         with self._lock:
