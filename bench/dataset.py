@@ -20,6 +20,9 @@ of the (id, bytes) sequence; all paths must agree on it. Paths:
   samples of a step after a table of their ids and offsets) with one open and one read
   (`tenplex.data.step_file.read`), each sample a view of what it read;
 - anchor "the view's step files on tmpfs": those step files copied to tmpfs, read the same way;
+- anchor "the view's ranges, sources direct": `ranges.bin` copied to tmpfs beside links to the
+  dataset's own files, read the same way as the next path with no server: what the ranges
+  reader itself costs against direct;
 - FUSE, ranges + sources: the same mount, the child reads `ranges.bin` (where the view's samples
   lie) once, then each sample with one `preadv` from `sources/FFFFFF`, its source file as the
   view shows it (`tenplex.data.ranges_file.RangesReader`); as root the view is served in the
@@ -54,9 +57,9 @@ METHODS = (("direct", "direct os.pread"), ("ring", "anchor: direct into a 64 MiB
            ("loader2", "DataLoader per sample, 2 workers"), ("bound", "anchor: direct + 2 round trips/file"),
            ("files", "anchor: the view's files on tmpfs"), ("fuse", "FUSE view (child process)"),
            ("stepfiles", "anchor: the view's step files on tmpfs"), ("fusestep", "FUSE view, a file per step"),
-           ("fuseranges", "FUSE view, ranges + sources"))  # fmt: skip
-ANCHORS = ("direct", "ring", "ring2", "bound", "files", "stepfiles")
-_MOUNTED = ("fuse", "files", "fusestep", "stepfiles", "fuseranges")  # passes that read a fresh mount (or a copy of it)
+           ("rangesfiles", "anchor: the view's ranges, sources direct"), ("fuseranges", "FUSE view, ranges + sources"))  # fmt: skip
+ANCHORS = ("direct", "ring", "ring2", "bound", "files", "stepfiles", "rangesfiles")
+_MOUNTED = ("fuse", "files", "fusestep", "stepfiles", "rangesfiles", "fuseranges")  # passes that read a fresh mount (or a copy of it)
 HEADERS = ["sample", "path", "samples", "bytes", "best samples/s", "best MB/s", "median MB/s",
            "vs direct: min / median / max", "start-up s", "goal"]  # fmt: skip
 
@@ -124,7 +127,11 @@ def _pass(method: str, index_path: str, state_path: str, mnt: Path, timeout_s: f
         if method in ("fuse", "fusestep", "fuseranges"):
             return run_json(argv, {}, timeout_s)
         with tempfile.TemporaryDirectory(dir=Path(index_path).parent) as tree:  # tmpfs, as the dataset
-            shutil.copytree(mnt, tree, dirs_exist_ok=True)  # not timed: the view's files, as plain files
+            # not timed: the view's files as plain files; its sources are the dataset's own files
+            shutil.copytree(mnt, tree, dirs_exist_ok=True, ignore=lambda d, names: ["sources"] if d == str(mnt) else [])
+            os.mkdir(Path(tree) / "sources")
+            for k in range(len(index.files)):
+                os.symlink(index.location(k), Path(tree) / "sources" / f"{k:06d}")
             return run_json([*argv[:-1], tree], {}, timeout_s)
 
 

@@ -93,7 +93,7 @@ def _samples(method: str, index: Any, files: Any, directory: str) -> Iterator[tu
         return ((int(i), d) for i, d in loader)
     if method in ("fusestep", "stepfiles"):
         return _step_samples(Path(directory))
-    if method == "fuseranges":
+    if method in ("fuseranges", "rangesfiles"):
         return _range_samples(Path(directory))
     return _fuse_samples(Path(directory))
 
