@@ -38,6 +38,7 @@ VERSION = 1
 FIXED = 80  # magic + 9 numbers
 WIDTH = 4  # numbers per row
 SOURCES = "sources"  # DIR/sources/FFFFFF: the source files
+OPEN_SOURCES = 256  # source files a RangesReader keeps open (a dataset of many files: the oldest closes)
 
 
 def source_name(source: int) -> str:
@@ -111,8 +112,10 @@ class RangesReader:
     """Reads a view's samples by its ranges file (`DIR/ranges.bin`) from its source files
     (`DIR/sources/`), each sample with one `preadv` into one buffer that it keeps: a batch's
     samples are views of it, valid until the next `read`. The table is read once (`refresh`
-    reads it again, e.g. after a switch; a step the table lacks refreshes it once). Raises
-    DataError (not a ranges file, a short read), OSError."""
+    reads it again, e.g. after a switch; a step the table lacks refreshes it once); a source is
+    opened once and kept open, up to `OPEN_SOURCES` of them (then the one opened first closes:
+    a dataset of a file per sample costs an open per sample, as a view's sample files do).
+    Raises DataError (not a ranges file, a short read), OSError."""
 
     def __init__(self, directory: str | os.PathLike, table: str = "ranges.bin") -> None:
         self.directory, self.table_name = os.fspath(directory), table
@@ -130,6 +133,8 @@ class RangesReader:
     def _fd(self, source: int) -> int:
         fd = self._fds.get(source)
         if fd is None:
+            if len(self._fds) >= OPEN_SOURCES:
+                os.close(self._fds.pop(next(iter(self._fds))))
             fd = self._fds[source] = os.open(os.path.join(self.directory, SOURCES, source_name(source)), os.O_RDONLY)
         return fd
 

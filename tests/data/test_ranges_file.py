@@ -4,12 +4,14 @@ naming the file, and `RangesReader` reads each step's samples from the sources."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tenplex.data import DataError, DataState, RankFiles, SampleReader, ranges_file
+from tenplex.data import DataError, DatasetIndex, DataState, RankFiles, SampleReader, ranges_file
 from tests.data.helpers import write_raw_samples
 
 
@@ -73,3 +75,22 @@ def test_the_reader_reads_each_step_from_the_sources_and_refreshes_once(tmp_path
         assert r.read(4).ids == later.ids(4) and r.ranges.generation == 1
         with pytest.raises(DataError, match="step 5: not in this view's steps 0..4"):
             r.read(5)
+
+
+def test_the_reader_keeps_a_bounded_number_of_sources_open(tmp_path, monkeypatch):
+    """A dataset of a file per sample: the reader closes the source it opened first beyond
+    `OPEN_SOURCES` and still reads every sample right."""
+    names = [f"s{i}.bin" for i in range(9)]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(bytes([i]) * (i + 1))
+    index = DatasetIndex.from_files("raw", str(tmp_path), [(n, i + 1, [0], [i + 1]) for i, n in enumerate(names)])
+    files = RankFiles.build(index, DataState.start(index, 2, 3), 1, 0, 3)
+    (tmp_path / "view" / "sources").mkdir(parents=True)
+    (tmp_path / "view" / "ranges.bin").write_bytes(files.ranges_bytes())
+    for i, name in enumerate(names):
+        (tmp_path / "view" / "sources" / ranges_file.source_name(i)).symlink_to(tmp_path / name)
+    monkeypatch.setattr(ranges_file, "OPEN_SOURCES", 2)
+    with ranges_file.RangesReader(tmp_path / "view") as r:
+        for step in files.steps:
+            assert [bytes(x) for x in r.read(step).samples] == [bytes([i]) * (i + 1) for i in files.ids(step)]
+            assert len(r._fds) <= 2 and all(os.fstat(fd) for fd in r._fds.values())

@@ -15,9 +15,9 @@ read by the reader.
 
 Page cache: a sample file of at least `direct_io_from` bytes (`DIRECT_IO_FROM`, 256 KiB) is
 opened with direct I/O: the kernel copies each reply once, into the reader's buffer, instead of
-into fresh page-cache pages and from there again (half the time of a 1 MiB read here; such a
-file cannot be mmap'ed shared, MAP_PRIVATE works: libfuse 3.14 cannot ask for
-FUSE_DIRECT_IO_ALLOW_MMAP). A smaller file goes through the page cache, which the kernel keeps
+into fresh page-cache pages and from there again (half the time of a 1 MiB read here; under
+libfuse such a file cannot be mmap'ed shared, MAP_PRIVATE works: libfuse 3.14 cannot ask for
+FUSE_DIRECT_IO_ALLOW_MMAP, which `fuse.session` does). A smaller file goes through the page cache, which the kernel keeps
 across opens (a sample file's path names the same bytes in every view), and knows its end there
 (one READ where direct I/O needs another for EOF). Step files and the ranges file always use
 direct I/O: the same name holds another view's table after a switch. Source files keep the page
@@ -69,7 +69,7 @@ class ViewFS:
         self._files = files
         self._lock = threading.Lock()
         self._handles: dict[int, Open] = {}
-        self._dirs: dict[int, tuple[RankFiles, int | None]] = {}
+        self._dirs: dict[int, tuple[RankFiles, int | None]] = {}  # fh: (view, step; None: the root, -1: sources/)
         self.names = Names(files, reader)
         self._ids = itertools.count(1)
         now, ids = time.time_ns(), {"st_uid": os.getuid(), "st_gid": os.getgid()}
