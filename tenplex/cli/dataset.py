@@ -221,8 +221,10 @@ def mount_cmd(index_path: str, directory: str, rank: int, world: int, state_path
             index, state, world, rank, directory, steps=steps, uneven=uneven, direct_io_from=direct_io_from
         ) as view:
             files = view.files
+            os.stat(view.directory)  # the kernel's first request: the server knows what it offers
+            through = "; sources/ passed through" if view.passthrough else ""
             click.echo(f"tenplex: mounted rank {rank} of {world} at {view.directory}: steps "
-                       f"{files.view.start}..{files.stop - 1} of {index_path}", nl=True)  # fmt: skip
+                       f"{files.view.start}..{files.stop - 1} of {index_path}{through}", nl=True)  # fmt: skip
             while not stop.wait(0.1) and is_mounted(view.directory):
                 if reload.is_set() and state_path is not None:
                     reload.clear()

@@ -383,7 +383,15 @@ def test_cli_mount_page_cache_lets_readers_mmap_large_samples_shared(tmp_path, p
         assert got.stdout == f"c {last}\n" and "No such device" in got.stderr
 
 
-def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path):
+@pytest.fixture(scope="module")
+def passthrough_offered(dataset, tmp_path_factory) -> bool:
+    """Whether a root mount here gets FUSE passthrough (Linux >= 6.9 built with it)."""
+    with mount(dataset, DataState.start(dataset, 1, 4), 1, 0, tmp_path_factory.mktemp("probe"), lowlevel=True) as v:
+        os.stat(v.directory)
+        return v.passthrough
+
+
+def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_path, passthrough_offered):
     dataset.save(tmp_path / "index.npz")
     state = DataState.start(dataset, 2, 4)
     state.save(tmp_path / "state.json")
@@ -391,7 +399,8 @@ def test_cli_mount_serves_switches_on_sighup_and_stops_on_sigterm(dataset, tmp_p
     proc, line = _start(str(tmp_path / "index.npz"), str(tmp_path / "mnt"), "--rank", "1", "--world", "2",
                         "--state", str(tmp_path / "state.json"), "--steps", "3")  # fmt: skip
     try:
-        assert line == f"tenplex: mounted rank 1 of 2 at {tmp_path / 'mnt'}: steps 0..2 of {tmp_path / 'index.npz'}\n"
+        through = "; sources/ passed through" if passthrough_offered else ""
+        assert line == f"tenplex: mounted rank 1 of 2 at {tmp_path / 'mnt'}: steps 0..2 of {tmp_path / 'index.npz'}{through}\n"
         files = RankFiles.build(dataset, state, 2, 1, 3)
         rel = f"step-000001/{files.name(0, int(files.share(1)[0]), '.npy' if files.share(1)[0] < N_NPY else '.npz')}"
         assert (tmp_path / "mnt" / rel).read_bytes() == SampleReader(dataset).read(int(files.share(1)[0]))
