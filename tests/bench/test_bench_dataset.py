@@ -36,6 +36,8 @@ def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
         "fuse",
         "stepfiles",
         "fusestep",
+        "rangesfiles",
+        "fuseranges",
     ]
     assert all(len(r["ratios"]) == 1 for r in reads) and reads[0]["ratios"] == [1.0]
     assert all(r["status"] == "ok" and r["best_mbps"] > 0 for r in reads), reads
@@ -43,12 +45,12 @@ def test_quick_dataset_bench_writes_its_tables(tmp_path, capsys):
     direct, bound = reads[0], reads[6]  # the bound: direct's seconds plus two measured round trips per file
     assert 0 < bound["rtt_us"][0] < 1e4 and bound["ratios"][0] < 1.0
     assert bound["seconds"][0] == pytest.approx(2 * bound["rtt_us"][0] * 1e-6 * direct["samples"])
-    assert reads[4]["goal"] in ("met", "MISSED") and reads[10]["goal"] in ("met", "MISSED")
-    assert bound["goal"] == reads[1]["goal"] == reads[7]["goal"] == reads[9]["goal"] == "—"
+    assert reads[4]["goal"] in ("met", "MISSED") and reads[10]["goal"] in ("met", "MISSED") and reads[12]["goal"] in ("met", "MISSED")
+    assert bound["goal"] == reads[1]["goal"] == reads[7]["goal"] == reads[9]["goal"] == reads[11]["goal"] == "—"
     assert [r["scenario"] for r in rescale] == ["none", "storage", "peers", "kept"]
     assert rescale[2]["storage_bytes"] == 0 and rescale[2]["peer_bytes"] == rescale[0]["storage_bytes"]
     md = (tmp_path / "dataset-quick.md").read_text()
     assert md.count("\n| ") == len(reads) + 1 + len(rescale) + 1 and "First batch after a rescale" in md
     assert "Process round trip (the bound rows): " in md and "load average" in md
     out = capsys.readouterr().out
-    assert "FUSE view (child process)" in out and "FUSE view, a file per step" in out
+    assert "FUSE view (child process)" in out and "FUSE view, a file per step" in out and "ranges + sources" in out
