@@ -78,13 +78,18 @@ def child():
     proc.wait(timeout=30)
 
 
-@pytest.fixture(autouse=True, params=["session", "libfuse"])
+def pytest_generate_tests(metafunc) -> None:
+    """`server` for each test: both servers, but the default alone for the CLI's mounts (in
+    processes of their own, which get the default)."""
+    cli = metafunc.function.__name__.startswith("test_cli_mount")
+    metafunc.parametrize("server", ["session"] if cli else ["session", "libfuse"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def server(request, monkeypatch) -> str:
-    """Every mount of this process by each server: the kernel protocol (`fuse.session`, what a
-    root process gets by default) and libfuse (the fallback). The CLI's mounts, in processes of
-    their own, get the default."""
-    if request.param != "session" and "cli_mount" in request.node.name:
-        pytest.skip("the CLI mounts with the default server")
+    """Every mount of this process by the server `request.param` (`pytest_generate_tests`): the
+    kernel protocol (`fuse.session`, what a root process gets by default) or libfuse (the
+    fallback)."""
     monkeypatch.setitem(dataset_view.mount.__wrapped__.__kwdefaults__, "lowlevel", request.param == "session")
     return request.param
 
@@ -200,6 +205,17 @@ def test_step_files_are_the_sample_files_and_the_python_loader(dataset, child, t
         f, o, n = (a.tolist() for a in dataset.ranges(ids))
         assert any((f[k], o[k] + n[k]) != (f[k + 1], o[k + 1]) for k in range(len(ids) - 1))
     assert any(len({int(dataset.file_id[i]) for i in ids}) == 2 for _, ids, _ in batches)  # one step, two files
+
+
+def test_the_session_splices_reads_of_source_ranges(dataset, child, tmp_path, monkeypatch):
+    """The kernel-protocol server answers READs of sample and step files by splice from the
+    sources' page cache (`splice.send`): nothing is copied into a buffer of the serving process."""
+    copies: list[tuple] = []
+    copy = splice.copy_into
+    monkeypatch.setattr(splice, "copy_into", lambda *a: copies.append(a) or copy(*a))
+    with mount(dataset, DataState.start(dataset, 1, 4), 1, 0, tmp_path, steps=3, lowlevel=True) as v:
+        got = child(op="view", dir=str(tmp_path))
+        assert got["steps"] == expected_steps(v.files) and got["files"] == expected(v.files) and copies == []
 
 
 def test_ranges_read_from_the_sources_are_the_step_files(dataset, child, tmp_path):
