@@ -8,11 +8,12 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenplex.data import DataError, DatasetIndex, DataState, RankFiles, SampleReader, ranges_file
 from tests.data.helpers import write_raw_samples
+from tests.data.strategies import jobs
 
 
 @given(st.lists(st.integers(0, 5), max_size=6), st.integers(1, 4), st.data())
@@ -94,3 +95,27 @@ def test_the_reader_keeps_a_bounded_number_of_sources_open(tmp_path, monkeypatch
         for step in files.steps:
             assert [bytes(x) for x in r.read(step).samples] == [bytes([i]) * (i + 1) for i in files.ids(step)]
             assert len(r._fds) <= 2 and all(os.fstat(fd) for fd in r._fds.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs(max_n=80), st.data())
+def test_a_views_ranges_are_its_shares_and_their_index_entries(job, data):
+    """For any job, W (uneven too), rank and number of steps, `ranges.bin` parses to the rank's
+    share of every step in reading order, each row the sample's (file, offset, length) of the
+    index, in files spread over several sources."""
+    bounds = np.linspace(0, job.n, data.draw(st.integers(1, min(4, job.n))) + 1).astype(int).tolist()
+    index = DatasetIndex.from_files("raw", "", [(f"f{k}.bin", 4 * (b - a), np.arange(b - a) * 4, np.full(b - a, 4))
+                                                for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))])  # fmt: skip
+    uneven = data.draw(st.booleans())
+    world = data.draw(st.integers(1, 8) if uneven else st.sampled_from(job.divisors()))
+    rank = data.draw(st.integers(0, world - 1))
+    steps = data.draw(st.none() | st.integers(0, job.steps_per_epoch + 2))
+    state = DataState.start(index, job.seed, job.g, tail_policy=job.tail)
+    files = RankFiles.build(index, state, world, rank, steps, uneven, generation=data.draw(st.integers(0, 9)))
+    got = ranges_file.parse(files.ranges_bytes())
+    assert (got.generation, got.world, got.rank, got.steps, got.sources) == (
+        files.generation, world, rank, files.steps, len(index.files))  # fmt: skip
+    for step in files.steps:
+        ids, sources, offsets, lengths = got.step_rows(step).T.tolist()
+        assert ids == files.ids(step)
+        assert [index.sample(i) for i in ids] == list(zip(sources, offsets, lengths))
