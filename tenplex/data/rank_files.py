@@ -166,8 +166,8 @@ class RankFiles:
         """The view's ranges file (`tenplex.data.ranges_file`), built once."""
         if not self._ranges:
             shares = [self.share(s) for s in self.steps]
-            ids = np.concatenate(shares) if shares else np.zeros(0, np.int64)
-            rows = np.stack([ids, *self.index.ranges(ids)], axis=1) if len(ids) else np.zeros((0, 4), np.int64)
+            ids = np.concatenate([np.zeros(0, np.int64), *shares])
+            rows = np.stack([ids, *self.index.ranges(ids)], axis=1)
             v = self.view
             self._ranges.append(build_ranges(self.generation, v.world, v.rank, v.start, len(self.index.files),
                                                   np.array([len(x) for x in shares], np.int64), rows))  # fmt: skip

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tenplex.data import DataError, DataState, Prefetcher, RankFiles, SampleReader, ranges_file, step_file
+from tenplex.data import DataError, DatasetIndex, DataState, Prefetcher, RankFiles, SampleReader, ranges_file, step_file
 from tenplex.runtime.fuse import splice
 from tenplex.runtime.fuse.dataset import ViewFS
 from tests.data.helpers import write_raw_samples
@@ -217,3 +217,22 @@ def test_ranges_name_every_sample_in_its_source_and_keep_their_view(parts, tmp_p
     new = ranges_file.parse(read(ops, ops.open("/ranges.bin", os.O_RDONLY), 1 << 20))
     assert (new.generation, new.world, new.rank) == (1, 4, 3)
     assert [new.step_rows(s)[:, 0].tolist() for s in new.steps] == [ops.files.ids(s) for s in new.steps]
+
+
+def test_a_source_behind_a_url_is_read_by_the_view(tmp_path):
+    """A source behind a URL has no descriptor to pass through (`backing` is None): its READs
+    are served by the view, any request size, cut at the file's end; a bad one is EIO naming it."""
+    fsspec = pytest.importorskip("fsspec")
+    data = bytes(range(256)) * 3
+    fsspec.filesystem("memory").pipe("/view-src/s.bin", data)
+    index = DatasetIndex.from_files("raw", "memory://view-src", [("s.bin", len(data), [0, 300], [300, 468])])
+    ops = ViewFS(RankFiles.build(index, DataState.start(index, 1, 2), 1, 0), SampleReader(index, decode=False))
+    fh = ops.open("/sources/000000", os.O_RDONLY)
+    assert ops.backing(fh) is None and ops.getattr("/sources/000000")["st_size"] == len(data)
+    assert all(b"".join(read(ops, fh, n, o) for o in range(0, len(data), n)) == data for n in (7, 512, 4096))
+    assert read(ops, fh, 100, len(data) - 10) == data[-10:]
+    fsspec.filesystem("memory").rm("/view-src/s.bin")
+    gone = ViewFS(ops.files, SampleReader(index, decode=False))
+    with pytest.raises(OSError) as e:
+        read(gone, gone.open("/sources/000000", os.O_RDONLY), 10)
+    assert e.value.errno == errno.EIO and "sources/000000" in str(e.value)

@@ -31,7 +31,6 @@ root): callers fall back to libfuse (`fuse.mount`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -62,7 +61,8 @@ class Session:
     def __init__(self, ops: Any, directory: str, *, threads: int = 2, passthrough: bool = True,
                  direct_io_from: int | None = None, fsname: str = "tenplex") -> None:  # fmt: skip
         self.ops, self.directory, self.passthrough, self.direct_io_mmap = ops, directory, False, False
-        self.direct_io_from, self._want_passthrough, self.nodes, self.listings = direct_io_from, passthrough, Nodes(), Listings()
+        self.direct_io_from, self._want_passthrough = direct_io_from, passthrough
+        self.nodes, self.listings = Nodes(), Listings()
         try:
             self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -193,7 +193,8 @@ class Session:
                     self.ops.release(path, fh)
 
     def _large(self, path: str) -> bool:
-        """Whether `path` has `direct_io_from` bytes or more and direct I/O may serve it (mapped: DIRECT_IO_ALLOW_MMAP)."""
+        """Whether `path` is a file of at least `direct_io_from` bytes that direct I/O may serve
+        (the kernel maps such files shared through its page cache: DIRECT_IO_ALLOW_MMAP)."""
         if self.direct_io_from is None or not self.direct_io_mmap:
             return False
         return self.ops.getattr(path).get("st_size", 0) >= self.direct_io_from
@@ -205,8 +206,7 @@ class Session:
             head = k.OUT_HEADER.pack(k.OUT_HEADER.size + splice.size_of(segments), 0, unique)
             if splice.send(self._pipes, self.fd, [head, *segments]):
                 return
-            buf = (ctypes.c_char * max(splice.size_of(segments), 1))()
-            segments = [memoryview(buf)[: splice.copy_into(ctypes.addressof(buf), segments)]]
+            segments = [splice.gather(segments)]
         self._reply(unique, segments)
 
     def _release(self, unique: int, nodeid: int, arg: memoryview) -> None:

@@ -92,6 +92,12 @@ def size_of(segments: Sequence[Segment]) -> int:
     return sum(s.size if isinstance(s, FileRange) else _memory(s)[1] for s in segments)
 
 
+def gather(segments: Sequence[Segment]) -> memoryview:
+    """The segments' bytes copied into one new buffer (the path without a splice)."""
+    buf = (ctypes.c_char * max(size_of(segments), 1))()
+    return memoryview(buf).cast("B")[: copy_into(ctypes.addressof(buf), segments)]
+
+
 def copy_into(address: int, segments: Sequence[Segment]) -> int:
     """Copy the segments' bytes to memory at `address`; the byte count. Raises OSError on a short file."""
     n = 0
@@ -137,7 +143,7 @@ class Pipes:
         """The read end of this thread's pipe holding the segments' `size` bytes, or None (drained)."""
         r, w, slots = self._pipe()
         if _queued(r):
-            drain(r)
+            _drain(r)
         pages = 0
         spans = []
         for s in segments:
@@ -151,7 +157,7 @@ class Pipes:
                 if length and not _splice(w, s, start, length):
                     raise BlockingIOError
         except OSError:
-            drain(r)
+            _drain(r)
             return None
         return r
 
@@ -207,11 +213,10 @@ def send(pipes: Pipes, dev: int, segments: Sequence[Segment]) -> bool:
     except OSError as e:
         return e.errno == errno.ENOENT
     finally:
-        drain(r)
+        _drain(r)
 
 
-def drain(fd: int) -> None:
-    """Empty the pipe whose read end is `fd` (what a failed reply left in it)."""
+def _drain(fd: int) -> None:
     while (n := _queued(fd)) > 0:
         os.read(fd, n)
 

@@ -37,7 +37,6 @@ Invariants: the view is read-only; generations of published views strictly incre
 from __future__ import annotations
 
 import bisect
-import ctypes
 import errno
 import itertools
 import os
@@ -178,10 +177,7 @@ class ViewFS:
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         """The bytes that `read_buf` names (the mount splices them itself)."""
-        segments = self.read_buf(path, size, offset, fh)
-        buf = (ctypes.c_char * max(splice.size_of(segments), 1))()
-        count = splice.copy_into(ctypes.addressof(buf), segments)
-        return buf.raw[:count]
+        return bytes(splice.gather(self.read_buf(path, size, offset, fh)))
 
     def read_buf(self, path: str | None, size: int, offset: int, fh: int) -> list[splice.Segment]:
         """Bytes [offset, offset + size) of open file `fh` (cut at its end) as `fuse.splice`
