@@ -2,8 +2,8 @@
 
 `agents`: 2 agent processes (`Runtime.local`), the runtime table's TP2 → PP2 reshard. Fresh: the
 first `Runtime.execute` of new agents (every dst page faulted in by the move); fresh, pool
-reserved: the same after `Runtime.reserve` faulted each agent's arena pool in (off the clock, as
-long-lived agents do while idle); repeated: the next executes on the same agents (dst tag dropped
+reserved: the same after `Runtime.reserve` faulted each agent's arena pool in and had its peer
+map it (off the clock, as long-lived agents do while idle); repeated: the next executes on the same agents (dst tag dropped
 in between, its arenas recycled). Each execute alternates with a
 warm `np.copyto` of the same bytes in the bench process (the anchor); ratio = memcpy s /
 execute s, min/median/max over the repeats (goals: fresh ≥ 0.8×, repeated ≥ 0.9×). Fresh agents
@@ -101,7 +101,7 @@ def measure_agents(model: str, repeats: int) -> dict[str, Any]:
             with Runtime.local([f"w{i}" for i in range(WORKERS)], timeout=120.0, start_timeout=120.0) as rt:
                 rt.load("bench", "src", src, materialize_all(src, tensors), arange_values(src))
                 if reserve:
-                    rt.reserve(dst_bytes)  # the pool faulted in before the clock starts
+                    rt.reserve(dst_bytes)  # the pool faulted in, and mapped by the peer, before the clock starts
                 runs = repeats + 1 if (k, reserve) == (0, False) else 1  # these agents also run the repeated executes
                 pids = [os.getpid(), *(a.proc.pid for a in rt.agents.values())]
                 for j in range(runs):

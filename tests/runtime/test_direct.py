@@ -132,6 +132,39 @@ def test_a_mapping_is_the_peers_sealed_memory_checked_by_inode():
     arena.close()
 
 
+def test_a_premapped_arena_is_neither_mapped_nor_populated_again_by_the_offer(pair, monkeypatch):
+    """`Mappings.premap` (`Runtime.reserve`): the receiver's arena mapped with its page tables
+    filled before the execution, whose offer then maps and populates nothing; arenas it cannot
+    map as described are skipped; one that no offer names is unmapped at the next `keep_only`."""
+    s0, s1 = TensorStore(), TensorStore()
+    h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
+    parts = _parts(h0, True)
+    got = _offered(h0, h1, s1)
+    pid, fd, ino, dev, size = (int(x) for x in (got[0], *got[direct.HEAD : direct.HEAD + direct.ARENA]))
+    populated: list[int] = []
+    monkeypatch.setattr(direct, "populate_ranges", lambda view, ranges: populated.append(view.nbytes))
+    maps = direct.Mappings()
+    spare = Arena.create(1 << 16)  # pooled, never offered
+    st = os.fstat(spare.fd)
+    assert maps.premap([[pid, fd, ino + 1, dev, size], [2**22 + 12345, fd, ino, dev, size]]) == 0  # not as described
+    assert maps.premap([[pid, fd, ino, dev, size], [pid, spare.fd, st.st_ino, st.st_dev, spare.size]]) == size + spare.size
+    assert populated == [size, spare.size] and len(maps.maps) == 2
+    assert maps.premap([[pid, fd, ino, dev, size]]) == 0  # mapped already
+    views = maps.views(h0, "h1", got, parts)
+    assert views is not None and populated == [size, spare.size] and maps.populated == 0  # no new mapping
+    for p in parts:
+        direct.copy(h0, p, views[p.tag])
+    into = {p.tag: p for p in _parts(h1, False)}
+    assert all(h1.view(t).tobytes() == h0.view(m).tobytes() for p in parts for m, t in zip(p.regions, into[p.tag].regions))
+    maps.keep_only()  # the offered arena stays, the spare one goes
+    assert set(maps.maps) == {(pid, ino, dev)}
+    fresh = direct.Mappings()  # without the premap, the offer maps the arena and fills its page tables
+    assert fresh.views(h0, "h1", got, parts) is not None and fresh.populated > 0 and len(populated) == 3
+    maps.close()
+    fresh.close()
+    spare.close()
+
+
 def test_src_arrays_come_from_the_store_in_one_call_checked_against_the_slice(pair):
     from tenplex.runtime.agent import rounds
 

@@ -76,6 +76,8 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         # one node: every part went by a copy into the peer's shared memory, none through UCX
         assert {h: s["transport_bytes"] for h, s in rt.host_seconds.items()} == dict.fromkeys(HOSTS, 0)
         assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
+        # fresh agents: each sender mapped its peer's arena anew (page tables filled on the clock)
+        assert all(rt.host_seconds[h]["mapped_bytes"] >= n > 0 for h, n in sent.items())
         assert rt.exists(JOB, "v1") == dict.fromkeys(HOSTS, True)
         assert rt.exists(JOB, ".staging-v1") == dict.fromkeys(HOSTS, False)
         got, got_values = rt.fetch(JOB, "v1")
@@ -94,8 +96,10 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         rt.drop(JOB, "v1")
         rounds: list[tuple[int, int]] = []
         assert rt.execute(plan, src, dst, JOB, "v0", "v2", on_round=lambda *r: rounds.append(r)) == sent
-        # each peer answered yes before: the offers were sure (no answer), the parts still direct
+        # each peer answered yes before: the offers were sure (no answer), the parts still direct,
+        # into the recycled arenas that the senders still map
         assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent
+        assert {h: s["mapped_bytes"] for h, s in rt.host_seconds.items()} == dict.fromkeys(HOSTS, 0)
         assert rounds == [(r + 1, plan.stats.rounds) for r in range(plan.stats.rounds)]
         assert check_state(dst.with_allocation(plan.allocation), tensors, rt.fetch(JOB, "v2")[0]) > 0
         # each agent kept its decoded slice: a prepare naming only the slice id runs (then aborted);
@@ -107,6 +111,29 @@ def test_execute_matches_oracle_and_commits_only_at_the_end(case):
         with pytest.raises(ExecutionError, match=r"slice id 'other' was not sent to agent 'h1' on this connection"):
             rt.call("h1", "prepare", job=JOB, src_tag="v0", dst_tag="v3", slice_id="other")
         assert rt.exists(JOB, ".staging-v3") == dict.fromkeys(HOSTS, False)
+
+
+@pytest.mark.timeout(60)
+def test_a_reserved_pool_is_mapped_by_the_peers_before_the_first_execute(case):
+    """`Runtime.reserve`: each agent pools an arena and its same-node peer maps it, so fresh agents'
+    first execute writes into memory that is faulted in on both sides: nothing mapped on its clock."""
+    import math
+
+    from tenplex.runtime.arrays import np_dtype
+    from tenplex.runtime.store.shared import layout
+
+    src, dst, plan, tensors, arrays, values = case
+    placed = dst.with_allocation(plan.allocation)
+    size = max(layout([math.prod(st.shape) * np_dtype(placed.tensor_map[st.tensor].dtype).itemsize
+                       for st in placed.subtensors for d in placed.devices_of_subtensor(st.id)
+                       if placed.topology.host_of(d) == h])[1] for h in HOSTS)  # fmt: skip
+    with _runtime(src, arrays, values) as rt:
+        assert rt.reserve(size) == dict.fromkeys(HOSTS, size)
+        sent = rt.execute(plan, src, dst, JOB, "v0", "v1")
+        assert {h: s["direct_bytes"] for h, s in rt.host_seconds.items()} == sent and all(sent.values())
+        assert {h: s["mapped_bytes"] for h, s in rt.host_seconds.items()} == dict.fromkeys(HOSTS, 0)
+        assert check_state(placed, tensors, rt.fetch(JOB, "v1")[0]) > 0
+        _assert_src_intact(rt, arrays, values)
 
 
 @pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ The agent obeys commands from a runtime; `agent.server` runs it as a process (sp
 `Runtime.local`, or `tenplex agent` listening for runtimes) and turns each command (a name and
 keyword arguments, over the typed control wire) into a method call here; a failure goes back as
 text naming the command and, where known, the message and op that failed (the runtime adds the
-host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`,
+host). Commands: `name`, `address`, `connect`, `load`, `load_files`, `rename_tag`, `reserve`, `premap`,
 `keep_slice` (`sliced.KeptSlices`), `prepare`, `run`, `commit`, `abort`, `fetch`, `delete_tag`, `exists`,
 `memory`, `rest_url`, `tag_meta`, `stop` (`load_files` and `prepare`'s `files`: arrays straight from and into local
 `.npy` files, `agent.files`). With `local`, the agent also serves its store to this machine's
@@ -201,12 +201,19 @@ class Agent(TagCommands, KeptSlices):
         self.slices.clear()
         self.maps.forget_peers()
 
-    def reserve(self, nbytes: int) -> int:
-        """Fault in `nbytes` for later dst arrays now (the arena pool); returns the bytes pooled (0: no pool)."""
+    def reserve(self, nbytes: int) -> dict[str, Any]:
+        """Fault in `nbytes` for later dst arrays now (the arena pool); returns {"pooled": bytes
+        (0: no pool), "arenas": [pid, fd, inode, device, size] of each pooled arena, for `premap`}."""
         if self.pool is None:
-            return 0
+            return {"pooled": 0, "arenas": []}
         self.pool.reserve(nbytes)
-        return self.pool.nbytes
+        arenas = [[os.getpid(), fd, (st := os.fstat(fd)).st_ino, st.st_dev, size] for fd, size in self.pool.arenas()]
+        return {"pooled": self.pool.nbytes, "arenas": arenas}
+
+    def premap(self, arenas: list[list[int]]) -> int:
+        """Map same-node peers' pooled `arenas` ahead of the execution that offers them (`direct`);
+        returns the bytes mapped."""
+        return self.maps.premap(arenas)
 
     def run(self, epoch: int = 0, later: list[int] | None = None) -> int:
         """Run every round of the prepared slice (`later`: ids of value ops whose src value another
@@ -222,7 +229,8 @@ class Agent(TagCommands, KeptSlices):
         """Write `values` ({op id: src value} another host read) for the value ops waiting since
         `run`, then make the dst tag visible (rename staging); returns the execution's seconds per
         activity and the bytes it sent by a copy into same-node peers' memory (`direct_bytes`) and
-        through the transport, UCX or cma (`transport_bytes`). Raises ExecutionError, nothing
+        through the transport, UCX or cma (`transport_bytes`), and the bytes of peers' memory it
+        mapped anew, page tables filled, to copy into (`mapped_bytes`). Raises ExecutionError, nothing
         renamed, before the rounds ran or when a waiting op gets no value or a value no op."""
         ex = self._execution()
         if (ex.job, ex.dst_tag) != (job, dst_tag):

@@ -89,6 +89,7 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
     peer.exchange([(endpoint(h), offers[h], ctl(epoch, OFFER), CTL) for h in into],
                   [(endpoint(h), got[h], ctl(epoch, OFFER), CTL) for h in out], work=work, finish_work=False)  # fmt: skip
     links: dict[str, dict[int, list[np.ndarray]]] = {}
+    populated = maps.populated
     for h in out:
         views = maps.views(ex, h, got[h], mine[h, True])
         if views is not None:
@@ -96,6 +97,7 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
         elif got[h][3]:  # the peer counts on this host's copies and waits for no answer
             raise ExecutionError(f"agent {ex.host!r} cannot map the arena that agent {h!r} offered (it could before)")
     maps.keep_only()
+    ex.sent["mapped_bytes"] = maps.populated - populated
     ask = [h for h in out if got[h][1] >= 0 and not got[h][3]]  # a refusal or a sure offer needs no answer
     wait = [h for h in into if offers[h][1] >= 0 and not offers[h][3]]
     heard = {h: np.zeros(1, "<i8") for h in wait}
@@ -160,6 +162,7 @@ class Mappings:
         self.maps: dict[tuple[int, int, int], tuple[mmap.mmap, np.ndarray]] = {}
         self.used: set[tuple[int, int, int]] = set()
         self.mapped_by: set[str] = set()  # peers that answered yes to this agent's offers (`sure` ones since)
+        self.populated = 0  # bytes under new mappings' regions whose page tables an execution filled
         # per peer, the last offer's views: (slice, offer bytes, mapping keys, views); a plan executed
         # again into a pooled arena gets the same offer, whose views are then not rebuilt
         self.last: dict[str, tuple[Any, bytes, list[tuple[int, int, int]], dict[int, list[np.ndarray]]]] = {}
@@ -222,6 +225,7 @@ class Mappings:
             )
         for k, ranges in written.items():  # a new mapping: its page tables filled at once, not a fault per page
             populate_ranges(arenas[k], ranges)
+            self.populated += sum(stop - start for start, stop in ranges)
         return out
 
     def _map(self, pid: int, fd: int, ino: int, dev: int, size: int) -> np.ndarray | None:
@@ -247,6 +251,24 @@ class Mappings:
             self.maps[key] = (m, np.frombuffer(m, np.uint8, size))
         self.used.add(key)
         return self.maps[key][1]
+
+    def premap(self, arenas: list[list[int]]) -> int:
+        """Map ahead the peers' pooled arenas `arenas` ([pid, fd, inode, device, size] each, from
+        `Runtime.reserve`) with their page tables filled, so that the first execution into one
+        maps and populates nothing; returns the bytes mapped. An arena that this process cannot
+        map as described (another node or pid namespace) is skipped. Kept until an execution's
+        offers name other arenas (`keep_only`)."""
+        mapped = 0
+        for pid, fd, ino, dev, size in arenas:
+            key = (pid, ino, dev)
+            if key in self.maps:
+                continue
+            view = self._map(pid, fd, ino, dev, size)
+            self.used.discard(key)  # not named by an offer yet
+            if view is not None:
+                populate_ranges(view, [(0, size)])
+                mapped += size
+        return mapped
 
     def keep_only(self) -> None:
         """Unmap every mapping that the offers since the last call did not name."""

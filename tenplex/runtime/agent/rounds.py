@@ -50,7 +50,8 @@ class Execution:
         self.arrays: list[np.ndarray] = []  # filled by the agent in `meta` order
         self.done = 0  # rounds finished
         self.seconds: dict[str, float] = {"local": 0.0}  # per activity: local, setup, direct, views, exchange (pack within), unpack
-        self.sent = {"direct_bytes": 0, "transport_bytes": 0}  # bytes sent into peers' memory, through the transport
+        # bytes sent into peers' memory, through the transport; bytes of peers' memory mapped anew (`direct`)
+        self.sent = {"direct_bytes": 0, "transport_bytes": 0, "mapped_bytes": 0}
         self.waiting: set[int] = set()  # value ops whose src value another host reads: written at the commit
         self.pending: Callable[[], Any] | None = None  # makes the dst arrays store leaves (`adopt`)
 

@@ -43,7 +43,7 @@ from tenplex.runtime.agent.beat import REPLY_IDLE_S, Heartbeat, is_cancel
 from tenplex.runtime.agent.channel import Channel, ChannelError, accept, listen, parse_address
 from tenplex.runtime.agent.wire import WireError
 
-COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "reserve", "keep_slice", "prepare", "run",
+COMMANDS = ("name", "address", "connect", "load", "load_files", "rename_tag", "reserve", "premap", "keep_slice", "prepare", "run",
             "commit", "abort", "fetch", "delete_tag", "exists", "memory", "rest_url", "tag_meta")  # fmt: skip
 TOKEN_ENV = "TENPLEX_AGENT_TOKEN"
 REST_TOKEN_ENV = "TENPLEX_REST_TOKEN"

@@ -165,6 +165,13 @@ class ArenaPool:
             np.frombuffer(arena.map, np.uint8, size)[::mmap.PAGESIZE] = 0  # one write per page
         del arena  # unused: back to the pool
 
+    def arenas(self) -> list[tuple[int, int]]:
+        """(descriptor, size) of each arena ready for a `take`: what same-node peers may map ahead
+        of an execution that offers them one (`Runtime.reserve`, `agent.direct.Mappings.premap`)."""
+        with self.lock:
+            self._settle()
+            return [(fd, size) for size, fd, _ in self.free]
+
     def give(self, fd: int, size: int, mapped: mmap.mmap, unmapped: bool = True) -> bool:
         """Keep an arena: pooled when `unmapped` (no view maps it) and the pool has room, else
         False (the caller closes it); one that views still map waits aside until none does (its
