@@ -21,12 +21,13 @@ from tenplex.runtime.store.shared import Arena
 from tenplex.runtime.store.tree import TensorStore
 
 
-def _execution(host: str, sl: dict, store: TensorStore) -> Execution:
+def _execution(host: str, sl: dict, store: TensorStore, adopt: bool = True) -> Execution:
     """`host`'s execution with src arrays of distinct bytes and its dst arrays made as `Agent.prepare`
-    does, store leaves already (as `direct.setup` makes them before its offers)."""
+    does, store leaves already unless not `adopt` (`rounds.run` makes them while the offers travel)."""
     ex = Execution(host, "j", "a", "b", sl)
-    made, ex.pending = dst_arrays(store, ex, {}, None)
-    ex.adopt()
+    made, ex.pending, ex.places = dst_arrays(store, ex, {}, None)
+    if adopt:
+        ex.adopt()
     src = {i: np.frombuffer(np.random.default_rng(i).bytes(int(np.prod(shape)) * np_dtype(dtype).itemsize), np_dtype(dtype))
            .reshape(shape) for i, (side, _, _, dtype, shape) in enumerate(ex.meta) if side == "src"}  # fmt: skip
     ex.arrays = [src[i] if i in src else made[i] for i in range(len(ex.meta))]
@@ -47,7 +48,7 @@ def _parts(ex: Execution, outgoing: bool) -> list:
 
 def _offered(sender: Execution, receiver: Execution, store: TensorStore) -> np.ndarray:
     """h1's offer for h0's parts, received into the buffer h0 sizes for it (as over UCX)."""
-    made = direct.offer(receiver, store, _parts(receiver, False))
+    made = direct.offer(receiver, _parts(receiver, False))
     got = np.zeros(direct.capacity(sender, _parts(sender, True)), "<i8")
     assert made.size <= got.size
     got[: made.size] = made
@@ -62,8 +63,10 @@ def test_a_sender_copies_every_part_into_the_receivers_arena_once(pair):
     h0, h1 = _execution("h0", pair["h0"], s0), _execution("h1", pair["h1"], s1)
     parts = _parts(h0, True)
     assert parts and any(not p.in_place for p in _parts(h1, False))  # strided regions on the receiving side
-    sure = direct.offer(h1, s1, _parts(h1, False), sure=True)  # asks for no answer; the same regions
-    assert sure[3] == 1 and np.array_equal(np.delete(sure, 3), np.delete(direct.offer(h1, s1, _parts(h1, False)), 3))
+    sure = direct.offer(h1, _parts(h1, False), sure=True)  # asks for no answer; the same regions
+    assert sure[3] == 1 and np.array_equal(np.delete(sure, 3), np.delete(direct.offer(h1, _parts(h1, False)), 3))
+    early = _execution("h1", pair["h1"], TensorStore(), adopt=False)  # no store leaf yet: an offer all the same
+    assert early.pending is not None and direct.offer(early, _parts(early, False))[1] == 1
     maps = direct.Mappings()
     views = maps.views(h0, "h1", _offered(h0, h1, s1), parts)
     assert views is not None and len(maps.maps) == 1  # h1's one dst arena, mapped a second time
@@ -95,7 +98,7 @@ def test_refusals_and_mismatches(pair, tmp_path):
     # a receiver whose dst arrays are not in an arena (made one by one under a memory budget) refuses
     budget = TensorStore(memory_budget_bytes=1, spill_dir=str(tmp_path))
     spilled = _execution("h1", pair["h1"], budget)
-    assert direct.offer(spilled, budget, _parts(spilled, False))[1] == -1
+    assert direct.offer(spilled, _parts(spilled, False))[1] == -1
     assert maps.views(h0, "h1", _offered(h0, spilled, budget), parts) is None
     # an offer naming an arena this process cannot map as described: no mapping, UCX instead
     got = _offered(h0, h1, s1)
@@ -181,3 +184,31 @@ def test_src_arrays_come_from_the_store_in_one_call_checked_against_the_slice(pa
     store.put(paths[-1], np.zeros(3, np.int8), replace=True)
     with pytest.raises(ExecutionError, match=f"src array {paths[-1]} is int8\\[3\\], the plan reads"):
         rounds.sources(store, sl, "j", "a")
+
+
+def test_local_copies_between_contiguous_regions_copy_byte_ranges_checked_for_bounds(pair, monkeypatch):
+    """`rounds.local`: a copy between C-contiguous regions of one dtype is a copy of byte ranges
+    (`Execution.flat`), the rest go through `np.copyto` of strided views; every byte lands where
+    the region says. A region outside its array fails, named, as a strided view would."""
+    from tenplex.runtime.agent import rounds
+
+    ex = _execution("h0", pair["h0"], TensorStore())
+    rows = [row for r in sorted(ex.sliced.batches) for batch in ex.sliced.batches[r] for row in batch]
+    views = ex.sliced.views
+    flat = [row for row in rows if views[row[3]].contiguous and views[row[4]].contiguous]
+    assert flat and len(flat) < len(rows)  # both kinds in this plan
+    calls = []
+    copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, src: (calls.append(dst.shape), copyto(dst, src)))
+    for r in sorted(ex.sliced.batches):
+        for _ in rounds.local(ex, ex.sliced.batches[r]):
+            pass
+    assert len(calls) == len(rows) - len(flat)
+    for row in rows:
+        assert ex.view(row[4]).tobytes() == ex.view(row[3]).tobytes()
+    row = flat[0]
+    past = {i: views[i]._replace(offset=ex.arrays[views[i].array].nbytes - views[i].nbytes + 1) for i in row[3:5]}
+    ex.sliced.views = [past.get(i, v) for i, v in enumerate(views)]  # both one byte past their array's end
+    with pytest.raises(ExecutionError, match=rf"message {row[1]} .*op {row[2]} failed"):
+        for _ in rounds.local(ex, [[row]]):
+            pass

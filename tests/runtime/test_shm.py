@@ -43,8 +43,11 @@ def test_put_adopts_the_pages_and_get_maps_them(served):
 def test_leaves_outside_arenas_are_copied_once_and_arenas_are_made_for_many(served):
     store, path = served
     store.put("/job/j/t/1/x", np.arange(5, dtype=np.int32))
-    create_in_arena(store, [("/job/j/t/1/y", (2, 2), "float64"), ("/job/j/t/1/z", (0,), "float32")], "test")
+    made = create_in_arena(store, [("/job/j/t/1/y", (2, 2), "float64"), ("/job/j/t/1/z", (0,), "float32")], "test")
     assert store.shared("/job/j/t/1/y")[0] is store.shared("/job/j/t/1/z")[0]  # one arena for both
+    made[0][0, 1] = 3  # the arrays made are views of the leaves' pages
+    assert store.get("/job/j/t/1/y")[0, 1] == 3 and store.shared("/job/j/t/1/y")[1] == 0
+    made[0][0, 1] = 0
     with StoreClient(path) as client:
         got = client.get(["/job/j/t/1/x", "/job/j/t/1/y", "/job/j/t/1/z"])
     assert got["/job/j/t/1/x"].tolist() == [0, 1, 2, 3, 4] and got["/job/j/t/1/y"].tolist() == [[0, 0], [0, 0]]

@@ -187,7 +187,7 @@ class Agent(TagCommands, KeptSlices):
         self.store.put(f"{tag_path(job, ex.staging)}/.manifest", {"host": self.host, "devices": devices})
         for name, value in (meta or {}).items():
             self.store.put(meta_path(job, ex.staging, name), value)
-        made, ex.pending = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
+        made, ex.pending, ex.places = local_files.dst_arrays(self.store, ex, {(sid, d): path for sid, d, path in files or []}, self.pool)
         ex.arrays = [sources[i] if side == "src" else made[i] for i, (side, *_) in enumerate(ex.meta)]
         out = {"gives": rounds.src_values(self.store, job, src_tag, ex.sliced.gives)}
         self.execution = ex

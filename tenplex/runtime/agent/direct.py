@@ -46,9 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tenplex.ir.errors import ExecutionError
-from tenplex.runtime.store.layout import array_path
 from tenplex.runtime.store.shared import SEALS, populate_ranges
-from tenplex.runtime.store.tree import TensorStore
 from tenplex.runtime.transport.ucx.wire import CTL
 
 EPOCH_SHIFT = 28  # as `rounds`: a control message id is the epoch above a code
@@ -72,8 +70,7 @@ def ctl(epoch: int, code: int) -> int:
     return (epoch << EPOCH_SHIFT) | code
 
 
-def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any], maps: Mappings, epoch: int,
-          work: Iterator[None]) -> Links:  # fmt: skip
+def setup(ex: Any, peer: Any, endpoint: Callable[[str], Any], maps: Mappings, epoch: int, work: Iterator[None]) -> Links:
     """Steps 1 and 2 of the module doc for execution `ex`; returns its `Links`. `work` (local
     copies) runs while the messages travel, as far as they take."""
     same = {h for h in ex.peers if endpoint(h).mode == "address"}
@@ -82,9 +79,8 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
     out = sorted({p.peer for p in parts if p.outgoing})
     if not parts:
         return NONE
-    ex.adopt()  # offers name the dst arrays' arenas, from the store
     mine = {(h, way): [p for p in parts if p.peer == h and p.outgoing == way] for h in same for way in (True, False)}
-    offers = {h: offer(ex, store, mine[h, False], h in maps.mapped_by) for h in into}
+    offers = {h: offer(ex, mine[h, False], h in maps.mapped_by) for h in into}
     got = {h: np.zeros(capacity(ex, mine[h, True]), "<i8") for h in out}  # zeros: equal offers compare equal
     peer.exchange([(endpoint(h), offers[h], ctl(epoch, OFFER), CTL) for h in into],
                   [(endpoint(h), got[h], ctl(epoch, OFFER), CTL) for h in out], work=work, finish_work=False)  # fmt: skip
@@ -109,20 +105,17 @@ def setup(ex: Any, store: TensorStore, peer: Any, endpoint: Callable[[str], Any]
     return Links(links, frozenset(h for h in into if offers[h][1] >= 0 and (offers[h][3] or heard[h][0] == 1)))
 
 
-def offer(ex: Any, store: TensorStore, parts: list, sure: bool = False) -> np.ndarray:
+def offer(ex: Any, parts: list, sure: bool = False) -> np.ndarray:
     """The offer (int64s, module doc) of this host's dst regions of `parts` (`sure`: asking for no
-    answer), or a refusal (arena count -1) when one of them is not in a shared arena."""
+    answer), or a refusal (arena count -1) when one of them is not in a shared arena. It needs
+    no store leaf (`ex.places`), so it travels while the dst arrays are made leaves (`Execution.adopt`)."""
     arenas: dict[int, int] = {}  # fd -> index
     heads: list[int] = []
     rows: list[int] = []
-    found: dict[int, Any] = {}  # array index -> (arena, offset) or None: one store lookup per array
     for p in parts:
         for i in p.regions:
             v = ex.sliced.views[i]
-            if v.array not in found:
-                side, sid, device, *_ = ex.meta[v.array]
-                found[v.array] = store.shared(array_path(ex.job, ex.staging, device, sid)) if side == "dst" else None
-            shared = found[v.array]
+            shared = ex.places.get(v.array)
             if shared is None or shared[0].fd < 0:
                 return np.array([os.getpid(), -1, 0, 0], "<i8")
             arena, at = shared

@@ -77,11 +77,12 @@ def create_mapped(path: str, shape: list[int], dtype: str) -> np.ndarray:
 
 
 def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int], str],
-               pool: Any) -> tuple[dict[int, np.ndarray], Callable[[], Any]]:  # fmt: skip
+               pool: Any) -> tuple[dict[int, np.ndarray], Callable[[], Any], dict[int, tuple[Any, int]]]:  # fmt: skip
     """{slice array index: dst array} of `ex` under its staging tag (`Agent.prepare`): new mapped
     files for the instances in `files`, the rest in one shared arena (`pool`: its `ArenaPool`);
     the plan writes every byte, so neither is cleared. The arena's arrays become store leaves
-    when the returned call is made (`shared.arena_arrays`; `Execution.adopt`)."""
+    when the returned call is made (`shared.arena_arrays`; `Execution.adopt`); the last item is
+    {slice array index: (arena, byte offset)} of those in the arena (`Execution.places`)."""
     out, arena = {}, []
     for i, path in zip(*ex.sliced.paths(ex.job, ex.staging, "dst")):
         _, sid, d, dtype, shape = ex.meta[i]
@@ -91,7 +92,8 @@ def dst_arrays(store: TensorStore, ex: Execution, files: Mapping[tuple[str, int]
         else:
             arena.append((i, (path, shape, dtype)))
     if not arena:
-        return out, lambda: None
-    made, adopt = shared.arena_arrays(store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", pool)
-    out.update(zip([i for i, _ in arena], made))
-    return out, adopt
+        return out, lambda: None, {}
+    made, adopt, places = shared.arena_arrays(store, [item for _, item in arena], f"tenplex-{ex.dst_tag}", pool)
+    indices = [i for i, _ in arena]
+    out.update(zip(indices, made))
+    return out, adopt, dict(zip(indices, places))

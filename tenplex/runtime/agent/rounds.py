@@ -54,6 +54,8 @@ class Execution:
         self.sent = {"direct_bytes": 0, "transport_bytes": 0, "mapped_bytes": 0}
         self.waiting: set[int] = set()  # value ops whose src value another host reads: written at the commit
         self.pending: Callable[[], Any] | None = None  # makes the dst arrays store leaves (`adopt`)
+        self.places: dict[int, tuple[Any, int]] = {}  # (arena, byte offset) of dst arrays in a shared arena
+        self._flat: dict[int, np.ndarray | None] = {}  # `flat`
 
     def adopt(self) -> None:
         """Make the dst arrays leaves of the store under staging, once (`Agent.prepare` leaves it to
@@ -68,6 +70,15 @@ class Execution:
         v = self.sliced.views[r]
         base = self.arrays[v.array]
         return np.ndarray(v.shape, base.dtype, buffer=base, offset=v.offset, strides=v.strides)
+
+    def flat(self, i: int) -> np.ndarray | None:
+        """Array `i`'s bytes as one flat uint8 view, made once per execution (None when it is not
+        C-contiguous: a flat reshape of it would be a copy)."""
+        got = self._flat.get(i, False)
+        if got is False:
+            a = self.arrays[i]
+            got = self._flat[i] = a.reshape(-1).view(np.uint8) if a.flags.c_contiguous else None
+        return got
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:
@@ -118,7 +129,7 @@ def run(ex: Execution, store: TensorStore, peer: Callable[[], Any], endpoint: Ca
     if ex.sliced.network and not getattr(peer(), "takes_views", False):  # cma reads peers' views already
         # round 0's local copies run while the offers and answers travel
         with ex.timed("setup"), _named(f"setting up shared memory with the peers on this node ({ex.host})"):
-            links = direct.setup(ex, store, peer(), endpoint, maps, epoch, first)
+            links = direct.setup(ex, peer(), endpoint, maps, epoch, first)
     for r in range(ex.rounds):
         work = first if r == 0 else local(ex, ex.sliced.batches.get(r, []))
         if ex.sliced.network.get(r):
@@ -173,12 +184,20 @@ def _adopting(ex: Execution, work: Iterator[None]) -> Iterator[None]:
 
 def local(ex: Execution, batches: list[list[list[int]]]) -> Iterator[None]:
     """The copies within this host (region to region), a batch of about `sliced.BATCH_BYTES`
-    per step: a generator, so that `network` can interleave them with the round's transfers."""
-    view = ex.view
+    per step: a generator, so that `network` can interleave them with the round's transfers. A
+    copy between two C-contiguous regions of one dtype is a copy of byte ranges (`Execution.flat`:
+    ~1 µs against ~3 for two strided views and `copyto`; most copies of a plan)."""
+    view, flat, views, dtypes = ex.view, ex.flat, ex.sliced.views, ex.sliced.dtypes
     for batch in batches:
         t0 = time.perf_counter()
         for row in batch:
             try:
+                s, d = views[row[3]], views[row[4]]
+                if s.contiguous and d.contiguous and dtypes[s.array] == dtypes[d.array] and s.nbytes == d.nbytes:
+                    into, out = flat(d.array), flat(s.array)  # bounds checked here: a slice would clip
+                    if into is not None and out is not None and 0 <= d.offset <= into.size - d.nbytes and 0 <= s.offset <= out.size - s.nbytes:
+                        into[d.offset : d.offset + d.nbytes] = out[s.offset : s.offset + s.nbytes]
+                        continue
                 np.copyto(view(row[4]), view(row[3]))
             except Exception as e:
                 r, message, op = row[:3]

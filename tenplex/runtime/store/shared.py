@@ -261,19 +261,20 @@ def page_runs(ranges: Iterable[tuple[int, int]], page: int) -> list[tuple[int, i
 def create_in_arena(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
                     pool: ArenaPool | None = None) -> list[np.ndarray]:  # fmt: skip
     """`arena_arrays`, added to `store` at once. Returns writable views of them, in order."""
-    arrays, adopt = arena_arrays(store, items, name, pool)
+    arrays, adopt, _ = arena_arrays(store, items, name, pool)
     adopt()
     return arrays
 
 
 def arena_arrays(store: Any, items: Sequence[tuple[str, Sequence[int], str]], name: str,
-                 pool: ArenaPool | None = None) -> tuple[list[np.ndarray], Callable[[], Any]]:  # fmt: skip
+                 pool: ArenaPool | None = None) -> tuple[list[np.ndarray], Callable[[], Any], list[tuple[Arena, int]]]:  # fmt: skip
     """Writable arrays at (path, shape, dtype name) in one arena for `store` (a `TensorStore`): a
     new zero-filled one, or from `pool` (then holding old bytes: for arrays that will be written
-    whole); and the call that makes them the store's leaves (`put_shared`, all or none), which the
-    caller may make later (an execution adds its dst arrays while its first transfers run). Where
-    the arena would not fit the store's memory budget, arrays made one by one with `store.create`
-    (zero-filled, so that they may spill), already leaves."""
+    whole); the call that makes them the store's leaves (`put_shared`, all or none), which the
+    caller may make later (an execution adds its dst arrays while its first transfers run); and
+    each array's (arena, byte offset), as `TensorStore.shared` gives them once they are leaves.
+    Where the arena would not fit the store's memory budget, arrays made one by one with
+    `store.create` (zero-filled, so that they may spill), already leaves, and no places."""
     from tenplex.ir.box import Box
     from tenplex.runtime.arrays import np_dtype
 
@@ -283,7 +284,8 @@ def arena_arrays(store: Any, items: Sequence[tuple[str, Sequence[int], str]], na
     if budget is not None and store.resident_nbytes + size > budget:
         for path, shape, dtype in items:
             store.create(path, shape, dtype)
-        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items], lambda: None
+        return [store.read(path, Box.from_shape(shape), writable=True) for path, shape, _ in items], lambda: None, []
     arena = pool.take(size, name) if pool is not None else Arena.create(size, name)
     rows = [(p, at, tuple(s), dt) for (p, s, _), at, dt in zip(items, offsets, dtypes)]
-    return [arena.array(at, shape, dt) for _, at, shape, dt in rows], functools.partial(store.put_shared, arena, rows)
+    arrays = [arena.array(at, shape, dt) for _, at, shape, dt in rows]
+    return arrays, functools.partial(store.put_shared, arena, rows, made=arrays), [(arena, at) for at in offsets]

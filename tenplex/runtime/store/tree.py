@@ -91,17 +91,18 @@ class TensorStore:
             self._insert(parts, self._memory.zeros(path, shape_t, dt, old), old)
 
     def put_shared(self, arena: Arena, items: Sequence[tuple[str, int, Sequence[int], np.dtype]], *,
-                   replace: bool = False) -> list[np.ndarray]:  # fmt: skip
+                   replace: bool = False, made: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:  # fmt: skip
         """Adopt the arrays of `arena` at (path, offset, shape, dtype) as leaves, without a copy;
-        all or none; returns the leaves' (writable) arrays in order. Raises: StoreError as for
-        `put`, for an array outside the arena, or over budget."""
+        all or none; returns the leaves' (writable) arrays in order. `made`: one array per item
+        that `arena.array` made already (`shared.arena_arrays`), adopted as it is, not made again
+        (~1.5 µs per leaf). Raises: StoreError as for `put`, for an array outside the arena, or over budget."""
         with self._lock:
             leaves = []
-            for path, offset, shape, dtype in items:
+            for k, (path, offset, shape, dtype) in enumerate(items):
                 parts = leaf_parts(path)
                 old = self._check_free(parts, path, replace)
                 try:
-                    array = arena.array(offset, shape_of(shape, path), np.dtype(dtype))
+                    array = arena.array(offset, shape_of(shape, path), np.dtype(dtype)) if made is None else made[k]
                 except ValueError as e:
                     raise StoreError(f"{path}: {e}") from None
                 leaves.append((parts, old, Leaf(array=array, shared=(arena, offset))))
