@@ -174,7 +174,7 @@ class Runtime:
         """Have every agent fault in `nbytes` for later dst arrays now, and its same-node peers map
         them, off the clock of an execute (`Agent.reserve`, `Agent.premap`); returns the bytes each pooled."""
         got = self._all({h: ("reserve", {"nbytes": nbytes}) for h in self.agents})
-        self._all({h: ("premap", {"arenas": [a for g, r in got.items() if g != h for a in r["arenas"]]}) for h in self.agents})
+        self._all({h: ("premap", {"arenas": {g: r["arenas"] for g, r in got.items() if g != h}}) for h in self.agents})
         return {h: r["pooled"] for h, r in got.items()}
 
     def exists(self, job: str, tag: str) -> dict[str, bool]:

@@ -212,3 +212,25 @@ def test_local_copies_between_contiguous_regions_copy_byte_ranges_checked_for_bo
     with pytest.raises(ExecutionError, match=rf"message {row[1]} .*op {row[2]} failed"):
         for _ in rounds.local(ex, [[row]]):
             pass
+
+
+def test_an_agent_premaps_only_the_pooled_arenas_of_peers_on_its_node():
+    """`Agent.premap` (from `Runtime.reserve`): arenas of peers it reaches by shared memory are
+    mapped; those of peers over TCP (another node) or not connected are left alone, so no agent
+    keeps another node's memory mapped."""
+    from types import SimpleNamespace
+
+    from tenplex.runtime.agent.agent import Agent
+
+    agent = Agent("h0")
+    arena = Arena.create(1 << 16)
+    st = os.fstat(arena.fd)
+    row = [os.getpid(), arena.fd, st.st_ino, st.st_dev, arena.size]
+    agent.endpoints = {"near": SimpleNamespace(mode="address"), "far": SimpleNamespace(mode="tcp")}
+    try:
+        assert agent.premap({"far": [row], "unknown": [row]}) == 0 and agent.maps.maps == {}
+        assert agent.premap({"near": [row]}) == arena.size and len(agent.maps.maps) == 1
+    finally:
+        agent.endpoints = {}
+        agent.stop()
+        arena.close()

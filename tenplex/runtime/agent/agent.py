@@ -210,10 +210,11 @@ class Agent(TagCommands, KeptSlices):
         arenas = [[os.getpid(), fd, (st := os.fstat(fd)).st_ino, st.st_dev, size] for fd, size in self.pool.arenas()]
         return {"pooled": self.pool.nbytes, "arenas": arenas}
 
-    def premap(self, arenas: list[list[int]]) -> int:
-        """Map same-node peers' pooled `arenas` ahead of the execution that offers them (`direct`);
-        returns the bytes mapped."""
-        return self.maps.premap(arenas)
+    def premap(self, arenas: Mapping[str, list[list[int]]]) -> int:
+        """Map the pooled arenas of peers on this node ({host: its `reserve`'s arenas}; others are
+        left alone) ahead of the execution that offers them (`direct`); returns the bytes mapped."""
+        same = [a for h, mine in arenas.items() if h in self.endpoints and self.endpoints[h].mode == "address" for a in mine]
+        return self.maps.premap(same)
 
     def run(self, epoch: int = 0, later: list[int] | None = None) -> int:
         """Run every round of the prepared slice (`later`: ids of value ops whose src value another
