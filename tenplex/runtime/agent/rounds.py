@@ -175,8 +175,9 @@ def late_values(ex: Execution, store: TensorStore, values: Mapping[int, Any]) ->
 
 def _adopting(ex: Execution, work: Iterator[None]) -> Iterator[None]:
     """`work` (round 0's local copies), then `ex.adopt()`: the dst arrays become store leaves
-    while the round's transfers travel, after the copies (~200 store inserts, 2-3 CPU ms, that
-    as the first step held back the first progress calls and so the rendezvous of the parts)."""
+    while the offers (`direct`) and the round's transfers travel, after the copies (~200 store
+    inserts, ~1 CPU ms, that as the first step held back the first progress calls and so the
+    rendezvous of the parts)."""
     yield from work
     ex.adopt()
     yield
