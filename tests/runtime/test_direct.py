@@ -186,10 +186,11 @@ def test_src_arrays_come_from_the_store_in_one_call_checked_against_the_slice(pa
         rounds.sources(store, sl, "j", "a")
 
 
-def test_local_copies_between_contiguous_regions_copy_byte_ranges_checked_for_bounds(pair, monkeypatch):
+def test_local_copies_between_contiguous_regions_copy_byte_ranges_checked_for_shape_and_bounds(pair, monkeypatch):
     """`rounds.local`: a copy between C-contiguous regions of one dtype is a copy of byte ranges
     (`Execution.flat`), the rest go through `np.copyto` of strided views; every byte lands where
-    the region says. A region outside its array fails, named, as a strided view would."""
+    the region says. A region of another shape, or outside its array, fails, named, as with
+    strided views."""
     from tenplex.runtime.agent import rounds
 
     ex = _execution("h0", pair["h0"], TensorStore())
@@ -206,7 +207,13 @@ def test_local_copies_between_contiguous_regions_copy_byte_ranges_checked_for_bo
     assert len(calls) == len(rows) - len(flat)
     for row in rows:
         assert ex.view(row[4]).tobytes() == ex.view(row[3]).tobytes()
-    row = flat[0]
+    row = next(r for r in flat if len(views[r[4]].shape) > 1)
+    d = views[row[4]]  # the same bytes as one row: a region of another shape is refused, not copied
+    ex.sliced.views = [d._replace(shape=(d.nbytes // d.strides[-1],), strides=d.strides[-1:]) if i == row[4] else v
+                       for i, v in enumerate(views)]  # fmt: skip
+    with pytest.raises(ExecutionError, match=rf"message {row[1]} .*op {row[2]} failed"):
+        for _ in rounds.local(ex, [[row]]):
+            pass
     past = {i: views[i]._replace(offset=ex.arrays[views[i].array].nbytes - views[i].nbytes + 1) for i in row[3:5]}
     ex.sliced.views = [past.get(i, v) for i, v in enumerate(views)]  # both one byte past their array's end
     with pytest.raises(ExecutionError, match=rf"message {row[1]} .*op {row[2]} failed"):
