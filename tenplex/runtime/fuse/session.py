@@ -2,9 +2,8 @@
 without libfuse: what a root process uses to get what libfuse 3.14 cannot ask the kernel for.
 
 - **passthrough** (Linux >= 6.9, CAP_SYS_ADMIN): a file whose operations name a backing file
-  (`ops.backing(fh)`: a descriptor holding exactly its bytes, e.g. a `.npy` image, a dataset
-  view's source file) is opened with `FOPEN_PASSTHROUGH`: the kernel reads and maps it itself
-  (tmpfs speed);
+  (`ops.backing(fh)`: a descriptor of exactly its bytes: a `.npy` image, a dataset's source
+  file) is opened with `FOPEN_PASSTHROUGH`: the kernel reads and maps it itself (tmpfs speed);
 - other reads: one `writev` of the memory the operations name (`fuse.splice` segments), or one
   `splice.send` where they name file ranges (copied once, from the page cache into the reader),
   in requests of up to `splice.MAX_READ` bytes; from `direct_io_from` bytes with direct I/O,
